@@ -1,0 +1,55 @@
+"""Run lifecycle records (contract section 4): one per transition, on the runs topic."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+RUN_STATES = ("started", "completed", "ended", "abandoned")
+
+
+class Usage(BaseModel):
+    """goose's cumulative counters from its last `complete` record (camelCase)."""
+
+    inputTokens: int = None  # type: ignore[assignment]
+    outputTokens: int = None  # type: ignore[assignment]
+    totalTokens: int = None  # type: ignore[assignment]
+    cacheReadInputTokens: int = None  # type: ignore[assignment]
+    cacheWriteInputTokens: int = None  # type: ignore[assignment]
+    costUsd: float = None  # type: ignore[assignment]
+
+
+class RunRecordBase(Usage):
+    model_config = ConfigDict(extra="forbid")
+
+    recordId: str = Field(description="`<run>:run:<k>`, k = 0-based index of the record within its run.")
+    runId: str
+    timestamp: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+    seq: int = Field(ge=0, description="Raw seq of the entry that caused the transition (for abandoned: the last one taken).")
+    counts: dict[str, int] = Field(description="The run's harness events so far, by type (every type present).")
+    host: str = None  # type: ignore[assignment]
+    agent: str = None  # type: ignore[assignment]
+
+
+class RunStarted(RunRecordBase):
+    state: Literal["started"]
+
+
+class RunCompleted(RunRecordBase):
+    state: Literal["completed"]
+
+
+class RunEnded(RunRecordBase):
+    state: Literal["ended"]
+    exitCode: int = None  # type: ignore[assignment]
+    missing: list[tuple[int, int]] = Field(default=None, description="Ranges of raw seqs that never arrived.")  # type: ignore[assignment]
+
+
+class RunAbandoned(RunRecordBase):
+    state: Literal["abandoned"]
+    missing: list[tuple[int, int]] = Field(default=None, description="Ranges of raw seqs that never arrived.")  # type: ignore[assignment]
+
+
+RunRecord = Annotated[Union[RunStarted, RunCompleted, RunEnded, RunAbandoned], Field(discriminator="state")]
+run_record_adapter: TypeAdapter[Any] = TypeAdapter(RunRecord)

@@ -1,0 +1,1 @@
+"""goose-ingest services: normalizer (pure core) and the shells around it."""

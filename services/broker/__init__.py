@@ -1,0 +1,1 @@
+"""Everything that knows about Redis: connections, key names, shard routing."""

@@ -1,0 +1,42 @@
+"""`goose-ingest` command line: one subcommand per module that registers itself."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Each module exposes register(subparsers); the parser it adds sets `func(args) -> int`.
+_COMMAND_MODULES = [
+    "services.normalizer.command",
+    "services.tap.commands",
+    "services.worker.command",
+    "services.replay.command",
+    "services.tail.command",
+    "services.embedded.command",
+    "services.backfill.command",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="goose-ingest", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name or (exc.name and name.startswith(exc.name + ".")):
+                continue  # that part of the service is not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The embedded default: a real redis-server started by goose-ingest itself, plus a worker."""

@@ -1,0 +1,34 @@
+"""Prometheus metrics of one goose-ingest worker process, and the HTTP server that exposes them.
+
+Every :class:`Metrics` owns its own ``CollectorRegistry``: a worker process serves its own
+``/metrics`` port, so processes never share numbers (no multiprocess mode). Consequently
+``faststream run --workers N`` must not be used — it puts N processes behind one port and each
+scrape would see only one of them. Run N worker processes with N ports (or N pods).
+"""
+
+from services.metrics.registry import (
+    DEAD_LETTER_REASONS,
+    EVENT_TYPES,
+    RAW_OUTCOMES,
+    RUN_STATES,
+    TOKEN_KINDS,
+    TOOL_LABELS,
+    TOOL_OUTCOMES,
+    Metrics,
+    tool_label,
+)
+from services.metrics.server import MetricsServer, serve
+
+__all__ = [
+    "DEAD_LETTER_REASONS",
+    "EVENT_TYPES",
+    "RAW_OUTCOMES",
+    "RUN_STATES",
+    "TOKEN_KINDS",
+    "TOOL_LABELS",
+    "TOOL_OUTCOMES",
+    "Metrics",
+    "MetricsServer",
+    "serve",
+    "tool_label",
+]

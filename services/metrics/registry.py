@@ -1,0 +1,321 @@
+"""The metrics one worker process exports (prometheus_client, one registry per :class:`Metrics`).
+
+Label values are always drawn from the bounded sets below: anything else (a run id, a path, a
+command, an MCP tool name, a misspelt outcome) is mapped to ``"other"`` / ``"mcp"`` so a
+misbehaving agent can never explode the number of series.
+
+Not multiprocess-safe by design: each worker process has its own registry and its own port.
+Never start workers with ``faststream run --workers N`` (N processes behind one port, each scrape
+sees one of them); run N processes with N ports, or N pods.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter as _Tally
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+OTHER = "other"
+
+RAW_OUTCOMES: tuple[str, ...] = ("processed", "duplicate", "buffered", "dead_lettered")
+DEAD_LETTER_REASONS: tuple[str, ...] = (
+    "invalid-entry",
+    "oversize",
+    "max-deliveries",
+    "after-end",
+    "out-of-window",
+    "buffer-full",
+    "internal-error",
+)
+EVENT_TYPES: tuple[str, ...] = (
+    "agent",
+    "reasoning",
+    "read",
+    "write",
+    "command",
+    "search",
+    "list",
+    "skill",
+    "error",
+    "warning",
+    "unknown",
+)
+TOOL_EVENT_TYPES: frozenset[str] = frozenset({"read", "write", "command", "search", "list", "skill"})
+# The contract's base tool names (spec §3.5), matched case-insensitively.
+TOOL_BASE_NAMES: tuple[str, ...] = (
+    "read",
+    "read_image",
+    "write",
+    "edit",
+    "text_editor",
+    "shell",
+    "grep",
+    "glob",
+    "list",
+    "tree",
+    "load_skill",
+    "skill",
+)
+TOOL_LABELS: tuple[str, ...] = TOOL_BASE_NAMES + ("mcp", OTHER)
+TOOL_OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown")
+RUN_STATES: tuple[str, ...] = ("started", "completed", "ended", "abandoned")
+TERMINAL_RUN_STATES: frozenset[str] = frozenset({"ended", "abandoned"})
+# record field -> `kind` label of goose_ingest_tokens_total
+TOKEN_FIELDS: tuple[tuple[str, str], ...] = (
+    ("inputTokens", "input"),
+    ("outputTokens", "output"),
+    ("totalTokens", "total"),
+    ("cacheReadInputTokens", "cache_read"),
+    ("cacheWriteInputTokens", "cache_write"),
+)
+TOKEN_KINDS: tuple[str, ...] = tuple(kind for _, kind in TOKEN_FIELDS)
+MAX_SHARDS = 1024  # Settings.shards upper bound
+
+BATCH_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_ENTRIES_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+_BASE_NAMES = frozenset(TOOL_BASE_NAMES)
+_RAW_OUTCOMES = frozenset(RAW_OUTCOMES)
+_DL_REASONS = frozenset(DEAD_LETTER_REASONS)
+_EVENT_TYPES = frozenset(EVENT_TYPES)
+_RUN_STATES = frozenset(RUN_STATES)
+
+
+def tool_label(name: object) -> str:
+    """Bounded `tool` label for a tool name exactly as goose sent it.
+
+    The base name (after the first ``__``, or the whole name) lower-cased when it is one of the
+    contract's base names; else ``"mcp"`` for any other extension tool (``ext__name``); else
+    ``"other"``.
+    """
+    if not isinstance(name, str):
+        return OTHER
+    ext, sep, base = name.partition("__")
+    if not sep:
+        base = ext
+    lowered = base.lower()
+    if lowered in _BASE_NAMES:
+        return lowered
+    return "mcp" if sep else OTHER
+
+
+def tool_outcome(ev: dict) -> str:
+    ok = ev.get("isSuccess")
+    if ok is True:
+        return "success"
+    if ok is False:
+        return "failure"
+    return "unknown"
+
+
+def _count(n: object) -> int:
+    """A usable counter increment (non-negative int); anything else counts as nothing."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        return 0
+    return n
+
+
+class Metrics:
+    """All metrics of one worker process, in its own ``CollectorRegistry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        # Optional upper bound for the `shard` label (set it to settings.shards); None: MAX_SHARDS.
+        self.shards: int | None = None
+        self._known_rules: frozenset[str] = frozenset()
+
+        self.raw_entries = Counter(
+            "goose_ingest_raw_entries",
+            "Raw entries handled, by outcome (reason is set only for dead_lettered).",
+            ["outcome", "reason"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "goose_ingest_dead_letters",
+            "Raw entries written to the dead-letter stream, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.events_total = Counter(
+            "goose_ingest_events",
+            "Harness events published, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.tool_events = Counter(
+            "goose_ingest_tool_events",
+            "Tool harness events, by bounded tool label and outcome.",
+            ["tool", "outcome"],
+            registry=r,
+        )
+        self.runs = Counter(
+            "goose_ingest_runs",
+            "Run lifecycle records published, by state.",
+            ["state"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "goose_ingest_tokens",
+            "Model tokens of finished runs (ended/abandoned records only), by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "goose_ingest_cost_usd",
+            "Model cost in USD of finished runs (ended/abandoned records only).",
+            registry=r,
+        )
+        self.redaction_counter = Counter(
+            "goose_ingest_redactions",
+            "Redactions applied, by configured rule.",
+            ["rule"],
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "goose_ingest_batch_seconds",
+            "Time to process one batch of raw entries (read to ack).",
+            buckets=BATCH_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.batch_entries = Histogram(
+            "goose_ingest_batch_entries",
+            "Raw entries per processed batch.",
+            buckets=BATCH_ENTRIES_BUCKETS,
+            registry=r,
+        )
+        self.event_latency = Histogram(
+            "goose_ingest_event_latency_seconds",
+            "Time from a raw entry's publication to its harness events' publication.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "goose_ingest_consumer_lag",
+            "Entries of the shard's raw stream not yet delivered to the group (NaN: Redis cannot tell).",
+            ["shard"],
+            registry=r,
+        )
+        self.pending_entries = Gauge(
+            "goose_ingest_pending_entries",
+            "Entries delivered to the group but not yet acknowledged, by shard.",
+            ["shard"],
+            registry=r,
+        )
+        self.worker_ready = Gauge(
+            "goose_ingest_worker_ready",
+            "1 while this worker is ready (connected, groups created, consuming), else 0.",
+            registry=r,
+        )
+
+        # Pre-initialise every bounded series at 0, so rate()/increase() see the first increment.
+        self._raw_children = {o: self.raw_entries.labels(o, "") for o in RAW_OUTCOMES if o != "dead_lettered"}
+        self._raw_children[OTHER] = self.raw_entries.labels(OTHER, "")
+        self._dl_raw_children = {
+            reason: self.raw_entries.labels("dead_lettered", reason) for reason in DEAD_LETTER_REASONS + (OTHER,)
+        }
+        self._dl_children = {reason: self.dead_letters.labels(reason) for reason in DEAD_LETTER_REASONS + (OTHER,)}
+        self._event_children = {t: self.events_total.labels(t) for t in EVENT_TYPES}
+        self._tool_children = {
+            (tool, outcome): self.tool_events.labels(tool, outcome) for tool in TOOL_LABELS for outcome in TOOL_OUTCOMES
+        }
+        self._run_children = {s: self.runs.labels(s) for s in RUN_STATES}
+        self._token_children = {kind: self.tokens.labels(kind) for kind in TOKEN_KINDS}
+        self.worker_ready.set(0)
+
+    # --- configuration ---------------------------------------------------------------------
+    @property
+    def known_rules(self) -> frozenset[str]:
+        """Configured redaction rule names; empty: any rule name is accepted as its own label."""
+        return self._known_rules
+
+    @known_rules.setter
+    def known_rules(self, rules: Iterable[str]) -> None:
+        self._known_rules = frozenset(rules)
+        for rule in self._known_rules:
+            self.redaction_counter.labels(rule)
+
+    # --- counters --------------------------------------------------------------------------
+    def raw(self, outcome: str, n: int = 1, reason: str | None = None) -> None:
+        n = _count(n)
+        if not n:
+            return
+        if outcome == "dead_lettered":
+            key = reason if reason in _DL_REASONS else OTHER
+            self._dl_raw_children[key].inc(n)
+            self._dl_children[key].inc(n)
+            return
+        self._raw_children[outcome if outcome in _RAW_OUTCOMES else OTHER].inc(n)
+
+    def events(self, events: Iterable[dict]) -> None:
+        by_type: _Tally[str] = _Tally()
+        by_tool: _Tally[tuple[str, str]] = _Tally()
+        for ev in events:
+            t = ev.get("type")
+            by_type[t if t in _EVENT_TYPES else OTHER] += 1
+            if t in TOOL_EVENT_TYPES or (t == "unknown" and "tool" in ev):
+                by_tool[(tool_label(ev.get("tool")), tool_outcome(ev))] += 1
+        for t, n in by_type.items():
+            child = self._event_children.get(t)
+            if child is None:
+                child = self._event_children[t] = self.events_total.labels(t)
+            child.inc(n)
+        for key, n in by_tool.items():
+            self._tool_children[key].inc(n)
+
+    def run_record(self, record: dict) -> None:
+        state = record.get("state")
+        if state not in _RUN_STATES:
+            state = OTHER
+        child = self._run_children.get(state)
+        if child is None:
+            child = self._run_children[state] = self.runs.labels(state)
+        child.inc()
+        # Only terminal records carry the run's final usage; `completed` ones may be superseded.
+        if state not in TERMINAL_RUN_STATES:
+            return
+        for field, kind in TOKEN_FIELDS:
+            n = _count(record.get(field))
+            if n:
+                self._token_children[kind].inc(n)
+        cost = record.get("costUsd")
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost) and cost > 0:
+            self.cost.inc(float(cost))
+
+    def redactions(self, rule: str, n: int = 1) -> None:
+        n = _count(n)
+        if not n:
+            return
+        if self._known_rules and rule not in self._known_rules:
+            rule = OTHER
+        elif not isinstance(rule, str) or not rule:
+            rule = OTHER
+        self.redaction_counter.labels(rule).inc(n)
+
+    # --- histograms ------------------------------------------------------------------------
+    def observe_batch(self, seconds: float, entries: int) -> None:
+        self.batch_seconds.observe(max(0.0, float(seconds)))
+        self.batch_entries.observe(max(0, int(entries)))
+
+    def observe_latency(self, seconds: float) -> None:
+        # Clock skew between a tap and the worker can make this negative: clamp to 0.
+        self.event_latency.observe(max(0.0, float(seconds)))
+
+    # --- gauges ----------------------------------------------------------------------------
+    def _shard_label(self, shard: int) -> str:
+        limit = self.shards if self.shards is not None else MAX_SHARDS
+        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < limit:
+            return OTHER
+        return str(shard)
+
+    def set_backlog(self, shard: int, lag: int | None, pending: int) -> None:
+        label = self._shard_label(shard)
+        # lag None: Redis cannot compute it (e.g. entries deleted inside the group's window): NaN.
+        self.consumer_lag.labels(label).set(float("nan") if lag is None else lag)
+        self.pending_entries.labels(label).set(pending)
+
+    def set_ready(self, ready: bool) -> None:
+        self.worker_ready.set(1 if ready else 0)

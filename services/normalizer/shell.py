@@ -1,0 +1,875 @@
+"""Classify shell command strings into file operations (contract section 3.6).
+
+Pure, stdlib-only, linear-time and never raising.  The single public entry
+point is :func:`classify_shell`.
+
+Contract 3.6 in short: tokenize like a POSIX shell, unwrap one ``bash``/``sh``
+``-c SCRIPT``, classify the *first simple command* by the basename of its
+program (``cat``, ``sed -n``, ``rg``/``grep``, ``find``, ``ls``); anything
+else is a plain ``command`` event (``None`` here).  Paths are the token text
+after quote removal, never normalized.
+
+Decisions taken where the contract is silent (each one has a test):
+
+Tokenizer
+  * Blanks are space, tab, CR, FF and VT (CR is treated as a blank so CRLF
+    input does not leak ``\\r`` into paths); newline is a command separator.
+  * Quotes: ``'...'`` literal; ``"..."`` with ``\\`` escaping only
+    ``" \\ $ ` newline``; ``$'...'`` ANSI-C quoting with the common escapes
+    decoded (unknown escapes are kept verbatim); ``$"..."`` like ``"..."``.
+    An unbalanced quote takes the rest of the string as the quoted text.
+  * Backslash outside quotes escapes the next character; backslash-newline is
+    a line continuation; a trailing lone backslash is kept literally.
+  * ``$(...)``, ``$((...))``, ``${...}`` and backquotes are kept verbatim
+    inside the word (operators inside them do not split the command); an
+    unterminated one runs to the end of the string.
+  * ``#`` at the start of a word starts a comment up to the newline.
+  * Operators (also when glued to words): ``&& || ; ;; ;& ;;& | |& & ( )``
+    and the redirections ``< > >> >| <> <& >& &> &>> << <<- <<<``.  A run of
+    unquoted ASCII digits glued before ``<``/``>`` is the redirection's fd
+    (``2>err``), not a word.
+
+First simple command
+  * Leading blank lines / comment lines are skipped (``"\\n cat a"`` reads
+    ``a``); any other leading operator (``; cat a``) is a syntax error → None.
+  * It ends at newline, ``&&``, ``||``, ``;``, ``;;``, ``|``, ``|&``, ``&``.
+  * ``(`` or ``)`` anywhere in it (subshell, process substitution
+    ``<(...)``, function definitions) → None.  ``{`` as the program is simply
+    an unknown program → None.
+  * Every redirection consumes the next word as its target (not an operand);
+    a redirection without a word target (``cat >``, ``cat > ;``) → None.
+    Heredoc delimiters (``<<EOF``, ``<<-EOF``, ``<<'EOF'``) are such targets;
+    the heredoc body follows a newline and so is never part of the command.
+  * Leading ``NAME=value`` / ``NAME+=value`` words (name and ``=`` unquoted)
+    are assignments and are skipped: ``LC_ALL=C grep x f`` is a search.
+    Only assignments (no program) → None.
+  * Program basename is the text after the last ``/``: ``/usr/bin/cat`` →
+    ``cat``.  Programs are case-sensitive (``CAT`` is not ``cat``).
+
+bash / sh unwrap
+  * Program basename exactly ``bash`` or ``sh``; its options are scanned up
+    to the first non-option word (``--`` or a lone ``-`` end options;
+    ``-o``/``+o``/``-O``/``+O`` and ``--rcfile``/``--init-file`` take a
+    value).  If any single-dash cluster contains ``c`` (``-c``, ``-lc``,
+    ``-ic``, ``-euc``, or ``-l -c``) the first non-option word is the SCRIPT
+    and the SCRIPT is classified instead, one level only (a ``bash -c``
+    inside it is a plain command).  Without ``c`` or without a SCRIPT → None.
+
+cat
+  * Operands are non-option words; ``-x``/``--long`` options are skipped, a
+    lone ``-`` (stdin) is ignored, ``--`` ends options.
+  * Operands → one read per operand, in order.  An output redirection on the
+    same command (``cat a > b``) is ignored: reads only.
+  * No operands and a stdout redirection (``>``, ``>>``, ``>|``, ``&>``,
+    ``&>>``, ``>&FILE``; fd absent or 1) → one write of the *last* such
+    target (that is where bash sends the output).  ``2> f`` is not a write.
+  * An empty operand (``cat ""``) is an empty required path → None.
+
+sed
+  * Requires ``-n`` as its own word (``-ne``, ``--quiet`` → None).  Allowed
+    extra options: ``-e S``/``-eS``/``--expression[=]S`` (exactly one script),
+    ``-E -r -s -u -z --posix --debug --sandbox --regexp-extended --separate
+    --unbuffered --null-data``, ``-l N``/``--line-length[=]N``.  Anything
+    else (``-i``, ``-f``, ...) → None.
+  * Script (first operand, or the ``-e`` value) must be ``ADDR[,ADDR]p`` with
+    ADDR a line number, ``$`` or a regex (``/re/`` or ``\\cREc``, optional
+    ``I``/``M`` flags); blanks around are allowed.  Anything else
+    (``1,5d``, ``p``, ``1~2p``, ``1,+3p``, ``1,5p;q``) → None.
+  * Lines: ``Np`` → start=end=N; ``A,Bp`` → start A, end B (if B < A sed
+    prints only line A, so end = A); ``A,$p`` → start A only.  A number that
+    is 0 or longer than 18 digits, ``$`` as first address, or any regex
+    address → read with no lines.
+  * File = last operand (a lone ``-``, stdin, is ignored); none → None.
+
+grep / rg
+  * GNU-getopt style: options anywhere before ``--``; short clusters are
+    walked left to right and a value-taking letter takes the rest of the
+    cluster (``-A3``, ``-rA3``) or, at the end of the cluster, the next word
+    (``-rA 3``).  ``--opt=value`` never takes the next word.
+  * Value-taking options are the ones listed in the brief plus, for grep,
+    ``-d -D --directories --devices --label --binary-files --exclude-from
+    --group-separator`` and, for rg, ``-d --color --colors --context-separator
+    --dfa-size-limit --regex-size-limit --engine --field-context-separator
+    --field-match-separator --path-separator --ignore-file --type-add
+    --type-clear --pre-glob --hyperlink-format --generate``.
+  * Query = first ``-e``/``--regexp`` value (then every operand is a path),
+    else the first operand.  ``-f``/``--file`` without ``-e`` (pattern from a
+    file) → None.  ``rg --files`` / ``rg --type-list`` (no pattern) → None.
+    Path = the next operand if any.  Empty query → None; empty path omitted.
+  * A value-taking option with no value (``grep foo -A``) → None.
+
+find
+  * Leading global options ``-H -L -P -O<n> -D <opts>`` are skipped.
+  * Start path = first word before the expression (expression words start
+    with ``-``, ``(`` or ``!``); further start paths are ignored.
+  * Query = value of the first ``-name``/``-iname``/``-path`` (values of
+    other one-argument predicates and ``-exec ... ;`` bodies are skipped so
+    they cannot be mistaken for it), else the start path.  ``-name`` with no
+    value → None.  Empty query → None; empty start path is omitted.
+
+ls
+  * Path = last non-option operand; value options ``-I -w -T`` and
+    ``--block-size --format --hide --ignore --indicator-style --quoting-style
+    --sort --tabsize --time --time-style --width`` skip their value.  No
+    operand (or an empty one) → ``{"type": "list"}``.
+
+Performance: compiled patterns live at module level, tokenizing is lazy (it
+stops at the end of the first simple command) and linear; results for
+commands up to 8 KiB are memoized (LRU 4096) as immutable tuples, callers
+always get fresh dicts.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Iterator
+
+__all__ = ["classify_shell"]
+
+# ---------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------
+
+_BLANKS = frozenset(" \t\r\f\v")
+_OP_START = frozenset("|&;<>()")
+
+# Longest operators first: regex alternation takes the first that matches.
+_OP_RE = re.compile(
+    r"&>>|<<<|<<-|;;&|&&|&>|\|\||\|&|;;|;&|<<|<&|<>|>>|>&|>\||[&|;<>()]"
+)
+# A run of characters that are literal inside an unquoted word.
+_WORD_RUN_RE = re.compile(r"[^ \t\r\f\v\n|&;<>()'\"\\`$]+")
+# A run of characters that are literal inside double quotes.
+_DQ_RUN_RE = re.compile(r'[^"\\`$]+')
+# Bodies of quoted constructs, with backslash escapes (unrolled loop).
+_SQ_ESC_BODY_RE = re.compile(r"[^'\\]*(?:\\.[^'\\]*)*", re.S)
+_DQ_BODY_RE = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.S)
+_BQ_BODY_RE = re.compile(r"[^`\\]*(?:\\.[^`\\]*)*", re.S)
+_PAREN_RUN_RE = re.compile(r"[^\\'\"()]+")
+_BRACE_RUN_RE = re.compile(r"[^\\'\"{}]+")
+_ANSI_ESC_RE = re.compile(r"\\(.)", re.S)
+_ANSI_ESCAPES = {
+    "n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f",
+    "v": "\v", "e": "\x1b", "E": "\x1b", "\\": "\\", "'": "'", '"': '"',
+    "?": "?",
+}
+
+_ASSIGN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
+_DIGITS_RE = re.compile(r"[0-9]+\Z")
+
+_TERMINATORS = frozenset({"\n", "&&", "||", ";", ";;", ";&", ";;&", "|", "|&", "&"})
+_REDIRECTS = frozenset({"<", ">", ">>", ">|", "<>", "<&", ">&", "&>", "&>>", "<<", "<<-", "<<<"})
+_STDOUT_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", ">&"})
+
+_WORD = 0
+_OP = 1
+
+
+def _ansi_c(body: str) -> str:
+    return _ANSI_ESC_RE.sub(lambda m: _ANSI_ESCAPES.get(m.group(1), m.group(0)), body)
+
+
+def _skip_dq(s: str, j: int) -> int:
+    """``s[j-1]`` is ``"``; return the index after the closing quote (or len)."""
+    m = _DQ_BODY_RE.match(s, j)
+    e = m.end()
+    return e + 1 if e < len(s) and s[e] == '"' else len(s)
+
+
+def _skip_bq(s: str, j: int) -> int:
+    """``s[j-1]`` is a backquote; return the index after its closer (or len)."""
+    m = _BQ_BODY_RE.match(s, j)
+    e = m.end()
+    return e + 1 if e < len(s) and s[e] == "`" else len(s)
+
+
+def _skip_nested(s: str, j: int, run_re: re.Pattern[str], open_c: str, close_c: str) -> int:
+    """Skip a ``$(``/``${`` body starting at ``j`` (after the opener); iterative."""
+    n = len(s)
+    depth = 1
+    while j < n:
+        m = run_re.match(s, j)
+        if m:
+            j = m.end()
+            if j >= n:
+                break
+        c = s[j]
+        if c == "\\":
+            j += 2
+        elif c == "'":
+            k = s.find("'", j + 1)
+            j = n if k < 0 else k + 1
+        elif c == '"':
+            j = _skip_dq(s, j + 1)
+        elif c == open_c:
+            depth += 1
+            j += 1
+        elif c == close_c:
+            depth -= 1
+            j += 1
+            if depth == 0:
+                return j
+        else:  # the other bracket kind: literal here
+            j += 1
+    return n
+
+
+def _skip_dollar(s: str, i: int) -> int:
+    """``s[i]`` is ``$``: return the end of a ``$(``/``${`` construct, or -1."""
+    nxt = s[i + 1] if i + 1 < len(s) else ""
+    if nxt == "(":
+        return _skip_nested(s, i + 2, _PAREN_RUN_RE, "(", ")")
+    if nxt == "{":
+        return _skip_nested(s, i + 2, _BRACE_RUN_RE, "{", "}")
+    return -1
+
+
+def _tokens(s: str) -> Iterator[tuple]:
+    """Lazily yield ``(_WORD, text, literal_prefix_len)`` / ``(_OP, op, fd)``.
+
+    ``literal_prefix_len`` is how many leading characters of ``text`` came from
+    unquoted, unescaped, unexpanded source (used to recognise assignments and
+    fd numbers, which must not be quoted).
+    """
+    n = len(s)
+    i = 0
+    while i < n:
+        c = s[i]
+        if c in _BLANKS:
+            i += 1
+            continue
+        if c == "\n":
+            yield (_OP, "\n", None)
+            i += 1
+            continue
+        if c == "#":
+            k = s.find("\n", i)
+            if k < 0:
+                return
+            i = k
+            continue
+        if c in _OP_START:
+            m = _OP_RE.match(s, i)
+            i = m.end()
+            yield (_OP, m.group(), None)
+            continue
+
+        # A word.
+        parts: list[str] = []
+        length = 0
+        quoted_at = -1  # length at the first non-literal part, -1 if none
+        in_word = False
+        fd_redirect = None
+        while i < n:
+            c = s[i]
+            if c in _BLANKS or c == "\n":
+                break
+            if c in _OP_START:
+                if c in "<>" and in_word and quoted_at < 0:
+                    word = "".join(parts)
+                    if _DIGITS_RE.match(word):
+                        m = _OP_RE.match(s, i)
+                        i = m.end()
+                        fd_redirect = (_OP, m.group(), word)
+                break
+            if c == "'":
+                k = s.find("'", i + 1)
+                end = n if k < 0 else k
+                piece = s[i + 1:end]
+                i = end + 1
+                if quoted_at < 0:
+                    quoted_at = length
+                parts.append(piece)
+                length += len(piece)
+                in_word = True
+                continue
+            if c == '"':
+                if quoted_at < 0:
+                    quoted_at = length
+                in_word = True
+                i += 1
+                while i < n:
+                    d = s[i]
+                    if d == '"':
+                        i += 1
+                        break
+                    if d == "\\":
+                        nx = s[i + 1] if i + 1 < n else ""
+                        if nx == "\n":
+                            i += 2
+                            continue
+                        if nx and nx in '"\\$`':
+                            parts.append(nx)
+                            length += 1
+                            i += 2
+                            continue
+                        parts.append("\\")
+                        length += 1
+                        i += 1
+                        continue
+                    if d == "$":
+                        e = _skip_dollar(s, i)
+                        if e < 0:
+                            e = i + 1
+                    elif d == "`":
+                        e = _skip_bq(s, i + 1)
+                    else:
+                        e = _DQ_RUN_RE.match(s, i).end()
+                    parts.append(s[i:e])
+                    length += e - i
+                    i = e
+                continue
+            if c == "\\":
+                nx = s[i + 1] if i + 1 < n else ""
+                if nx == "\n":  # line continuation
+                    i += 2
+                    continue
+                if quoted_at < 0:
+                    quoted_at = length
+                piece = nx if nx else "\\"
+                parts.append(piece)
+                length += 1
+                i += 2
+                in_word = True
+                continue
+            if c == "$":
+                nx = s[i + 1] if i + 1 < n else ""
+                if nx == "'":
+                    m = _SQ_ESC_BODY_RE.match(s, i + 2)
+                    e = m.end()
+                    piece = _ansi_c(s[i + 2:e])
+                    i = e + 1 if e < n else n
+                elif nx == '"':
+                    # $"..." (locale translation): treated as "..." next round.
+                    i += 1
+                    continue
+                else:
+                    e = _skip_dollar(s, i)
+                    if e < 0:
+                        e = i + 1
+                    piece = s[i:e]
+                    i = e
+                if quoted_at < 0:
+                    quoted_at = length
+                parts.append(piece)
+                length += len(piece)
+                in_word = True
+                continue
+            if c == "`":
+                e = _skip_bq(s, i + 1)
+                if quoted_at < 0:
+                    quoted_at = length
+                parts.append(s[i:e])
+                length += e - i
+                i = e
+                in_word = True
+                continue
+            m = _WORD_RUN_RE.match(s, i)
+            e = m.end()
+            parts.append(s[i:e])
+            length += e - i
+            i = e
+            in_word = True
+        if fd_redirect is not None:
+            yield fd_redirect
+        elif in_word:
+            yield (_WORD, "".join(parts), length if quoted_at < 0 else quoted_at)
+
+
+def _first_simple_command(s: str):
+    """Return ``(words, redirects)`` of the first simple command, or None.
+
+    ``words`` is a list of ``(text, literal_prefix_len)``; ``redirects`` a list
+    of ``(op, fd, target)``.
+    """
+    words: list[tuple[str, int]] = []
+    redirects: list[tuple[str, str | None, str]] = []
+    toks = _tokens(s)
+    for tok in toks:
+        if tok[0] == _WORD:
+            words.append((tok[1], tok[2]))
+            continue
+        op = tok[1]
+        if op in _REDIRECTS:
+            target = next(toks, None)
+            if target is None or target[0] != _WORD:
+                return None
+            redirects.append((op, tok[2], target[1]))
+            continue
+        if op == "\n" and not words and not redirects:
+            continue  # empty leading line
+        if op in _TERMINATORS:
+            break
+        return None  # ( or )
+    return words, redirects
+
+
+# ---------------------------------------------------------------------------
+# Per-program rules.  Each returns a tuple of op tuples, or None.
+# An op tuple is a tuple of (key, value) pairs, turned into a dict by the
+# public function.
+# ---------------------------------------------------------------------------
+
+
+def _cat(args: list[str], redirects) -> tuple | None:
+    operands: list[str] = []
+    end_opts = False
+    for w in args:
+        if w == "-":
+            continue
+        if not end_opts and w.startswith("-"):
+            if w == "--":
+                end_opts = True
+            continue
+        operands.append(w)
+    if operands:
+        if any(not p for p in operands):
+            return None
+        return tuple(((("type", "read"), ("path", p))) for p in operands)
+    target = None
+    for op, fd, tgt in redirects:
+        if op not in _STDOUT_REDIRECTS:
+            continue
+        if op in ("&>", "&>>"):
+            if fd is not None:
+                continue
+        elif fd is not None and fd.lstrip("0") != "1":
+            continue
+        if op == ">&" and (tgt == "-" or _DIGITS_RE.match(tgt)):
+            continue  # fd duplication, not a file
+        target = tgt
+    if target:
+        return ((("type", "write"), ("path", target)),)
+    return None
+
+
+_SED_FLAGS = frozenset({
+    "-E", "-r", "-s", "-u", "-z", "--posix", "--debug", "--sandbox",
+    "--regexp-extended", "--separate", "--unbuffered", "--null-data",
+})
+_MAX_LINE_DIGITS = 18
+
+
+def _line_number(digits: str) -> int | None:
+    """A valid (>= 1, at most 18 significant digits) line number, else None."""
+    d = digits.lstrip("0")
+    if not d or len(d) > _MAX_LINE_DIGITS:
+        return None
+    return int(d)
+
+
+def _sed_addr(sc: str, pos: int):
+    """Parse one sed address at ``pos``: return ``(kind, value, new_pos)`` or None."""
+    n = len(sc)
+    if pos >= n:
+        return None
+    c = sc[pos]
+    if "0" <= c <= "9":
+        e = pos
+        while e < n and "0" <= sc[e] <= "9":
+            e += 1
+        return ("num", sc[pos:e], e)
+    if c == "$":
+        return ("last", None, pos + 1)
+    if c == "/" or c == "\\":
+        if c == "\\":
+            if pos + 1 >= n:
+                return None
+            delim = sc[pos + 1]
+            if delim in "\\\n":
+                return None
+            j = pos + 2
+        else:
+            delim = "/"
+            j = pos + 1
+        while j < n:
+            d = sc[j]
+            if d == "\\":
+                j += 2
+                continue
+            if d == delim:
+                j += 1
+                while j < n and sc[j] in "IM":
+                    j += 1
+                return ("re", None, j)
+            j += 1
+        return None
+    return None
+
+
+def _skip_sed_blanks(sc: str, pos: int) -> int:
+    while pos < len(sc) and sc[pos] in " \t":
+        pos += 1
+    return pos
+
+
+def _sed_range(script: str):
+    """Return ``(start, end)`` (either may be None) or False if not ``ADDR[,ADDR]p``."""
+    sc = script.strip(" \t\n")
+    a1 = _sed_addr(sc, 0)
+    if a1 is None:
+        return False
+    pos = _skip_sed_blanks(sc, a1[2])
+    a2 = None
+    if pos < len(sc) and sc[pos] == ",":
+        a2 = _sed_addr(sc, _skip_sed_blanks(sc, pos + 1))
+        if a2 is None:
+            return False
+        pos = _skip_sed_blanks(sc, a2[2])
+    if sc[pos:] != "p":
+        return False
+    if a1[0] != "num":
+        return (None, None)
+    start = _line_number(a1[1])
+    if start is None:
+        return (None, None)
+    if a2 is None:
+        return (start, start)
+    if a2[0] == "last":
+        return (start, None)
+    if a2[0] == "num":
+        end = _line_number(a2[1])
+        if end is None:
+            return (None, None)
+        return (start, max(start, end))
+    return (None, None)
+
+
+def _sed(args: list[str]) -> tuple | None:
+    saw_n = False
+    scripts: list[str] = []
+    operands: list[str] = []
+    end_opts = False
+    i = 0
+    n = len(args)
+    while i < n:
+        w = args[i]
+        i += 1
+        if end_opts or w == "-" or not w.startswith("-"):
+            operands.append(w)
+            continue
+        if w == "--":
+            end_opts = True
+        elif w == "-n":
+            saw_n = True
+        elif w in ("-e", "--expression"):
+            if i >= n:
+                return None
+            scripts.append(args[i])
+            i += 1
+        elif w.startswith("--expression="):
+            scripts.append(w[len("--expression="):])
+        elif w.startswith("-e"):
+            scripts.append(w[2:])
+        elif w in _SED_FLAGS:
+            pass
+        elif w in ("-l", "--line-length"):
+            i += 1
+        elif (w.startswith("-l") and not w.startswith("--")) or w.startswith("--line-length="):
+            pass
+        else:
+            return None
+    if not saw_n:
+        return None
+    if scripts:
+        if len(scripts) != 1:
+            return None
+        script = scripts[0]
+        files = operands
+    else:
+        if not operands:
+            return None
+        script = operands[0]
+        files = operands[1:]
+    files = [f for f in files if f != "-"]
+    if not files or not files[-1]:
+        return None
+    rng = _sed_range(script)
+    if rng is False:
+        return None
+    op: list[tuple[str, object]] = [("type", "read"), ("path", files[-1])]
+    if rng[0] is not None:
+        op.append(("startLine", rng[0]))
+    if rng[1] is not None:
+        op.append(("endLine", rng[1]))
+    return (tuple(op),)
+
+
+_GREP_SHORT_VALUE = frozenset("efmABCdD")
+_GREP_LONG_VALUE = frozenset({
+    "--regexp", "--file", "--max-count", "--after-context", "--before-context",
+    "--context", "--include", "--exclude", "--exclude-dir", "--directories",
+    "--devices", "--label", "--binary-files", "--exclude-from",
+    "--group-separator",
+})
+_RG_SHORT_VALUE = frozenset("efgtTmABCMjrEd")
+_RG_LONG_VALUE = frozenset({
+    "--regexp", "--file", "--glob", "--iglob", "--type", "--type-not",
+    "--max-count", "--after-context", "--before-context", "--context",
+    "--max-columns", "--threads", "--max-depth", "--max-filesize", "--replace",
+    "--pre", "--pre-glob", "--sort", "--sortr", "--encoding", "--color",
+    "--colors", "--context-separator", "--dfa-size-limit", "--regex-size-limit",
+    "--engine", "--field-context-separator", "--field-match-separator",
+    "--path-separator", "--ignore-file", "--type-add", "--type-clear",
+    "--hyperlink-format", "--generate",
+})
+_RG_NO_PATTERN = frozenset({"--files", "--type-list"})
+
+
+def _search(args: list[str], short_value: frozenset, long_value: frozenset,
+            no_pattern: frozenset = frozenset()) -> tuple | None:
+    e_query: str | None = None
+    from_file = False
+    operands: list[str] = []
+    end_opts = False
+    i = 0
+    n = len(args)
+    while i < n:
+        w = args[i]
+        i += 1
+        if end_opts or w == "-" or not w.startswith("-"):
+            operands.append(w)
+            continue
+        if w == "--":
+            end_opts = True
+            continue
+        if w.startswith("--"):
+            name, eq, val = w.partition("=")
+            if name in no_pattern:
+                return None
+            if name not in long_value:
+                continue
+            if not eq:
+                if i >= n:
+                    return None
+                val = args[i]
+                i += 1
+            if name == "--regexp":
+                if e_query is None:
+                    e_query = val
+            elif name == "--file":
+                from_file = True
+            continue
+        # short option cluster
+        for j in range(1, len(w)):
+            c = w[j]
+            if c not in short_value:
+                continue
+            if j + 1 < len(w):
+                val = w[j + 1:]
+            else:
+                if i >= n:
+                    return None
+                val = args[i]
+                i += 1
+            if c == "e":
+                if e_query is None:
+                    e_query = val
+            elif c == "f":
+                from_file = True
+            break
+    if e_query is not None:
+        query = e_query
+        path = operands[0] if operands else None
+    elif from_file:
+        return None
+    else:
+        if not operands:
+            return None
+        query = operands[0]
+        path = operands[1] if len(operands) > 1 else None
+    if not query:
+        return None
+    op: list[tuple[str, str]] = [("type", "search"), ("query", query)]
+    if path:
+        op.append(("path", path))
+    return (tuple(op),)
+
+
+_FIND_NAME_PREDICATES = frozenset({"-name", "-iname", "-path"})
+_FIND_GLOBAL_FLAGS = frozenset({"-H", "-L", "-P"})
+_FIND_ONE_ARG = frozenset({
+    "-type", "-xtype", "-maxdepth", "-mindepth", "-newer", "-anewer", "-cnewer",
+    "-user", "-group", "-perm", "-size", "-mtime", "-atime", "-ctime", "-mmin",
+    "-amin", "-cmin", "-regex", "-iregex", "-regextype", "-wholename",
+    "-iwholename", "-ipath", "-lname", "-ilname", "-samefile", "-inum", "-links",
+    "-uid", "-gid", "-used", "-fstype", "-printf", "-fprint", "-fprint0",
+    "-fls", "-context", "-files0-from",
+})
+_FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
+
+
+def _find(args: list[str]) -> tuple | None:
+    n = len(args)
+    i = 0
+    while i < n:
+        w = args[i]
+        if w in _FIND_GLOBAL_FLAGS or (w.startswith("-O") and len(w) > 2):
+            i += 1
+        elif w == "-D":
+            i += 2
+        else:
+            break
+    start: str | None = None
+    while i < n:
+        w = args[i]
+        if w[:1] in ("-", "(", "!"):
+            break
+        if start is None:
+            start = w
+        i += 1
+    query: str | None = None
+    while i < n:
+        w = args[i]
+        i += 1
+        if w in _FIND_NAME_PREDICATES:
+            if i >= n:
+                return None
+            query = args[i]
+            break
+        if w in _FIND_ONE_ARG:
+            i += 1
+        elif w == "-fprintf":
+            i += 2
+        elif w in _FIND_EXEC:
+            while i < n and args[i] not in (";", "+"):
+                i += 1
+            i += 1
+    if query is None:
+        query = start
+    if not query:
+        return None
+    op: list[tuple[str, str]] = [("type", "search"), ("query", query)]
+    if start:
+        op.append(("path", start))
+    return (tuple(op),)
+
+
+_LS_SHORT_VALUE = frozenset("IwT")
+_LS_LONG_VALUE = frozenset({
+    "--block-size", "--format", "--hide", "--ignore", "--indicator-style",
+    "--quoting-style", "--sort", "--tabsize", "--time", "--time-style",
+    "--width",
+})
+
+
+def _ls(args: list[str]) -> tuple:
+    last: str | None = None
+    end_opts = False
+    i = 0
+    n = len(args)
+    while i < n:
+        w = args[i]
+        i += 1
+        if end_opts or w == "-" or not w.startswith("-"):
+            last = w
+            continue
+        if w == "--":
+            end_opts = True
+        elif w.startswith("--"):
+            if "=" not in w and w in _LS_LONG_VALUE:
+                i += 1
+        else:
+            for j in range(1, len(w)):
+                if w[j] in _LS_SHORT_VALUE:
+                    if j + 1 == len(w):
+                        i += 1
+                    break
+    if last:
+        return ((("type", "list"), ("path", last)),)
+    return ((("type", "list"),),)
+
+
+_SHELLS = frozenset({"bash", "sh"})
+_SHELL_LONG_VALUE = frozenset({"--rcfile", "--init-file"})
+
+
+def _shell_script(args: list[str]) -> str | None:
+    """The SCRIPT of ``bash``/``sh`` args if one of its flags has ``c``."""
+    saw_c = False
+    i = 0
+    n = len(args)
+    while i < n:
+        w = args[i]
+        if w in ("--", "-"):
+            i += 1
+            break
+        if w.startswith("--"):
+            i += 2 if w in _SHELL_LONG_VALUE else 1
+            continue
+        if len(w) > 1 and w[0] in "-+":
+            if w[0] == "-" and "c" in w:
+                saw_c = True
+            i += 2 if w[-1] in "oO" else 1
+            continue
+        break
+    if not saw_c or i >= n:
+        return None
+    return args[i]
+
+
+def _classify(command: str, unwrap: bool = True) -> tuple | None:
+    parsed = _first_simple_command(command)
+    if parsed is None:
+        return None
+    words, redirects = parsed
+    k = 0
+    while k < len(words):
+        text, lit = words[k]
+        m = _ASSIGN_RE.match(text)
+        if m is None or m.end() > lit:
+            break
+        k += 1
+    if k >= len(words):
+        return None
+    prog = words[k][0].rpartition("/")[2]
+    args = [w[0] for w in words[k + 1:]]
+    if prog == "cat":
+        return _cat(args, redirects)
+    if prog == "sed":
+        return _sed(args)
+    if prog == "grep":
+        return _search(args, _GREP_SHORT_VALUE, _GREP_LONG_VALUE)
+    if prog == "rg":
+        return _search(args, _RG_SHORT_VALUE, _RG_LONG_VALUE, _RG_NO_PATTERN)
+    if prog == "find":
+        return _find(args)
+    if prog == "ls":
+        return _ls(args)
+    if unwrap and prog in _SHELLS:
+        script = _shell_script(args)
+        if script is None:
+            return None
+        return _classify(script, unwrap=False)
+    return None
+
+
+_CACHE_MAX_LEN = 8192
+
+
+@lru_cache(maxsize=4096)
+def _classify_cached(command: str) -> tuple | None:
+    return _classify(command)
+
+
+def classify_shell(command: str) -> list[dict] | None:
+    """None: the command is a plain `command` event (caller emits it with the original untouched string).
+    Otherwise a non-empty list of file-operation dicts, in order, each one of:
+      {"type": "read", "path": str, "startLine"?: int, "endLine"?: int}
+      {"type": "write", "path": str}
+      {"type": "search", "query": str, "path"?: str}
+      {"type": "list", "path"?: str}
+    Optional keys are omitted (never None)."""
+    try:
+        if not isinstance(command, str) or not command:
+            return None
+        if len(command) <= _CACHE_MAX_LEN:
+            ops = _classify_cached(command)
+        else:
+            ops = _classify(command)
+        if not ops:
+            return None
+        return [dict(op) for op in ops]
+    except Exception:  # pragma: no cover - defensive: the contract is "never raises"
+        return None

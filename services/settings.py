@@ -1,0 +1,80 @@
+"""The one configuration class of goose-ingest (env prefix ``GOOSE_INGEST_``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GOOSE_INGEST_", extra="ignore")
+
+    namespace: str = Field(
+        default="",
+        description="Prefix '<namespace>:' for every key and stream name (isolates tenants and test runs).",
+    )
+
+    # --- broker -------------------------------------------------------------
+    redis_url: str | None = Field(
+        default=None,
+        description="redis:// or rediss:// URL. Unset: commands that need a broker start an embedded redis-server.",
+    )
+    redis_username: str | None = Field(default=None, description="ACL user (overrides the URL's).")
+    redis_password: SecretStr | None = Field(default=None, description="Password (overrides the URL's); never logged.")
+    redis_tls: bool = Field(default=False, description="Use TLS even with a redis:// URL.")
+    redis_tls_ca_file: str | None = Field(default=None, description="CA bundle for TLS.")
+
+    # --- raw log ------------------------------------------------------------
+    shards: int = Field(default=4, ge=1, le=1024, description="Raw streams goose.raw.<0..N-1>; run -> crc32(run) % N.")
+    raw_stream_prefix: str = Field(default="goose.raw", description="Raw shard streams are <prefix>.<shard>.")
+    group: str = Field(default="goose-ingest", description="Consumer group of the workers on every raw shard.")
+    max_line_bytes: int = Field(default=1_048_576, ge=1024, description="Larger raw entries are dead-lettered.")
+
+    # --- worker -------------------------------------------------------------
+    batch_size: int = Field(default=500, ge=1, le=10_000, description="XREADGROUP COUNT per shard read.")
+    block_ms: int = Field(default=200, ge=1, description="XREADGROUP BLOCK: how long an idle read waits.")
+    claim_idle_ms: int = Field(default=30_000, ge=100, description="Pending entries idle this long are reclaimed.")
+    max_deliveries: int = Field(default=5, ge=1, description="An entry delivered more often is dead-lettered.")
+    run_idle_timeout_s: float = Field(default=900.0, gt=0, description="A run with no input this long is abandoned.")
+    sweep_interval_s: float = Field(default=5.0, gt=0, description="How often idle runs, reclaim and retention are checked.")
+    max_span_chars: int = Field(default=262_144, ge=16, description="Cap on an accumulating agent/reasoning span.")
+    max_pending_tools: int = Field(default=256, ge=1, description="Cap on unanswered tool calls per run.")
+    max_buffered_entries: int = Field(default=10_000, ge=1, description="Cap on out-of-order entries a run may hold.")
+    metrics_port: int = Field(default=9464, ge=0, le=65535, description="HTTP port of /metrics, /healthz, /readyz (0: any free port).")
+    metrics_host: str = Field(default="0.0.0.0", description="Bind address of the metrics server.")
+
+    # --- topics -------------------------------------------------------------
+    events_topic: str = Field(default="harness.events", description="All harness events; per-type topics are <this>.<type>.")
+    runs_topic: str = Field(default="harness.runs", description="Run lifecycle records.")
+    deadletter_stream: str = Field(default="goose.deadletter", description="Entries that could not be processed, with reason.")
+
+    # --- retention ----------------------------------------------------------
+    raw_retention_hours: float = Field(default=168.0, gt=0, description="Committed raw entries older than this are trimmed (never uncommitted ones).")
+    topic_retention_hours: float = Field(default=72.0, gt=0, description="Topic entries older than this are trimmed.")
+    run_state_ttl_hours: float = Field(default=168.0, gt=0, description="How long an ended run's state is kept to recognise late duplicates.")
+
+    # --- tap ----------------------------------------------------------------
+    spool_dir: str = Field(default="~/.local/state/goose-ingest/spool", description="Where the tap spools entries while the broker is down.")
+    publish_batch: int = Field(default=256, ge=1, description="Entries per pipelined XADD batch.")
+    host_label: str | None = Field(default=None, description="`host` label on raw entries (default: the hostname).")
+
+    def key(self, name: str) -> str:
+        return f"{self.namespace}:{name}" if self.namespace else name
+
+    def topic_for(self, event_type: str) -> str:
+        return self.key(f"{self.events_topic}.{event_type}")
+
+    def all_events_topic(self) -> str:
+        return self.key(self.events_topic)
+
+    def runs_stream(self) -> str:
+        return self.key(self.runs_topic)
+
+    def deadletters(self) -> str:
+        return self.key(self.deadletter_stream)
+
+    def raw_stream(self, shard: int) -> str:
+        return self.key(f"{self.raw_stream_prefix}.{shard}")
+
+    def raw_streams(self) -> list[str]:
+        return [self.raw_stream(i) for i in range(self.shards)]

@@ -1,0 +1,1 @@
+"""`goose-ingest tail`: follow the topics and print events for a human."""

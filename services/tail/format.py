@@ -1,0 +1,59 @@
+"""One line per harness event or run record, readable at a glance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_WIDTH = 100
+
+
+def _short(text: Any, width: int = _WIDTH) -> str:
+    s = text if isinstance(text, str) else repr(text)
+    s = " ".join(s.split())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def summary(event: dict) -> str:
+    t = event.get("type")
+    ok = {True: " ✓", False: " ✗"}.get(event.get("isSuccess"), "")
+    if t in ("agent", "reasoning", "error", "warning"):
+        code = f" [{event['code']}]" if event.get("code") else ""
+        return _short(event.get("message", "")) + code
+    if t == "command":
+        code = f" (exit {event['exitCode']})" if "exitCode" in event else ""
+        return f"$ {_short(event.get('command', ''), 80)}{code}{ok}"
+    if t in ("read", "write"):
+        span = ""
+        if "startLine" in event:
+            span = f":{event['startLine']}" + (f"-{event['endLine']}" if "endLine" in event else "")
+        return f"{event.get('path', '')}{span}{ok}"
+    if t == "search":
+        where = f" in {event['path']}" if "path" in event else ""
+        return f"{_short(event.get('query', ''), 60)!r}{where}{ok}"
+    if t == "list":
+        return f"{event.get('path', '.')}{ok}"
+    if t == "skill":
+        return f"{event.get('skillName', '')} {event.get('path', '')}{ok}"
+    raw = event.get("raw")
+    kind = raw.get("type") if isinstance(raw, dict) else type(raw).__name__
+    tool = f" {event['tool']}" if "tool" in event else ""
+    return f"<{kind}>{tool}"
+
+
+def event_line(event: dict) -> str:
+    ts = str(event.get("timestamp", ""))[11:23]
+    return f"{ts} {event.get('runId', '')}#{event.get('seq', '')} {event.get('type', ''):<9} {summary(event)}"
+
+
+def record_line(record: dict) -> str:
+    ts = str(record.get("timestamp", ""))[11:23]
+    counts = record.get("counts") or {}
+    nonzero = " ".join(f"{k}={v}" for k, v in counts.items() if v)
+    extra = ""
+    if "exitCode" in record:
+        extra += f" exit={record['exitCode']}"
+    if "totalTokens" in record:
+        extra += f" tokens={record['totalTokens']}"
+    if "missing" in record:
+        extra += f" missing={record['missing']}"
+    return f"{ts} {record.get('runId', '')} RUN {record.get('state', '').upper()}{extra} [{nonzero}]"

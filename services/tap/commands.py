@@ -1,0 +1,283 @@
+"""`goose-ingest tap` and `goose-ingest publish`: publish goose output lines as raw entries."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import BinaryIO
+
+from services.broker.helpers import redact_url
+from services.settings import Settings
+from services.tap.publisher import Publisher, RunFinished, now_ms
+from services.tap.runkey import RUN_KEY_RULE, is_valid_run, new_run_key
+from services.tap.spool import SpoolCorrupt, SpoolLocked
+
+log = logging.getLogger("goose_ingest.tap")
+PROG = "goose-ingest"
+READER_GRACE_S = 5.0  # after the child exits, how long to wait for its pipes to close (grandchildren)
+
+
+def register(subparsers) -> None:
+    tap = subparsers.add_parser(
+        "tap",
+        help="run a command (goose run --output-format stream-json ...) and publish its output lines",
+        description="Run COMMAND, echo and publish every stdout/stderr line as a raw entry, then an eof "
+        "entry with its exit code; exit with the command's exit code (128+N when killed by signal N).",
+    )
+    tap.add_argument("--run", help=f"run key ({RUN_KEY_RULE}); default <host>/<ULID>")
+    tap.add_argument("--quiet", "-q", action="store_true", help="do not echo the command's output")
+    tap.add_argument("--agent", help="`agent` label on every entry (default: 'goose' when the command is goose)")
+    tap.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
+                     help="after the command ends, wait at most this long for an unreachable broker "
+                     "(default: wait until delivered); undelivered entries stay in the spool")
+    tap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    tap.set_defaults(func=cmd_tap)
+
+    pub = subparsers.add_parser(
+        "publish",
+        help="publish the lines of a file or pipe as one run's raw entries",
+        description="Publish every line of FILE (or stdin) as a stdout raw entry of RUN, then an eof entry. "
+        "Restarted with the same RUN and FILE after a crash, it skips the lines already spooled.",
+    )
+    pub.add_argument("--run", required=True, help=f"run key ({RUN_KEY_RULE})")
+    pub.add_argument("file", nargs="?", default="-", metavar="FILE|-", help="input (default: stdin)")
+    pub.add_argument("--no-eof", action="store_true", help="do not end the run (more input will follow later)")
+    pub.add_argument("--no-skip", action="store_true",
+                     help="when resuming a spooled run, do not skip the lines already taken from this input")
+    pub.add_argument("--drain", action="store_true", help="only deliver the run's spooled entries; read no input")
+    pub.add_argument("--agent", help="`agent` label on every entry")
+    pub.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
+                     help="wait at most this long for an unreachable broker at the end (default: until delivered)")
+    pub.set_defaults(func=cmd_publish)
+
+
+# --- shared ---------------------------------------------------------------------------------------
+def _setup_logging() -> None:
+    root = logging.getLogger("goose_ingest")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        root.propagate = False
+
+
+def _err(msg: str) -> None:
+    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+
+def _labels(settings: Settings, agent: str | None) -> dict[str, str]:
+    labels = {"host": settings.host_label or socket.gethostname()}
+    if agent:
+        labels["agent"] = agent
+    return labels
+
+
+def _strip_newline(raw: bytes) -> bytes:
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+    return raw
+
+
+def _open_publisher(settings: Settings, run: str, labels: dict[str, str]) -> Publisher | int:
+    if not settings.redis_url:
+        _err("no broker configured: set GOOSE_INGEST_REDIS_URL (e.g. redis://127.0.0.1:6379/0)")
+        return 2
+    try:
+        pub = Publisher(settings, run, labels)
+    except (SpoolLocked, SpoolCorrupt) as exc:
+        _err(str(exc))
+        return 1
+    except OSError as exc:
+        _err(f"cannot use the spool directory {settings.spool_dir}: {exc}")
+        return 1
+    except ValueError as exc:  # e.g. a malformed broker URL (redis-py's message does not echo it)
+        _err(f"invalid broker URL {redact_url(settings.redis_url)}: {exc}")
+        return 2
+    if pub.resumed:
+        log.info("resuming run %s from its spool %s: next seq %d, %d entries not yet confirmed",
+                 run, pub.spool_dir, pub.next_seq, pub.pending)
+    return pub
+
+
+def _drain(pub: Publisher, timeout: float | None, abort: threading.Event) -> bool:
+    """Wait until everything is delivered (or timeout / abort), then close. True when delivered."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    ok = False
+    while not abort.is_set():
+        step = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
+        if pub.flush(step):
+            ok = True
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+    ok = pub.close(timeout=None if ok else 0)
+    if not ok:
+        _err(f"{pub.pending} entries of run {pub.run} are not delivered yet (broker "
+             f"{redact_url(pub.settings.redis_url)} unreachable); they are kept in {pub.spool_dir}: deliver them "
+             f"with `{PROG} publish --run {pub.run} --drain`")
+    return ok
+
+
+# --- tap --------------------------------------------------------------------------------------------
+def cmd_tap(args: argparse.Namespace) -> int:
+    command = list(args.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        _err("tap: no command given: use `goose-ingest tap [--run RUN] -- goose run --output-format stream-json ...`")
+        return 2
+    settings = Settings()
+    if args.run is not None and not is_valid_run(args.run):
+        _err(f"invalid --run {args.run!r}: must be {RUN_KEY_RULE}")
+        return 2
+    run = args.run or new_run_key(settings.host_label)
+    _setup_logging()
+    agent = args.agent or ("goose" if os.path.basename(command[0]) == "goose" else None)
+    pub = _open_publisher(settings, run, _labels(settings, agent))
+    if isinstance(pub, int):
+        return pub
+    _err(f"run {run}")
+    abort = threading.Event()
+    if pub.finished:
+        _err(f"run {run} already ended (its eof is in the spool {pub.spool_dir}); delivering what is spooled, "
+             "not starting the command: choose a new run key")
+        _drain(pub, args.drain_timeout, abort)
+        return 2
+
+    # A separate process group when not on a terminal, so a signal we forward arrives once; on a
+    # terminal the child stays in the foreground group (it may read the tty) and Ctrl-C reaches it directly too.
+    own_group = not (sys.stdin is not None and sys.stdin.isatty())
+    try:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 process_group=0 if own_group else None)
+    except OSError as exc:
+        _err(f"cannot run {command[0]!r}: {exc.strerror or exc}")
+        _drain(pub, args.drain_timeout, abort)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+    def on_signal(signum, _frame):
+        if child.poll() is None:
+            try:
+                os.kill(child.pid, signum)
+            except ProcessLookupError:
+                pass
+        else:  # the command is over: a signal now means "stop waiting for the broker"
+            abort.set()
+
+    forwarded = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    previous = {s: signal.signal(s, on_signal) for s in forwarded}
+    try:
+        readers = [
+            threading.Thread(target=_pump, args=(child.stdout, "stdout", None if args.quiet else sys.stdout, pub),
+                             daemon=True),
+            threading.Thread(target=_pump, args=(child.stderr, "stderr", None if args.quiet else sys.stderr, pub),
+                             daemon=True),
+        ]
+        for t in readers:
+            t.start()
+        rc = child.wait()
+        deadline = time.monotonic() + READER_GRACE_S
+        for t in readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in readers):
+            log.warning("the command exited but its output pipes are still open (background processes?); "
+                        "ending the run without their further output")
+        pub.add_eof(rc)
+        _drain(pub, args.drain_timeout, abort)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return rc if rc >= 0 else 128 - rc
+
+
+def _pump(pipe: BinaryIO, stream: str, echo, pub: Publisher) -> None:
+    out = getattr(echo, "buffer", None) if echo is not None else None
+    late = 0
+    for raw in iter(pipe.readline, b""):
+        ts = now_ms()
+        if out is not None:
+            try:
+                out.write(raw)
+                out.flush()
+            except (OSError, ValueError):
+                out = None  # our own stdout/stderr went away: keep publishing
+        try:
+            pub.add_line(_strip_newline(raw), stream, ts)
+        except (RunFinished, RuntimeError):
+            late += 1
+    if late:
+        log.warning("%d %s lines arrived after the run ended and were not published", late, stream)
+
+
+# --- publish ---------------------------------------------------------------------------------------
+class _Stop(Exception):
+    pass
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    if not is_valid_run(args.run):
+        _err(f"invalid --run {args.run!r}: must be {RUN_KEY_RULE}")
+        return 2
+    settings = Settings()
+    source: str | None = None
+    fh: BinaryIO | None = None
+    if not args.drain:
+        if args.file == "-":
+            fh, source = sys.stdin.buffer, "stdin"
+        else:
+            try:
+                fh = open(args.file, "rb")
+            except OSError as exc:
+                _err(f"cannot read {args.file}: {exc.strerror or exc}")
+                return 2
+            source = "file:" + os.path.realpath(args.file)
+    _setup_logging()
+    pub = _open_publisher(settings, args.run, _labels(settings, args.agent))
+    if isinstance(pub, int):
+        return pub
+    abort = threading.Event()
+
+    def on_term(signum, _frame):
+        raise _Stop(signum)
+
+    previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        if fh is not None and pub.finished:
+            _err(f"run {args.run} already ended (its eof is in the spool {pub.spool_dir}); delivering what is spooled")
+        elif fh is not None:
+            skip = 0 if args.no_skip else pub.lines_from(source)
+            if skip:
+                log.info("skipping the first %d lines of %s: already spooled for run %s", skip, args.file, args.run)
+            for i, raw in enumerate(iter(fh.readline, b"")):
+                if i < skip:
+                    continue
+                pub.add_line(_strip_newline(raw), "stdout", source=source)
+            if not args.no_eof:
+                pub.add_eof(None)
+    except (KeyboardInterrupt, _Stop) as exc:
+        signum = exc.args[0] if isinstance(exc, _Stop) else signal.SIGINT
+        abort.set()
+        pub.close(timeout=2.0)
+        _err(f"interrupted: {pub.next_seq} entries of run {args.run} assigned; undelivered ones and the resume "
+             f"point are kept in {pub.spool_dir}")
+        return 128 + int(signum)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if fh is not None and fh is not sys.stdin.buffer:
+            fh.close()
+    try:
+        return 0 if _drain(pub, args.drain_timeout, abort) else 1
+    except KeyboardInterrupt:
+        pub.close(timeout=0)
+        return 130

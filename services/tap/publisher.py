@@ -1,0 +1,310 @@
+"""Publisher: assigns seqs, spools, and sends raw entries in pipelined batches (docs/raw-entries.md).
+
+Callers (``add_line``/``add_eof``) never wait for the broker: an entry is appended to the run's spool log
+and a background sender thread XADDs batches of up to ``settings.publish_batch`` entries (or whatever
+accumulated within ``max_delay_s``) in one non-transactional pipeline. When the broker is unreachable the
+sender retries the same batch with backoff (capped at ~2 s) while callers keep appending to the spool.
+Delivery is at-least-once; a re-sent entry has the same run and seq, and workers drop such duplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import redis
+
+from services.broker.helpers import redact_url, sync_client_with_timeouts
+from services.broker.keys import shard_of
+from services.settings import Settings
+from services.tap.runkey import validate_run
+from services.tap.spool import Spool, decode_record, encode_record, spool_path
+
+log = logging.getLogger("goose_ingest.tap")
+
+RESERVED_FIELDS = frozenset({"run", "seq", "ts", "kind", "stream", "line", "exit", "line_b64", "_src"})
+STREAMS = ("stdout", "stderr")
+BACKOFF_START_S = 0.05
+BACKOFF_CAP_S = 2.0
+
+
+class RunFinished(RuntimeError):
+    """The run already has its eof entry; nothing more can be added."""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _check_fields(fields: Mapping[str, str] | None, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in (fields or {}).items():
+        if not isinstance(k, str) or not k or k in RESERVED_FIELDS:
+            raise ValueError(f"{what} field name {k!r} is empty or reserved")
+        if not isinstance(v, str):
+            raise TypeError(f"{what} field {k!r} must be a string, not {type(v).__name__}")
+        out[k] = v
+    return out
+
+
+class Publisher:
+    """Publishes the raw entries of one run. Thread-safe; seqs follow the order of ``add_*`` calls.
+
+    ``labels`` (e.g. ``{"host": ..., "agent": ...}``) go on every entry; ``extra`` fields on one entry.
+    Resumes the run's spool when one exists (next seq = entries already spooled; unsent ones go first).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        run: str,
+        labels: Mapping[str, str] | None = None,
+        *,
+        client: redis.Redis | None = None,
+        max_delay_s: float = 0.05,
+        spool_dir: str | Path | None = None,
+    ) -> None:
+        self.settings = settings
+        self.run = validate_run(run)
+        self.labels = {k: v for k, v in _check_fields(labels, "label").items() if v}
+        self.stream_key = settings.raw_stream(shard_of(run, settings.shards))
+        self.batch = settings.publish_batch
+        self.max_delay_s = max_delay_s
+        # the client first: a bad URL must not leave a spool behind (creating it does not connect)
+        self._client = client or sync_client_with_timeouts(settings, socket_timeout=10.0, connect_timeout=2.0)
+        self._own_client = client is None
+        try:
+            self._spool = Spool(Path(spool_dir) if spool_dir is not None else spool_path(settings, run))
+        except BaseException:
+            if self._own_client:
+                self._client.close()
+            raise
+        self._cv = threading.Condition()
+        self._next = self._spool.count  # next seq to assign
+        self._sent = self._spool.sent  # entries confirmed by the broker
+        self._eof = self._spool.finished
+        self._flush_req = 0
+        self._closing = False
+        self._abort = False
+        self._abort_evt = threading.Event()
+        self._closed = False
+        self.broker_up: bool | None = None  # None until the first send
+        self.resumed = self._spool.resumed
+        self._thread = threading.Thread(target=self._sender, name=f"publisher[{run}]", daemon=True)
+        self._thread.start()
+
+    # --- info -------------------------------------------------------------------------
+    @property
+    def spool_dir(self) -> Path:
+        return self._spool.path
+
+    @property
+    def next_seq(self) -> int:
+        return self._next
+
+    @property
+    def sent_count(self) -> int:
+        return self._sent
+
+    @property
+    def pending(self) -> int:
+        return self._next - self._sent
+
+    @property
+    def finished(self) -> bool:
+        """True once the run has its eof entry (added now, or found in the spool)."""
+        return self._eof
+
+    def lines_from(self, source: str) -> int:
+        """How many spooled entries were added with ``source=source`` (to skip them when resuming)."""
+        with self._cv:
+            return self._spool.by_source.get(source, 0)
+
+    # --- adding ---------------------------------------------------------------------------
+    def add_line(
+        self,
+        line: bytes | str,
+        stream: str = "stdout",
+        ts_ms: int | None = None,
+        extra: Mapping[str, str] | None = None,
+        *,
+        source: str | None = None,
+    ) -> int:
+        """Add one line (without its newline; bytes are published exactly). Returns its seq.
+
+        ``source`` is a local resume tag kept in the spool only (see :meth:`lines_from`).
+        """
+        if isinstance(line, str):
+            line = line.encode("utf-8")
+        if stream not in STREAMS:
+            raise ValueError(f"stream must be one of {STREAMS}, not {stream!r}")
+        fields_extra = _check_fields(extra, "extra") if extra else None
+        ts = now_ms() if ts_ms is None else int(ts_ms)
+        with self._cv:
+            self._check_open()
+            seq = self._next
+            fields: dict = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": "line", "stream": stream,
+                            "line": bytes(line)}
+            fields.update(self.labels)
+            if fields_extra:
+                fields.update(fields_extra)
+            self._spool.append(encode_record(fields, source), source)
+            self._next = seq + 1
+            if self._next - self._sent == 1 or self._next - self._sent >= self.batch:
+                self._cv.notify_all()
+            return seq
+
+    def add_eof(self, exit_code: int | None = None, ts_ms: int | None = None,
+                extra: Mapping[str, str] | None = None) -> int:
+        """Add the run's final entry (``kind=eof``, ``exit`` when known). Returns its seq."""
+        fields_extra = _check_fields(extra, "extra") if extra else None
+        ts = now_ms() if ts_ms is None else int(ts_ms)
+        with self._cv:
+            self._check_open()
+            seq = self._next
+            fields: dict = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": "eof"}
+            if exit_code is not None:
+                fields["exit"] = str(int(exit_code))
+            fields.update(self.labels)
+            if fields_extra:
+                fields.update(fields_extra)
+            self._spool.append(encode_record(fields))
+            self._next = seq + 1
+            self._eof = True
+            self._flush_req += 1
+            self._cv.notify_all()
+            return seq
+
+    def _check_open(self) -> None:
+        if self._closed or self._closing:
+            raise RuntimeError("publisher is closed")
+        if self._eof:
+            raise RunFinished(f"run {self.run!r} already ended (eof spooled or sent)")
+
+    # --- waiting ----------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> bool:
+        """Send everything added so far now and wait until the broker confirmed it.
+
+        Waits while the broker is down (forever when ``timeout`` is None). True when all was delivered.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            target = self._next
+            if self._sent >= target:
+                return True
+            self._flush_req += 1
+            self._cv.notify_all()
+            try:
+                while self._sent < target:
+                    if not self._thread.is_alive():
+                        return False
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self._cv.wait(0.5 if remaining is None else min(remaining, 0.5))
+                return True
+            finally:
+                self._flush_req -= 1
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (up to ``timeout``), stop the sender and release the spool.
+
+        The spool is removed when the run is complete (eof delivered) or never got an entry; otherwise it
+        stays, and a later Publisher for the same run continues from it. Returns True when all was delivered.
+        """
+        if self._closed:
+            return self._sent >= self._next
+        ok = self.flush(timeout)
+        with self._cv:
+            self._closing = True
+            self._abort = not ok
+            if self._abort:
+                self._abort_evt.set()
+            self._cv.notify_all()
+        self._thread.join(timeout=None if ok else 5.0)
+        with self._cv:
+            self._closed = True
+            ok = self._sent >= self._next
+            remove = (ok and self._eof) or self._next == 0
+            self._spool.close(remove=remove)
+        if self._own_client:
+            try:
+                self._client.close()
+            except Exception:
+                pass
+        return ok
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(timeout=None if exc_type is None else 2.0)
+
+    # --- sender thread -------------------------------------------------------------------------
+    def _sender(self) -> None:
+        try:
+            self._send_loop()
+        except Exception:  # never silently: flush() sees the dead thread and reports failure
+            log.exception("publisher for run %s stopped; unsent entries stay in %s", self.run, self._spool.path)
+            with self._cv:
+                self._cv.notify_all()
+
+    def _send_loop(self) -> None:
+        batch: list[dict] = []
+        backoff = BACKOFF_START_S
+        while True:
+            with self._cv:
+                if not batch:
+                    while self._next == self._sent and not self._closing:
+                        self._cv.wait()
+                    if self._next == self._sent:  # closing and nothing left
+                        return
+                    if self._abort:
+                        return
+                    # batching window: up to `batch` entries or max_delay_s, unless a flush is waiting
+                    deadline = time.monotonic() + self.max_delay_s
+                    while (self._next - self._sent < self.batch and not self._flush_req and not self._closing
+                           and (left := deadline - time.monotonic()) > 0):
+                        self._cv.wait(left)
+                    n = min(self._next - self._sent, self.batch)
+                    raws = self._spool.read_unsent(n)
+                elif self._abort:
+                    return
+            if not batch:
+                try:
+                    self._spool.sync()
+                except OSError:
+                    pass
+                batch = [decode_record(r) for r in raws]
+            try:
+                pipe = self._client.pipeline(transaction=False)
+                for fields in batch:
+                    pipe.xadd(self.stream_key, fields)
+                pipe.execute()
+            except (redis.RedisError, OSError) as exc:
+                if self.broker_up is not False:
+                    log.warning(
+                        "broker unreachable at %s (%s: %s); spooling run %s in %s and retrying",
+                        redact_url(self.settings.redis_url), type(exc).__name__, exc, self.run, self._spool.path,
+                    )
+                self.broker_up = False
+                if self._abort_evt.wait(backoff * (0.75 + random.random() / 2)):
+                    return
+                backoff = min(backoff * 2, BACKOFF_CAP_S)
+                continue
+            if self.broker_up is False:
+                log.warning("broker reachable again; delivering the spooled entries of run %s", self.run)
+            self.broker_up = True
+            backoff = BACKOFF_START_S
+            with self._cv:
+                self._sent += len(batch)
+                try:
+                    self._spool.mark_sent(self._sent)
+                except OSError:
+                    pass
+                self._cv.notify_all()
+            batch = []

@@ -1,0 +1,186 @@
+"""Per-run write-ahead spool of raw entries (see docs/raw-entries.md, "Spool").
+
+Layout: ``<spool_dir>/<namespace>/<run>/`` (both names escaped to ``[A-Za-z0-9_-]`` plus ``%XX``) with
+
+- ``entries.jsonl``: every entry ever assigned for the run, one JSON object a line, in seq order, appended
+  (and flushed to the OS) before it is sent. Its line count is the next seq.
+- ``sent``: how many leading entries of the log the broker confirmed (rewritten atomically per batch).
+- ``lock``: flock'ed by the one process publishing the run.
+
+A line that is valid UTF-8 is stored as ``"line"``; any other bytes as ``"line_b64"``. ``"_src"`` is a local
+resume tag (which input a line came from), never sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from services.settings import Settings
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None  # type: ignore[assignment]
+
+LOG = "entries.jsonl"
+SENT = "sent"
+LOCK = "lock"
+SRC_TAG = "_src"
+
+
+class SpoolLocked(RuntimeError):
+    """Another process is publishing this run (its spool is locked)."""
+
+
+class SpoolCorrupt(RuntimeError):
+    pass
+
+
+def _escape(name: str) -> str:
+    return "".join(c if (c.isascii() and (c.isalnum() or c in "_-")) else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
+
+
+def spool_path(settings: Settings, run: str) -> Path:
+    root = Path(os.path.expanduser(settings.spool_dir))
+    ns = _escape(settings.namespace) if settings.namespace else "%40default"
+    return root / ns / _escape(run)
+
+
+def encode_record(fields: dict[str, Any], src: str | None = None) -> bytes:
+    rec: dict[str, str] = {}
+    for k, v in fields.items():
+        if k == "line" and isinstance(v, (bytes, bytearray)):
+            try:
+                rec["line"] = bytes(v).decode("utf-8")
+            except UnicodeDecodeError:
+                rec["line_b64"] = base64.b64encode(v).decode("ascii")
+        else:
+            rec[k] = v
+    if src is not None:
+        rec[SRC_TAG] = src
+    return orjson.dumps(rec) + b"\n"
+
+
+def decode_record(raw: bytes) -> dict[str, Any]:
+    """Field map to XADD (``line`` as bytes); the local ``_src`` tag is dropped."""
+    rec = orjson.loads(raw)
+    out: dict[str, Any] = {}
+    for k, v in rec.items():
+        if k == SRC_TAG:
+            continue
+        if k == "line":
+            out["line"] = v.encode("utf-8")
+        elif k == "line_b64":
+            out["line"] = base64.b64decode(v)
+        else:
+            out[k] = v
+    return out
+
+
+class Spool:
+    """Opens (and locks) a run's spool, recovering it when it already exists."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock_file = open(self.path / LOCK, "a+b")
+        if fcntl is not None:
+            try:
+                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._lock_file.close()
+                raise SpoolLocked(f"another process is publishing this run (spool {self.path} is locked)") from None
+        self.count = 0  # entries in the log = next seq
+        self.finished = False  # the log ends with an eof entry
+        self.by_source: dict[str, int] = {}
+        self._recover()
+        self.sent = min(max(self._read_sent(), 0), self.count)
+        self._writer = open(self.path / LOG, "ab")
+        self._reader = open(self.path / LOG, "rb")
+        for _ in range(self.sent):
+            self._reader.readline()
+        self.resumed = self.count
+
+    # --- recovery -----------------------------------------------------------------
+    def _recover(self) -> None:
+        log = self.path / LOG
+        if not log.exists():
+            return
+        good = 0
+        with open(log, "r+b") as f:
+            for n, raw in enumerate(iter(f.readline, b"")):
+                if not raw.endswith(b"\n"):
+                    # torn last write (killed mid-append): that entry was never sent, drop it
+                    f.truncate(good)
+                    break
+                try:
+                    rec = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise SpoolCorrupt(f"spool log {log} is corrupt at entry {n}: {exc}") from None
+                if str(rec.get("seq")) != str(n):
+                    raise SpoolCorrupt(f"spool log {log}: entry {n} has seq {rec.get('seq')!r}")
+                good += len(raw)
+                self.count += 1
+                self.finished = rec.get("kind") == "eof"
+                src = rec.get(SRC_TAG)
+                if src is not None:
+                    self.by_source[src] = self.by_source.get(src, 0) + 1
+
+    def _read_sent(self) -> int:
+        try:
+            return int((self.path / SENT).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    # --- writing --------------------------------------------------------------------
+    def append(self, record: bytes, src: str | None = None) -> None:
+        """Append one encoded record and hand it to the OS (survives a SIGKILL of this process)."""
+        self._writer.write(record)
+        self._writer.flush()
+        self.count += 1
+        if src is not None:
+            self.by_source[src] = self.by_source.get(src, 0) + 1
+
+    def sync(self) -> None:
+        os.fsync(self._writer.fileno())
+
+    # --- sending --------------------------------------------------------------------
+    def read_unsent(self, n: int) -> list[bytes]:
+        """The next ``n`` records after those already handed out (caller ensures they are written)."""
+        out = []
+        for _ in range(n):
+            raw = self._reader.readline()
+            if not raw.endswith(b"\n"):
+                raise SpoolCorrupt(f"spool log {self.path / LOG} ended early")
+            out.append(raw)
+        return out
+
+    def mark_sent(self, count: int) -> None:
+        self.sent = count
+        tmp = self.path / (SENT + ".tmp")
+        tmp.write_text(str(count))
+        os.replace(tmp, self.path / SENT)
+
+    # --- closing --------------------------------------------------------------------
+    def close(self, remove: bool = False) -> None:
+        for f in (self._writer, self._reader):
+            try:
+                f.close()
+            except OSError:
+                pass
+        if remove:
+            shutil.rmtree(self.path, ignore_errors=True)
+            try:  # drop the namespace dir when it became empty
+                self.path.parent.rmdir()
+            except OSError:
+                pass
+        try:
+            self._lock_file.close()  # releases the flock
+        except OSError:
+            pass

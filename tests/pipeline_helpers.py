@@ -1,0 +1,101 @@
+"""Helpers for pipeline tests: expected events from the raw log, topic readers, worker processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import redis
+
+from services.normalizer import RunNormalizer
+from services.sequencer import parse_fields
+from services.settings import Settings
+from tests.support.redis_server import cli_env
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def client(settings: Settings) -> redis.Redis:
+    return redis.Redis.from_url(settings.redis_url)
+
+
+def raw_entries(settings: Settings) -> list:
+    r = client(settings)
+    out = []
+    for stream in settings.raw_streams():
+        for sid, fields in r.xrange(stream):
+            out.append(parse_fields(fields, sid.decode()))
+    return out
+
+
+def expected_events(settings: Settings, run: str) -> list[dict]:
+    """What one normalizer pass over the run's raw entries (as stored, in seq order) gives."""
+    entries = sorted({e.seq: e for e in raw_entries(settings) if e.run == run and e.kind != "abandon"}.values(),
+                     key=lambda e: e.seq)
+    norm = RunNormalizer(run)
+    out: list[dict] = []
+    for e in entries:
+        if e.kind == "eof":
+            out += norm.end(e.seq, e.ts, e.exit)
+            break
+        out += norm.line(e.seq, e.ts, e.line, e.stream)
+    return out
+
+
+def topic(settings: Settings, stream: str) -> list[dict]:
+    return [orjson.loads(f[b"data"]) for _, f in client(settings).xrange(stream)]
+
+
+def events_by_run(settings: Settings) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for event in topic(settings, settings.all_events_topic()):
+        out.setdefault(event["runId"], []).append(event)
+    return out
+
+
+def dead_letters(settings: Settings) -> list[dict]:
+    return [{k.decode(): v for k, v in f.items()} for _, f in client(settings).xrange(settings.deadletters())]
+
+
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def ended_runs(settings: Settings) -> set[str]:
+    return {r["runId"] for r in topic(settings, settings.runs_stream()) if r["state"] in ("ended", "abandoned")}
+
+
+def start_worker(settings: Settings, log: Path, **env: str) -> subprocess.Popen:
+    base = {
+        "GOOSE_INGEST_METRICS_PORT": "0",
+        "GOOSE_INGEST_CLAIM_IDLE_MS": "1500",
+        "GOOSE_INGEST_SWEEP_INTERVAL_S": "0.3",
+        "GOOSE_INGEST_BATCH_SIZE": "50",
+    }
+    base.update(env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "worker"],
+        cwd=REPO,
+        env=cli_env(settings, **base),
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

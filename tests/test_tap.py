@@ -1,0 +1,489 @@
+"""`goose-ingest tap` / `publish` and the Publisher, against a real Redis (docs/raw-entries.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from services.broker.helpers import redact_url
+from services.broker.keys import shard_of
+from services.tap.publisher import Publisher, RunFinished
+from services.tap.runkey import is_valid_run, new_run_key, ulid
+from services.tap.spool import LOG, SpoolLocked, spool_path
+from tests.support.redis_server import cli_env
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = Path(os.environ.get("GOOSE_FIXTURES", ROOT.parent / "shared" / "fixtures" / "goose")) / "a-read-edit-test-finish.jsonl"
+if not FIXTURE.exists():  # CI runs a clone with shared/ beside it
+    FIXTURE = Path("/work/shared/fixtures/goose/a-read-edit-test-finish.jsonl")
+LINE_FIELDS = ["run", "seq", "ts", "kind", "stream", "line", "host"]
+EOF_FIELDS = ["run", "seq", "ts", "kind", "host"]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "services.cli", *args]
+
+
+def run_cli(settings, *args: str, input: bytes | None = None, timeout: float = 60, **env: str):
+    stdin = {} if input is not None else {"stdin": subprocess.DEVNULL}
+    return subprocess.run(cli(*args), cwd=ROOT, env=cli_env(settings, **env), input=input,
+                          capture_output=True, timeout=timeout, **stdin)
+
+
+def entries(settings, run: str) -> list[dict[str, bytes]]:
+    """Entries of `run` in its shard stream, in stream order, as {field: value} with str keys."""
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        rows = client.xrange(settings.raw_stream(shard_of(run, settings.shards)))
+    finally:
+        client.close()
+    out = []
+    for _id, fields in rows:
+        f = {k.decode(): v for k, v in fields.items()}
+        if f.get("run") == run.encode():
+            out.append(f)
+    return out
+
+
+def spooled(settings, run: str) -> int:
+    log = spool_path(settings, run) / LOG
+    try:
+        return log.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def on(settings, server):
+    return settings.model_copy(update={"redis_url": server.url})
+
+
+def file_lines(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [ln[:-1] if ln.endswith(b"\r") else ln for ln in lines]
+
+
+# --- run keys and helpers --------------------------------------------------------------------------
+def test_ulid_and_run_keys():
+    assert ulid(0, bytes(10)) == "0" * 26
+    assert ulid((1 << 48) - 1, b"\xff" * 10) == "7" + "Z" * 25
+    a, b = ulid(1_700_000_000_000), ulid(1_700_000_000_001)
+    assert len(a) == 26 and a < b and re.fullmatch(r"[0-9A-HJKMNP-TV-Z]{26}", a)
+    key = new_run_key("my host/1")
+    assert re.fullmatch(r"my-host-1/[0-9A-Z]{26}", key) and is_valid_run(key)
+    assert is_valid_run("laptop-42/20261129_3") and is_valid_run("a@b:c.d_e-f/g")
+    for bad in ["", "x" * 201, "a b", "a\n", "ü", "a#b"]:
+        assert not is_valid_run(bad)
+
+
+def test_redact_url():
+    assert redact_url("redis://user:s3cret@h:6379/0") == "redis://***@h:6379/0"
+    assert redact_url("rediss://:s3cret@h/1") == "rediss://***@h/1"
+    assert redact_url("redis://h:6379") == "redis://h:6379"
+
+
+# --- publish ----------------------------------------------------------------------------------------
+@pytest.mark.e2e
+def test_publish_fixture_file(settings):
+    expected = file_lines(FIXTURE)
+    assert len(expected) > 5
+    run = "test/publish-fixture"
+    t0 = int(time.time() * 1000)
+    res = run_cli(settings, "publish", "--run", run, str(FIXTURE))
+    t1 = int(time.time() * 1000)
+    assert res.returncode == 0, res.stderr.decode()
+    got = entries(settings, run)
+    assert len(got) == len(expected) + 1
+    for i, (e, line) in enumerate(zip(got, expected)):
+        assert list(e) == LINE_FIELDS
+        assert e["run"] == run.encode() and e["seq"] == str(i).encode()
+        assert e["kind"] == b"line" and e["stream"] == b"stdout" and e["line"] == line
+        assert e["host"] == b"test-host"
+        assert t0 - 1 <= int(e["ts"]) <= t1 + 1
+    eof = got[-1]
+    assert list(eof) == EOF_FIELDS  # no exit code from a file
+    assert eof["kind"] == b"eof" and eof["seq"] == str(len(expected)).encode()
+    # only the run's own shard stream was written, and the spool is gone after a clean finish
+    other = settings.raw_stream(1 - shard_of(run, settings.shards))
+    assert redis.Redis.from_url(settings.redis_url).xlen(other) == 0
+    assert not spool_path(settings, run).exists()
+
+
+@pytest.mark.e2e
+def test_publish_keeps_bytes_exact_from_stdin(settings):
+    data = b'{"a":1}\r\n\n\xff\xfe not utf-8 \xc3\n' + "ünïcode ✓\n".encode() + b"no newline at end\r"
+    run = "test/bytes"
+    res = run_cli(settings, "publish", "--run", run, "--agent", "goose/1.56.0", "-", input=data)
+    assert res.returncode == 0, res.stderr.decode()
+    got = entries(settings, run)
+    assert [e["line"] for e in got[:-1]] == [b'{"a":1}', b"", b"\xff\xfe not utf-8 \xc3", "ünïcode ✓".encode(),
+                                            b"no newline at end\r"]
+    assert all(e["agent"] == b"goose/1.56.0" for e in got)
+    assert got[-1]["kind"] == b"eof"
+
+
+@pytest.mark.e2e
+def test_publish_no_eof_then_continue(settings, tmp_path):
+    run = "test/no-eof"
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_bytes(b"a0\na1\n")
+    b.write_bytes(b"b0\n")
+    assert run_cli(settings, "publish", "--run", run, "--no-eof", str(a)).returncode == 0
+    assert spool_path(settings, run).exists()  # keeps the seq counter for the run
+    assert run_cli(settings, "publish", "--run", run, str(b)).returncode == 0
+    got = entries(settings, run)
+    assert [(e["seq"], e.get("line")) for e in got] == [(b"0", b"a0"), (b"1", b"a1"), (b"2", b"b0"), (b"3", None)]
+    assert not spool_path(settings, run).exists()
+
+
+# --- tap --------------------------------------------------------------------------------------------
+CHILD = textwrap.dedent("""
+    import sys, time
+    for i in range(3):
+        print(f'{{"type":"message","n":{i}}}', flush=True)
+        print(f"warn {i}", file=sys.stderr, flush=True)
+        time.sleep(0.01)
+    print("last", flush=True)
+    sys.exit(3)
+""")
+
+
+@pytest.mark.e2e
+def test_tap_child_process(settings):
+    res = run_cli(settings, "tap", "--", sys.executable, "-c", CHILD)
+    assert res.returncode == 3, res.stderr.decode()
+    m = re.search(rb"goose-ingest: run (\S+)", res.stderr)
+    assert m, res.stderr
+    run = m.group(1).decode()
+    assert re.fullmatch(r"test-host/[0-9A-Z]{26}", run)
+    # echoed
+    assert res.stdout.splitlines() == [b'{"type":"message","n":0}', b'{"type":"message","n":1}',
+                                       b'{"type":"message","n":2}', b"last"]
+    assert b"warn 2" in res.stderr
+    got = entries(settings, run)
+    assert [int(e["seq"]) for e in got] == list(range(len(got))) and len(got) == 8
+    out = [e["line"] for e in got if e.get("stream") == b"stdout"]
+    err = [e["line"] for e in got if e.get("stream") == b"stderr"]
+    assert out == res.stdout.splitlines()
+    assert err == [b"warn 0", b"warn 1", b"warn 2"]
+    for e in got[:-1]:
+        assert list(e) == LINE_FIELDS
+    eof = got[-1]
+    assert eof["kind"] == b"eof" and eof["exit"] == b"3"
+    assert list(eof) == ["run", "seq", "ts", "kind", "exit", "host"]
+
+
+@pytest.mark.e2e
+def test_tap_quiet_and_given_run(settings):
+    run = "test/quiet@x"
+    res = run_cli(settings, "tap", "--run", run, "--quiet", "--agent", "goose/1.0", "--",
+                  sys.executable, "-c", "print('x'); import sys; print('y', file=sys.stderr)")
+    assert res.returncode == 0
+    assert res.stdout == b"" and b"y\n" not in res.stderr
+    assert f"goose-ingest: run {run}".encode() in res.stderr
+    got = entries(settings, run)
+    assert sorted(e["line"] for e in got[:-1]) == [b"x", b"y"]
+    assert got[-1]["exit"] == b"0" and all(e["agent"] == b"goose/1.0" for e in got)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_tap_forwards_signals(settings, sig):
+    run = f"test/signal-{int(sig)}"
+    child = "import time; print('ready', flush=True); time.sleep(30)"
+    proc = subprocess.Popen(cli("tap", "--run", run, "--", sys.executable, "-c", child), cwd=ROOT,
+                            env=cli_env(settings), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    # the child dies of the forwarded signal (python re-raises an unhandled SIGINT as a signal death)
+    assert rc == 128 + int(sig)
+    assert entries(settings, run)[-1]["exit"] == str(-int(sig)).encode()
+
+
+@pytest.mark.e2e
+def test_tap_missing_command(settings):
+    res = run_cli(settings, "tap", "--run", "test/nocmd", "--", "/nonexistent/goose", "run")
+    assert res.returncode == 127
+    assert b"cannot run '/nonexistent/goose'" in res.stderr
+    assert not spool_path(settings, "test/nocmd").exists()
+
+
+# --- bad arguments ---------------------------------------------------------------------------------
+@pytest.mark.e2e
+def test_bad_arguments(settings, tmp_path):
+    for args in (["tap", "--run", "bad run", "--", "true"], ["publish", "--run", "a#b", str(FIXTURE)],
+                 ["publish", "--run", "x" * 201, str(FIXTURE)]):
+        res = run_cli(settings, *args)
+        assert res.returncode == 2, args
+        assert b"invalid --run" in res.stderr and b"1-200 characters" in res.stderr
+    res = run_cli(settings, "publish", "--run", "test/missing", str(tmp_path / "missing.jsonl"))
+    assert res.returncode == 2
+    assert b"cannot read" in res.stderr and b"No such file or directory" in res.stderr
+    assert not spool_path(settings, "test/missing").exists()
+    res = run_cli(settings, "tap", "--run", "test/x")
+    assert res.returncode == 2 and b"no command given" in res.stderr
+    res = run_cli(settings, "publish", str(FIXTURE))
+    assert res.returncode == 2 and b"--run" in res.stderr
+
+
+# --- broker outages and crashes ---------------------------------------------------------------------
+@pytest.mark.e2e
+def test_publish_survives_broker_down_then_up(settings, private_redis, tmp_path):
+    s = on(settings, private_redis)
+    n = 300
+    src = tmp_path / "lines.jsonl"
+    src.write_bytes(b"".join(b'{"type":"message","i":%d}\n' % i for i in range(n)))
+    run = "test/outage"
+    private_redis.stop()
+    proc = subprocess.Popen(cli("publish", "--run", run, str(src)), cwd=ROOT, env=cli_env(s),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: spooled(s, run) == n + 1, 30, "all entries spooled")
+        time.sleep(0.5)
+        assert proc.poll() is None  # still waiting for the broker, not failed
+        private_redis.start()  # same port
+        rc = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert rc == 0, err.decode()
+    assert b"broker unreachable" in err
+    got = entries(s, run)
+    assert [int(e["seq"]) for e in got] == list(range(n + 1))
+    assert [e["line"] for e in got[:-1]] == file_lines(src)
+    assert got[-1]["kind"] == b"eof"
+    assert not spool_path(s, run).exists()
+
+
+@pytest.mark.e2e
+def test_password_is_never_printed(settings, private_redis, tmp_path):
+    private_redis.stop()
+    url = f"redis://someuser:s3cret-pw@127.0.0.1:{private_redis.port}/0"
+    s = settings.model_copy(update={"redis_url": url})
+    res = run_cli(s, "publish", "--run", "test/pw", "--drain-timeout", "1", "-", input=b"x\n")
+    assert res.returncode == 1
+    assert b"s3cret-pw" not in res.stderr + res.stdout
+    assert b"redis://***@127.0.0.1" in res.stderr
+    assert b"publish --run test/pw --drain" in res.stderr
+    assert spooled(s, "test/pw") == 2  # kept for later delivery
+    private_redis.start()
+    s2 = on(settings, private_redis)  # same spool dir and namespace, reachable broker
+    res = run_cli(s2, "publish", "--run", "test/pw", "--drain")
+    assert res.returncode == 0, res.stderr.decode()
+    assert [e.get("line") for e in entries(s2, "test/pw")] == [b"x", None]
+    assert not spool_path(s2, "test/pw").exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("broker_down_first", [True, False], ids=["broker-down", "broker-up"])
+def test_tap_sigkill_and_resume(settings, private_redis, tmp_path, broker_down_first):
+    s = on(settings, private_redis)
+    run = "test/crash"
+    pidfile = tmp_path / "child.pid"
+    first = textwrap.dedent(f"""
+        import os, sys, time
+        open({str(pidfile)!r}, "w").write(str(os.getpid()))
+        for i in range(5):
+            print(f"A{{i}}", flush=True)
+        print("Aerr", file=sys.stderr, flush=True)
+        time.sleep(60)
+    """)
+    if broker_down_first:
+        private_redis.stop()
+    tap = subprocess.Popen(cli("tap", "--run", run, "--quiet", "--", sys.executable, "-c", first), cwd=ROOT,
+                           env=cli_env(s), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: spooled(s, run) == 6, 30, "6 entries spooled")
+        if not broker_down_first:
+            wait_for(lambda: len(entries(s, run)) == 6, 30, "6 entries delivered")
+        tap.kill()  # SIGKILL: no cleanup at all
+        tap.wait(timeout=10)
+    finally:
+        tap.kill()
+        tap.communicate()
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert spool_path(s, run).exists()
+    if broker_down_first:
+        assert entries_safe(s, run) == []
+        private_redis.start()
+
+    second = "import sys\nfor i in range(4): print(f'B{i}', flush=True)\n"
+    res = subprocess.run(cli("tap", "--run", run, "--", sys.executable, "-c", second), cwd=ROOT, env=cli_env(s),
+                         stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert res.returncode == 0, res.stderr.decode()
+    assert b"resuming run test/crash" in res.stderr
+
+    got = entries(s, run)
+    by_seq: dict[int, dict] = {}
+    for e in got:  # re-sent entries (lost confirmations) must be identical copies
+        seq = int(e["seq"])
+        assert by_seq.setdefault(seq, e) == e
+    assert sorted(by_seq) == list(range(11))
+    first_six = [by_seq[i] for i in range(6)]
+    assert [e["line"] for e in first_six if e["stream"] == b"stdout"] == [b"A0", b"A1", b"A2", b"A3", b"A4"]
+    assert [e["line"] for e in first_six if e["stream"] == b"stderr"] == [b"Aerr"]
+    assert [by_seq[i]["line"] for i in range(6, 10)] == [b"B0", b"B1", b"B2", b"B3"]
+    assert by_seq[10]["kind"] == b"eof" and by_seq[10]["exit"] == b"0"
+    if broker_down_first:
+        assert len(got) == 11  # nothing was sent before the crash: no duplicates at all
+    assert not spool_path(s, run).exists()
+
+
+def entries_safe(settings, run):
+    try:
+        return entries(settings, run)
+    except redis.ConnectionError:
+        return []
+
+
+# --- the Publisher API --------------------------------------------------------------------------------
+def test_publisher_api(settings):
+    run = "test/api"
+    with Publisher(settings, run, {"host": "h1", "agent": "goose/1.2"}) as pub:
+        assert pub.add_line(b"one", "stdout", ts_ms=1234) == 0
+        assert pub.add_line("two", "stderr", extra={"source": "backfill", "file": "x.jsonl"}) == 1
+        with pytest.raises(ValueError):
+            pub.add_line(b"x", extra={"seq": "9"})  # reserved
+        with pytest.raises(ValueError):
+            pub.add_line(b"x", "stdin")
+        assert pub.flush(timeout=10)
+        assert pub.sent_count == 2 and pub.pending == 0
+        assert pub.add_eof(-9) == 2
+        with pytest.raises(RunFinished):
+            pub.add_line(b"late")
+    got = entries(settings, run)
+    assert got[0] == {"run": run.encode(), "seq": b"0", "ts": b"1234", "kind": b"line", "stream": b"stdout",
+                      "line": b"one", "host": b"h1", "agent": b"goose/1.2"}
+    assert got[1]["source"] == b"backfill" and got[1]["file"] == b"x.jsonl" and got[1]["stream"] == b"stderr"
+    assert got[2]["kind"] == b"eof" and got[2]["exit"] == b"-9"
+    assert not spool_path(settings, run).exists()
+
+
+def test_publisher_resume_in_process(settings, private_redis):
+    s = on(settings, private_redis)
+    run = "test/api-resume"
+    private_redis.stop()
+    pub = Publisher(s, run, {"host": "h"})
+    for i in range(10):
+        pub.add_line(b"L%d" % i, source="f")
+    assert not pub.flush(timeout=0.3)
+    with pytest.raises(SpoolLocked):
+        Publisher(s, run)  # one process per run
+    assert not pub.close(timeout=0.2)
+    private_redis.start()
+    with Publisher(s, run, {"host": "h"}) as pub2:
+        assert pub2.resumed == 10 and pub2.next_seq == 10 and pub2.lines_from("f") == 10
+        pub2.add_line(b"L10")
+        pub2.add_eof(0)
+    got = entries(s, run)
+    assert [e.get("line") for e in got] == [b"L%d" % i for i in range(11)] + [None]
+    assert [int(e["seq"]) for e in got] == list(range(12))
+
+
+def test_publisher_batches_in_pipelines(settings):
+    s = settings.model_copy(update={"publish_batch": 50})
+    run = "test/batch"
+    with Publisher(s, run) as pub:
+        for i in range(1000):
+            pub.add_line(b"x%d" % i)
+        pub.add_eof(0)
+    got = entries(s, run)
+    assert [int(e["seq"]) for e in got] == list(range(1001))
+
+
+@pytest.mark.e2e
+def test_publish_sigkilled_mid_file_resumes_without_loss(settings, private_redis, tmp_path):
+    s = on(settings, private_redis)
+    n = 200_000
+    src = tmp_path / "big.jsonl"
+    src.write_bytes(b"".join(b'{"i":%d}\n' % i for i in range(n)))
+    run = "test/publish-crash"
+    private_redis.stop()
+    proc = subprocess.Popen(cli("publish", "--run", run, str(src)), cwd=ROOT, env=cli_env(s),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: spooled(s, run) >= 2000, 60, "2000 entries spooled")
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+        proc.communicate()
+    at_kill = spooled(s, run)
+    print(f"spooled at kill: {at_kill} of {n}")
+    private_redis.start()
+    res = run_cli(s, "publish", "--run", run, str(src), timeout=120)
+    assert res.returncode == 0, res.stderr.decode()
+    got = entries(s, run)
+    assert [int(e["seq"]) for e in got] == list(range(n + 1))
+    assert [e["line"] for e in got[:-1]] == file_lines(src)
+    if at_kill < n:
+        assert b"skipping the first" in res.stderr
+
+
+@pytest.mark.e2e
+def test_publish_same_file_again_skips_spooled_lines(settings, private_redis, tmp_path):
+    s = on(settings, private_redis)
+    src = tmp_path / "f.txt"
+    src.write_bytes(b"l0\nl1\nl2\n")
+    run = "test/same-file"
+    private_redis.stop()
+    res = run_cli(s, "publish", "--run", run, "--no-eof", "--drain-timeout", "0.3", str(src))
+    assert res.returncode == 1 and spooled(s, run) == 3
+    private_redis.start()
+    res = run_cli(s, "publish", "--run", run, str(src))
+    assert res.returncode == 0, res.stderr.decode()
+    got = entries(s, run)
+    assert [e.get("line") for e in got] == [b"l0", b"l1", b"l2", None]
+    # --no-skip appends the same input again (e.g. a second batch read from stdin)
+    run2 = "test/no-skip"
+    assert run_cli(s, "publish", "--run", run2, "--no-eof", "-", input=b"x\n").returncode == 0
+    assert run_cli(s, "publish", "--run", run2, "--no-skip", "-", input=b"x\n").returncode == 0
+    assert [e.get("line") for e in entries(s, run2)] == [b"x", b"x", None]
+
+
+def test_spool_recovers_a_torn_last_write(settings):
+    run = "test/torn"
+    with Publisher(settings, run, client=redis.Redis(host="127.0.0.1", port=1)) as pub:  # nothing answers
+        pub.add_line(b"a")
+        pub.add_line(b"b")
+        pub.close(timeout=0)
+    log = spool_path(settings, run) / LOG
+    log.write_bytes(log.read_bytes() + b'{"run":"test/torn","seq":"2","ts":"1","ki')  # killed mid-append
+    with Publisher(settings, run) as pub:
+        assert pub.next_seq == 2 and pub.pending == 2
+        assert pub.add_line(b"c") == 2
+        pub.add_eof(0)
+    assert [e.get("line") for e in entries(settings, run)] == [b"a", b"b", b"c", None]
