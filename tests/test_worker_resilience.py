@@ -1,0 +1,121 @@
+"""Broker restarts, graceful shutdown, poison entries and retention, with real processes."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import redis
+
+from services.broker.keys import shard_of
+from services.settings import Settings
+from tests.pipeline_helpers import (
+    dead_letters,
+    ended_runs,
+    events_by_run,
+    expected_events,
+    start_worker,
+    stop,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+TEXT = '{"type":"message","message":{"id":"m%d","role":"assistant","content":[{"type":"text","text":"t%d"}]}}'
+
+
+def _publish(settings: Settings, run: str, n: int, eof: bool = True) -> None:
+    r = redis.Redis.from_url(settings.redis_url)
+    stream = settings.raw_stream(shard_of(run, settings.shards))
+    pipe = r.pipeline(transaction=False)
+    for seq in range(n):
+        pipe.xadd(stream, {"run": run, "seq": seq, "ts": 1_790_000_000_000 + seq, "line": TEXT % (seq, seq)})
+    if eof:
+        pipe.xadd(stream, {"run": run, "seq": n, "ts": 1_790_000_000_000 + n, "kind": "eof", "exit": 0})
+    pipe.execute()
+
+
+def test_worker_survives_a_redis_restart_and_reconnects(private_redis, tmp_path):
+    settings = Settings(redis_url=private_redis.url, namespace="restart", shards=2)
+    worker = start_worker(settings, tmp_path / "w.log")
+    try:
+        _publish(settings, "restart/before", 20)
+        wait_until(lambda: "restart/before" in ended_runs(settings), timeout=30)
+        # The server goes away and comes back empty (no persistence): streams and groups are gone.
+        private_redis.stop()
+        time.sleep(1.5)
+        private_redis.restart()
+        _publish(settings, "restart/after", 20)
+        wait_until(lambda: "restart/after" in ended_runs(settings), timeout=60)
+        assert worker.poll() is None, "the worker exited instead of reconnecting"
+    finally:
+        stop(worker)
+    assert events_by_run(settings)["restart/after"] == expected_events(settings, "restart/after")
+
+
+def test_sigterm_finishes_the_batch_and_loses_nothing(settings, tmp_path):
+    runs = [f"term/{i}" for i in range(30)]
+    for run in runs:
+        _publish(settings, run, 40)
+    log = tmp_path / "w.log"
+    worker = start_worker(settings, log, GOOSE_INGEST_BATCH_SIZE="20")
+    wait_until(lambda: ended_runs(settings), timeout=30, interval=0.01)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    # Whatever the stopped worker had read but not committed is pending, never half-committed:
+    # a new worker (after the claim idle time) completes every run exactly.
+    second = start_worker(settings, log)
+    try:
+        wait_until(lambda: set(runs) <= ended_runs(settings), timeout=60)
+    finally:
+        stop(second)
+    published = events_by_run(settings)
+    for run in runs:
+        assert published[run] == expected_events(settings, run)
+
+
+def test_an_entry_delivered_too_often_is_dead_lettered(settings, tmp_path):
+    r = redis.Redis.from_url(settings.redis_url)
+    run = "poison/run"
+    stream = settings.raw_stream(shard_of(run, settings.shards))
+    for s in settings.raw_streams():
+        r.xgroup_create(s, settings.group, id="0", mkstream=True)
+    _publish(settings, run, 3)
+    # Simulate workers that crash on the entries: each read bumps the delivery count.
+    for attempt in range(7):
+        r.xautoclaim(stream, settings.group, f"crasher-{attempt}", min_idle_time=0, start_id="0-0")
+    r.xreadgroup(settings.group, "crasher", {stream: ">"})
+    for attempt in range(6):
+        r.xautoclaim(stream, settings.group, f"crasher-{attempt}", min_idle_time=0, start_id="0-0")
+    worker = start_worker(settings, tmp_path / "w.log", GOOSE_INGEST_MAX_DELIVERIES="3", GOOSE_INGEST_CLAIM_IDLE_MS="200")
+    try:
+        wait_until(lambda: len(dead_letters(settings)) == 4, timeout=30)
+        wait_until(lambda: r.xpending(stream, settings.group)["pending"] == 0, timeout=30)
+    finally:
+        stop(worker)
+    reasons = {d["reason"] for d in dead_letters(settings)}
+    assert reasons == {b"max-deliveries"}
+    assert all(b"delivered" in d["detail"] for d in dead_letters(settings))
+
+
+def test_retention_never_trims_uncommitted_raw_entries(settings, tmp_path):
+    """Raw retention 0.0001 h (~0.4 s): committed entries go, unread and pending ones stay."""
+    r = redis.Redis.from_url(settings.redis_url)
+    for s in settings.raw_streams():
+        r.xgroup_create(s, settings.group, id="0", mkstream=True)
+    _publish(settings, "keep/pending", 5)
+    # Read by a consumer that dies: pending, never committed.
+    for s in settings.raw_streams():
+        r.xreadgroup(settings.group, "dead", {s: ">"})
+    time.sleep(1.0)
+    worker = start_worker(settings, tmp_path / "w.log", GOOSE_INGEST_RAW_RETENTION_HOURS="0.0001",
+                          GOOSE_INGEST_CLAIM_IDLE_MS="600000")
+    try:
+        from services.worker.housekeeping import Housekeeper  # noqa: F401  (trim runs in the worker)
+
+        time.sleep(3.0)
+        total = sum(r.xlen(s) for s in settings.raw_streams())
+        assert total == 6, "pending (uncommitted) entries were trimmed"
+    finally:
+        stop(worker)
