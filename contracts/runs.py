@@ -30,6 +30,7 @@ class RunRecordBase(Usage):
     counts: dict[str, int] = Field(description="The run's harness events so far, by type (every type present).")
     host: str = None  # type: ignore[assignment]
     agent: str = None  # type: ignore[assignment]
+    parentRunId: str = Field(default=None, description="The parent run of a subagent session (imported runs).")  # type: ignore[assignment]
 
 
 class RunStarted(RunRecordBase):

@@ -43,6 +43,13 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=9464, ge=0, le=65535, description="HTTP port of /metrics, /healthz, /readyz (0: any free port).")
     metrics_host: str = Field(default="0.0.0.0", description="Bind address of the metrics server.")
 
+    # --- redaction ----------------------------------------------------------
+    redaction_enabled: bool = Field(default=True, description="Redact credentials in every published event (never in the raw log).")
+    redaction_disable: list[str] = Field(default_factory=list, description='Built-in rules to turn off, JSON list, e.g. ["jwt"].')
+    redaction_extra_rules: dict[str, str] = Field(
+        default_factory=dict, description='Extra rules, JSON object name -> regex (a group named "secret" limits the replacement).'
+    )
+
     # --- topics -------------------------------------------------------------
     events_topic: str = Field(default="harness.events", description="All harness events; per-type topics are <this>.<type>.")
     runs_topic: str = Field(default="harness.runs", description="Run lifecycle records.")
@@ -57,6 +64,14 @@ class Settings(BaseSettings):
     spool_dir: str = Field(default="~/.local/state/goose-ingest/spool", description="Where the tap spools entries while the broker is down.")
     publish_batch: int = Field(default=256, ge=1, description="Entries per pipelined XADD batch.")
     host_label: str | None = Field(default=None, description="`host` label on raw entries (default: the hostname).")
+
+    def redactor(self):
+        """The configured Redactor, or None when redaction is off (raises ValueError on a bad rule)."""
+        if not self.redaction_enabled:
+            return None
+        from services.redaction import Redactor
+
+        return Redactor(self.redaction_extra_rules, self.redaction_disable)
 
     def key(self, name: str) -> str:
         return f"{self.namespace}:{name}" if self.namespace else name

@@ -465,6 +465,7 @@ def test_default_values_satisfy_the_schema():
 # Maps whose keys are free by nature (labels, annotations) and Kubernetes objects passed through
 # verbatim (validated after rendering by kubernetes-validate instead).
 FREE_FORM = {
+    "properties.settings.properties.redaction_extra_rules",  # rule name -> regex, names checked by pattern
     "properties.service.properties.annotations",
     "properties.serviceMonitor.properties.labels",
     "properties.prometheusRule.properties.labels",

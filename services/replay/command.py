@@ -36,7 +36,7 @@ def compare(settings: Settings, run_key: str | None = None, out=sys.stdout, quie
     client = sync_client(settings)
     raw = [item for stream in settings.raw_streams() for item in _read_all(client, stream)]
     rebuilt = rebuild(raw, Limits(settings.max_span_chars, settings.max_pending_tools),
-                      settings.max_buffered_entries, run_key, settings.max_line_bytes)
+                      settings.max_buffered_entries, run_key, settings.max_line_bytes, settings.redactor())
     published: dict[str, list[dict]] = {}
     for _sid, fields in _read_all(client, settings.all_events_topic()):
         rid = fields[b"runId"].decode()

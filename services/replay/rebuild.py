@@ -21,7 +21,7 @@ class Rebuilt:
 
 
 def rebuild(entries: list[tuple[str, dict[bytes, bytes]]], limits: Limits, max_buffered: int,
-            run: str | None = None, max_bytes: int | None = None) -> Rebuilt:
+            run: str | None = None, max_bytes: int | None = None, redactor: object = None) -> Rebuilt:
     """entries: (stream id, fields) in log order, possibly from several shards.
 
     Entries the workers dead-letter for their content (invalid, oversize) are skipped alike;
@@ -52,7 +52,7 @@ def rebuild(entries: list[tuple[str, dict[bytes, bytes]]], limits: Limits, max_b
             before = [e for e in items if e is not marker and e.kind != "abandon" and named(e)]
             after = [e for e in items if e is not marker and not (e.kind != "abandon" and named(e))]
             ordered = before + [marker] + after
-        seq = RunSequencer(key, limits, max_buffered)
+        seq = RunSequencer(key, limits, max_buffered, redactor)
         events: list[dict] = []
         records: list[dict] = []
         for entry in ordered:

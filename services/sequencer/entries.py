@@ -32,6 +32,7 @@ class Entry(NamedTuple):
     # abandon markers only: the last seq the run consists of, and ranges that never arrived
     through: int = -1
     missing: tuple = ()
+    parent: str | None = None  # run key of the parent run (subagent sessions), a label like host
 
     def to_list(self) -> list:
         return list(self)
@@ -93,15 +94,18 @@ def parse_fields(fields: dict[bytes, bytes], sid: str) -> Entry:
         raise EntryError("'stream' is neither stdout nor stderr")
     host = _text(fields.get(b"host"), "host")
     agent = _text(fields.get(b"agent"), "agent")
+    parent_b = fields.get(b"parent")
+    parent = parent_b.decode("ascii") if parent_b is not None and _RUN_RE.fullmatch(parent_b) else None
     if kind_b == b"line":
         line_b = fields.get(b"line")
         if line_b is None:
             raise EntryError("kind=line without 'line'")
-        return Entry(run, seq, ts, "line", stream_b.decode(), line_b.decode("utf-8", "replace"), None, host, agent, sid)
+        return Entry(run, seq, ts, "line", stream_b.decode(), line_b.decode("utf-8", "replace"), None, host, agent, sid,
+                     parent=parent)
     if kind_b == b"eof":
         exit_b = fields.get(b"exit")
         exit_code = _int(exit_b, "exit") if exit_b not in (None, b"") else None
-        return Entry(run, seq, ts, "eof", stream_b.decode(), "", exit_code, host, agent, sid)
+        return Entry(run, seq, ts, "eof", stream_b.decode(), "", exit_code, host, agent, sid, parent=parent)
     if kind_b == b"abandon":
         through = _int(fields.get(b"through"), "through")
         try:

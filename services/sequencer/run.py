@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from collections import Counter
+
 from services.normalizer.machine import Limits, RunNormalizer
 from services.normalizer.timefmt import format_ms
 from services.sequencer.entries import Entry
@@ -35,11 +37,13 @@ class Outcome:
     records: list[dict] = field(default_factory=list)
     # (entry, outcome, dead-letter reason or None)
     dispositions: list[tuple[Entry, str, str | None]] = field(default_factory=list)
+    redactions: Counter = field(default_factory=Counter)  # rule -> replacements
 
     def extend(self, other: "Outcome") -> None:
         self.events.extend(other.events)
         self.records.extend(other.records)
         self.dispositions.extend(other.dispositions)
+        self.redactions.update(other.redactions)
 
 
 def _ranges(seqs: list[int]) -> list[list[int]]:
@@ -53,8 +57,13 @@ def _ranges(seqs: list[int]) -> list[list[int]]:
 
 
 class RunSequencer:
-    def __init__(self, run: str, limits: Limits = Limits(), max_buffered: int = 10_000) -> None:
+    """One run's ordering and lifecycle. With a `redactor`, every event is redacted before it
+    leaves (secret form fields are tracked in the run's state, so redaction replays alike)."""
+
+    def __init__(self, run: str, limits: Limits = Limits(), max_buffered: int = 10_000, redactor: Any = None) -> None:
         self.run = run
+        self.redactor = redactor
+        self.secrets: Any = None  # SecretFieldTracker, created on first use
         self.limits = limits
         self.max_buffered = max_buffered
         self.norm = RunNormalizer(run, limits)
@@ -66,6 +75,7 @@ class RunSequencer:
         self.k = 0  # index of the next lifecycle record
         self.host: str | None = None
         self.agent: str | None = None
+        self.parent: str | None = None
 
     # ------------------------------------------------------------------ state
     def to_state(self) -> dict:
@@ -81,13 +91,17 @@ class RunSequencer:
             "k": self.k,
             "host": self.host,
             "agent": self.agent,
+            "parent": self.parent,
+            "secrets": self.secrets.to_dict() if self.secrets is not None else None,
         }
 
     @classmethod
-    def from_state(cls, st: dict, limits: Limits = Limits(), max_buffered: int = 10_000) -> "RunSequencer":
+    def from_state(
+        cls, st: dict, limits: Limits = Limits(), max_buffered: int = 10_000, redactor: Any = None
+    ) -> "RunSequencer":
         if st.get("v") != STATE_VERSION:
             raise ValueError(f"run state version {st.get('v')!r} is not {STATE_VERSION}")
-        self = cls(st["run"], limits, max_buffered)
+        self = cls(st["run"], limits, max_buffered, redactor)
         self.norm = RunNormalizer.from_state(st["norm"], limits)
         self.next = st["next"]
         self.buffer = {e[1]: Entry.from_list(e) for e in st["buffer"]}
@@ -97,6 +111,11 @@ class RunSequencer:
         self.k = st["k"]
         self.host = st["host"]
         self.agent = st["agent"]
+        self.parent = st.get("parent")
+        if st.get("secrets") is not None:
+            from services.redaction import SecretFieldTracker
+
+            self.secrets = SecretFieldTracker.from_dict(st["secrets"])
         return self
 
     @property
@@ -108,6 +127,28 @@ class RunSequencer:
 
     # ------------------------------------------------------------------ input
     def accept(self, entry: Entry) -> Outcome:
+        out = self._accept(entry)
+        if self.redactor is not None and out.events:
+            self._redact(out)
+        return out
+
+    def _redact(self, out: Outcome) -> None:
+        if self.secrets is None:
+            from services.redaction import SecretFieldTracker
+
+            self.secrets = SecretFieldTracker()
+        tracker = self.secrets
+        redacted = []
+        for event in out.events:
+            if event["type"] == "unknown":
+                tracker.observe(event["raw"])
+            event, counts = self.redactor.redact_event(event, tracker=tracker)
+            if counts:
+                out.redactions.update(counts)
+            redacted.append(event)
+        out.events = redacted
+
+    def _accept(self, entry: Entry) -> Outcome:
         out = Outcome()
         if entry.kind == "abandon":
             self._abandon(entry, out)
@@ -151,6 +192,8 @@ class RunSequencer:
             self.host = entry.host
         if self.agent is None and entry.agent:
             self.agent = entry.agent
+        if self.parent is None and entry.parent:
+            self.parent = entry.parent
         if self.state == "new":
             self.state = "running"
             self._record(out, "started", entry.ts, entry.seq)
@@ -228,6 +271,8 @@ class RunSequencer:
             record["host"] = self.host
         if self.agent:
             record["agent"] = self.agent
+        if self.parent:
+            record["parentRunId"] = self.parent
         out.records.append(record)
 
 

@@ -76,7 +76,9 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         client = async_client(settings)
         parts["client"] = client
         await ensure_groups(client, settings)
-        parts["processor"] = BatchProcessor(settings, client, redact=parts.get("redact"))
+        parts["processor"] = BatchProcessor(settings, client)
+        if metrics is not None and parts["processor"].redactor is not None:
+            metrics.known_rules = parts["processor"].redactor.rule_names
         housekeeper = Housekeeper(settings, client, parts["processor"], consumer, metrics)
         parts["housekeeper"] = housekeeper
         if metrics is not None:

@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable, Iterable
+from typing import Iterable
 
 import orjson
 import redis.asyncio as aioredis
@@ -45,6 +45,7 @@ class BatchResult:
     events: list[dict] = field(default_factory=list)
     records: list[dict] = field(default_factory=list)
     latencies_ms: list[int] = field(default_factory=list)
+    redactions: dict[str, int] = field(default_factory=dict)  # rule -> replacements
 
     def count(self, outcome: str, reason: str | None = None) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -66,17 +67,12 @@ def entry_fields(entry: Entry) -> list:
 
 
 class BatchProcessor:
-    def __init__(
-        self,
-        settings: Settings,
-        client: aioredis.Redis,
-        redact: Callable[[dict], dict] | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, client: aioredis.Redis) -> None:
         self.settings = settings
         self.client = client
         self.script = client.register_script(COMMIT_LUA)
         self.limits = Limits(settings.max_span_chars, settings.max_pending_tools)
-        self.redact = redact
+        self.redactor = settings.redactor()
         self.active = active_key(settings)
         self.ttl_ms = str(int(settings.run_state_ttl_hours * 3_600_000))
         self.events_topic = settings.all_events_topic()
@@ -151,6 +147,8 @@ class BatchProcessor:
         for run, (_k, _s, _e, _a, outcome) in computed.items():
             result.events.extend(outcome.events)
             result.records.extend(outcome.records)
+            for rule, n in outcome.redactions.items():
+                result.redactions[rule] = result.redactions.get(rule, 0) + n
             for entry, disposition, reason in outcome.dispositions:
                 result.count(disposition, reason)
                 if disposition == PROCESSED and entry.kind != "abandon":
@@ -167,9 +165,11 @@ class BatchProcessor:
         loaded = await pipe.execute()
         for run, (version, state) in zip(runs, loaded):
             if state is None:
-                seq = RunSequencer(run, self.limits, settings.max_buffered_entries)
+                seq = RunSequencer(run, self.limits, settings.max_buffered_entries, self.redactor)
             else:
-                seq = RunSequencer.from_state(orjson.loads(state), self.limits, settings.max_buffered_entries)
+                seq = RunSequencer.from_state(
+                    orjson.loads(state), self.limits, settings.max_buffered_entries, self.redactor
+                )
             outcome = Outcome()
             last_ms = 0
             for entry in by_run[run]:
@@ -201,10 +201,7 @@ class BatchProcessor:
 
     def _outputs(self, adds: list, stream: str, outcome: Outcome) -> None:
         dumps = orjson.dumps
-        redact = self.redact
         for event in outcome.events:
-            if redact is not None:
-                event = redact(event)
             data = dumps(event)
             fields = (b"eventId", event["eventId"], b"runId", event["runId"], b"seq", event["seq"],
                       b"type", event["type"], b"data", data)

@@ -18,5 +18,7 @@ def record_result(metrics: Metrics | None, result: BatchResult, seconds: float, 
     for record in result.records:
         metrics.run_record(record)
     metrics.observe_batch(seconds, entries)
+    for rule, n in result.redactions.items():
+        metrics.redactions(rule, n)
     for ms in result.latencies_ms:
         metrics.observe_latency(ms / 1000.0)

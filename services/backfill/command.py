@@ -1,0 +1,134 @@
+"""`goose-ingest import-sessions`: publish goose's sessions.db as runs (docs/backfill.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import redis
+
+from services.backfill.importer import (
+    DEFAULT_FINAL_AFTER_S,
+    Importer,
+    ImportError_,
+    parse_since,
+    validate_namespace,
+)
+from services.backfill.sessions_db import SessionsDbError, list_sessions, open_readonly
+from services.broker.helpers import redact_url, sync_client_with_timeouts
+from services.settings import Settings
+from services.tap.spool import SpoolCorrupt, SpoolLocked
+
+PROG = "goose-ingest import-sessions"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "import-sessions",
+        help="publish the sessions of a goose sessions.db as runs (incremental, idempotent)",
+        description="Read goose's sessions.db (read-only) and publish every session as the run NS/<session id> "
+        "through the normal pipeline. Re-running publishes only messages never published before; the "
+        "checkpoint lives in the broker. See docs/backfill.md.",
+    )
+    p.add_argument("path", help="the sessions.db file")
+    p.add_argument("--namespace", required=True, metavar="NS",
+                   help="installation/profile namespace: run keys are NS/<session id> (A-Z a-z 0-9 . _ : @ -)")
+    p.add_argument("--since", metavar="DATE", help="only sessions created at or after DATE (ISO 8601; naive = UTC)")
+    p.add_argument("--session", metavar="ID", help="only this session")
+    p.add_argument("--dry-run", action="store_true", help="print what would be published; publish nothing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--final-after", type=float, default=DEFAULT_FINAL_AFTER_S, metavar="SECONDS",
+                   help="a session idle this long gets its complete + eof (the run ends); a more recent one "
+                   f"stays open for later messages (default {DEFAULT_FINAL_AFTER_S:.0f}; keep it below "
+                   "GOOSE_INGEST_RUN_IDLE_TIMEOUT_S)")
+    p.add_argument("--now", metavar="TIME", help=argparse.SUPPRESS)  # reproducible idle rule (tests)
+    p.set_defaults(func=run)
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"{PROG}: error: {msg}", file=sys.stderr, flush=True)
+    return code
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
+    return tqdm(total=total, unit="msg", unit_scale=True, file=sys.stderr, desc="import-sessions", leave=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        ns = validate_namespace(args.namespace)
+        since = parse_since(args.since) if args.since else None
+        now_s = parse_since(args.now).timestamp() if args.now else None
+    except ImportError_ as exc:
+        return _fail(str(exc))
+    if args.final_after < 0:
+        return _fail("--final-after must be >= 0")
+    settings = Settings()
+    try:
+        conn = open_readonly(args.path)
+    except SessionsDbError as exc:
+        return _fail(str(exc))
+    client = None
+    try:
+        if settings.redis_url:
+            client = sync_client_with_timeouts(settings, socket_timeout=30.0, connect_timeout=5.0)
+            try:
+                client.ping()
+            except (redis.RedisError, OSError) as exc:
+                return _fail(f"broker unreachable at {redact_url(settings.redis_url)}: {exc}")
+        elif not args.dry_run:
+            return _fail("no broker configured: set GOOSE_INGEST_REDIS_URL (or use --dry-run)")
+        if args.final_after >= settings.run_idle_timeout_s:
+            print(f"{PROG}: warning: --final-after {args.final_after:g}s >= the worker's run idle timeout "
+                  f"{settings.run_idle_timeout_s:g}s: open runs will be abandoned and continued as new parts",
+                  file=sys.stderr)
+        try:
+            sessions = list_sessions(conn, since=since, session_id=args.session)
+            counts = dict(conn.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id").fetchall())
+        except Exception as exc:  # sqlite3.Error: a damaged database
+            return _fail(f"cannot read {args.path}: {exc}")
+        if args.session and not sessions:
+            return _fail(f"no session {args.session!r} in {args.path}")
+        importer = Importer(settings, conn, ns, client, final_after_s=args.final_after, now_s=now_s,
+                            dry_run=args.dry_run)
+        if args.dry_run and client is None:
+            print("no broker configured: nothing is known to be published yet, every message counts as new")
+        bar = _progress(sum(counts.get(s.id, 0) for s in sessions), not args.no_progress)
+        totals = {"sessions": 0, "published": 0, "ended": 0, "skipped": 0}
+        try:
+            for s in sessions:
+                res = importer.import_session(s)
+                totals["sessions"] += 1
+                totals["published"] += res.new
+                totals["ended"] += int(res.eof)
+                if res.run is None:
+                    totals["skipped"] += 1
+                    print(f"{PROG}: warning: {s.id}: {res.note}", file=sys.stderr)
+                if args.dry_run:
+                    eof = "yes" if res.eof else "no"
+                    extra = f"  ({res.note})" if res.note else ""
+                    print(f"{res.run or s.id}\t{res.new} new message(s)\teof: {eof}{extra}")
+                if bar is not None:
+                    bar.update(counts.get(s.id, 0))
+        except (SpoolLocked, SpoolCorrupt) as exc:
+            return _fail(str(exc), 1)
+        except redis.RedisError as exc:
+            return _fail(f"broker error: {exc}", 1)
+        finally:
+            if bar is not None:
+                bar.close()
+        verb = "would publish" if args.dry_run else "published"
+        print(f"{PROG}: {totals['sessions']} session(s), {verb} {totals['published']} message(s), "
+              f"{totals['ended']} run(s) ended" + (f", {totals['skipped']} skipped" if totals["skipped"] else ""),
+              file=sys.stderr)
+        return 1 if totals["skipped"] else 0
+    finally:
+        conn.close()
+        if client is not None:
+            client.close()

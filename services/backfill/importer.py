@@ -1,0 +1,377 @@
+"""Import goose's sessions.db into the pipeline: each session becomes a run published through the
+normal Publisher (raw shard streams), incrementally and idempotently (docs/backfill.md).
+
+Per session ``S`` of namespace ``NS``:
+
+- run key ``NS/S`` (part 1); a continuation part ``k >= 2`` is the run ``NS/S/k``;
+- one raw ``line`` entry per message (``created_timestamp, id`` order) holding the stream-json
+  ``message`` line, ``ts`` = created seconds x 1000; then, once the session is final (idle for
+  ``final_after_s``), a ``complete`` line and an ``eof`` without exit code;
+- the checkpoint lives in the broker: hash ``<ns>:goose-ingest:import:NS/S`` (``run``, ``part``,
+  ``next_seq``, ``ended``, ``last_ms``, ``reported``) and set ``...:ids`` (message keys published);
+  it is written only after the Publisher confirmed delivery of what it covers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import redis
+
+from services.backfill.sessions_db import (
+    SessionInfo,
+    SourceMessage,
+    _parse_ts,
+    read_messages,
+    usage_complete_with_source,
+)
+from services.settings import Settings
+from services.tap.publisher import Publisher
+from services.tap.runkey import is_valid_run
+from services.tap.spool import LOG, Spool, SpoolLocked, spool_path
+from services.worker.batch import state_key
+
+NS_RE = re.compile(r"[A-Za-z0-9._:@-]+")
+SID_RE = re.compile(r"[A-Za-z0-9._:@-]+")
+AGENT = "goose"
+DEFAULT_FINAL_AFTER_S = 600.0
+# an open run is only continued when our last entry to it is at least this far from the worker's
+# idle-abandon horizon (GOOSE_INGEST_RUN_IDLE_TIMEOUT_S)
+IDLE_MARGIN_S = 60.0
+COMPLETE_TAG = "\x00complete"
+# test hook: exit abruptly after N sessions were flushed, before their checkpoint is written
+CRASH_ENV = "GOOSE_INGEST_IMPORT_TEST_CRASH_AFTER"
+
+SRC_FOR_USAGE = {
+    "usage_ledger": "usage_ledger",
+    "message_metadata": "messages",
+    "session_accumulated": "sessions",
+    "none": "none",
+}
+_COUNTERS = ("total_tokens", "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_write_input_tokens")
+
+
+class ImportError_(Exception):
+    """A usage error detected by the importer (exit 2)."""
+
+
+def validate_namespace(ns: str) -> str:
+    if not isinstance(ns, str) or not NS_RE.fullmatch(ns):
+        raise ImportError_(
+            f"invalid --namespace {ns!r}: must be 1 or more of A-Z a-z 0-9 . _ : @ - (no '/')"
+        )
+    return ns
+
+
+def checkpoint_key(settings: Settings, base: str) -> str:
+    return settings.key("goose-ingest:import:" + base)
+
+
+def ids_key(settings: Settings, base: str) -> str:
+    return checkpoint_key(settings, base) + ":ids"
+
+
+def run_key(base: str, part: int) -> str:
+    return base if part <= 1 else f"{base}/{part}"
+
+
+def message_keys(messages: Iterable[SourceMessage]) -> list[str]:
+    """Dedup keys: the message_id; a later row with the same message_id gets ``<id>\\x00<n>``."""
+    seen: dict[str, int] = {}
+    out = []
+    for m in messages:
+        n = seen.get(m.message_id, 0)
+        seen[m.message_id] = n + 1
+        out.append(m.message_id if n == 0 else f"{m.message_id}\x00{n}")
+    return out
+
+
+def usage_delta(now: dict, before: dict | None) -> dict:
+    """The ``complete`` record for what ``now`` adds to ``before`` (totals already reported)."""
+    if not before:
+        return dict(now)
+    out: dict[str, Any] = {"type": "complete"}
+    for key in _COUNTERS:
+        v = now.get(key)
+        if v is None:
+            if key == "total_tokens":
+                out[key] = None
+            continue
+        out[key] = max(0, v - int(before.get(key) or 0))
+    if now.get("cost_usd") is not None:
+        out["cost_usd"] = round(max(0.0, now["cost_usd"] - float(before.get("cost_usd") or 0.0)), 10)
+    return out
+
+
+def _now_ms_of(client: redis.Redis | None) -> int:
+    if client is not None:
+        try:
+            s, us = client.time()
+            return int(s) * 1000 + int(us) // 1000
+        except redis.RedisError:
+            pass
+    return time.time_ns() // 1_000_000
+
+
+# --- checkpoint ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Checkpoint:
+    run: str | None = None
+    part: int = 0
+    next_seq: int = 0
+    ended: bool = False
+    last_ms: int = 0
+    reported: dict = field(default_factory=dict)
+    ids: set[str] = field(default_factory=set)
+    worker_state: str | None = None  # the worker's state of `run`: new/running/ended/abandoned/None
+
+
+def load_checkpoint(client: redis.Redis, settings: Settings, base: str) -> Checkpoint:
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(checkpoint_key(settings, base))
+    pipe.smembers(ids_key(settings, base))
+    h, ids = pipe.execute()
+    h = {k.decode(): v.decode() for k, v in h.items()}
+    cp = Checkpoint()
+    if h:
+        cp.run = h.get("run") or None
+        cp.part = int(h.get("part", "0"))
+        cp.next_seq = int(h.get("next_seq", "0"))
+        cp.ended = h.get("ended") == "1"
+        cp.last_ms = int(h.get("last_ms", "0"))
+        cp.reported = json.loads(h.get("reported") or "{}")
+    cp.ids = {i.decode("utf-8", "surrogateescape") for i in ids}
+    if cp.run and not cp.ended:
+        raw = client.hget(state_key(settings, cp.run), "s")
+        if raw is not None:
+            try:
+                cp.worker_state = json.loads(raw).get("state")
+            except ValueError:
+                cp.worker_state = None
+    return cp
+
+
+def save_checkpoint(client: redis.Redis, settings: Settings, base: str, cp: Checkpoint, new_ids: list[str],
+                    session: SessionInfo) -> None:
+    pipe = client.pipeline(transaction=True)
+    key = checkpoint_key(settings, base)
+    for i in range(0, len(new_ids), 1000):
+        pipe.sadd(ids_key(settings, base), *new_ids[i:i + 1000])
+    pipe.hset(key, mapping={
+        "run": cp.run or "",
+        "part": str(cp.part),
+        "next_seq": str(cp.next_seq),
+        "ended": "1" if cp.ended else "0",
+        "last_ms": str(cp.last_ms),
+        "reported": json.dumps(cp.reported, separators=(",", ":")),
+        "session": session.id,
+        "parent": session.parent_session_id or "",
+    })
+    pipe.execute()
+
+
+# --- plan ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class SessionResult:
+    session: str
+    run: str | None
+    new: int  # messages published (or that would be)
+    eof: bool  # eof published (or would be)
+    note: str = ""
+    continuation: bool = False
+
+
+@dataclass
+class Importer:
+    settings: Settings
+    conn: sqlite3.Connection
+    namespace: str
+    client: redis.Redis | None  # None: no broker (dry-run only)
+    final_after_s: float = DEFAULT_FINAL_AFTER_S
+    now_s: float | None = None  # "now" for the idle rule (default: the broker's clock)
+    dry_run: bool = False
+    _updated: dict[str, datetime | None] = field(default_factory=dict)
+    _crash_after: int | None = None
+    _flushed_sessions: int = 0
+
+    def __post_init__(self) -> None:
+        validate_namespace(self.namespace)
+        cols = {r[1] for r in self.conn.execute("PRAGMA table_info(sessions)")}
+        if "updated_at" in cols:
+            self._updated = {sid: _parse_ts(u) for sid, u in self.conn.execute("SELECT id, updated_at FROM sessions")}
+        env = os.environ.get(CRASH_ENV)
+        self._crash_after = int(env) if env else None
+        if self.now_s is None:
+            self.now_s = _now_ms_of(self.client) / 1000
+
+    # ---------------------------------------------------------------- helpers
+    def base(self, session_id: str) -> str:
+        return f"{self.namespace}/{session_id}"
+
+    def labels(self, session: SessionInfo, continues: str | None) -> dict[str, str]:
+        labels = {"host": self.namespace, "agent": AGENT}
+        if session.parent_session_id:
+            labels["parent"] = self.base(session.parent_session_id)
+        if continues:
+            labels["continues"] = continues
+        return labels
+
+    def _final(self, session: SessionInfo, messages: list[SourceMessage]) -> tuple[bool, int]:
+        """(final?, last activity in ms): final when idle for at least final_after_s."""
+        times = [m.created for m in messages]
+        upd = self._updated.get(session.id)
+        if upd is not None:
+            times.append(int(upd.timestamp()))
+        if not times and session.created_at is not None:
+            times.append(int(session.created_at.timestamp()))
+        last = max(times) if times else 0
+        return (self.now_s - last) >= self.final_after_s, last * 1000
+
+    def _open_run_usable(self, cp: Checkpoint) -> tuple[bool, str]:
+        """Can entries still be appended to the checkpoint's open run (no eof sent)?"""
+        if cp.worker_state in ("ended", "abandoned"):
+            return False, f"the worker {cp.worker_state} {cp.run}"
+        idle_s = (_now_ms_of(self.client) - cp.last_ms) / 1000
+        horizon = self.settings.run_idle_timeout_s - min(IDLE_MARGIN_S, self.settings.run_idle_timeout_s / 4)
+        if idle_s >= horizon:
+            return False, f"{cp.run} was idle {idle_s:.0f}s, the worker abandons runs after {self.settings.run_idle_timeout_s:.0f}s"
+        if not (spool_path(self.settings, cp.run) / LOG).exists():
+            return False, f"the spool of {cp.run} (its seq counter) is gone"
+        return True, ""
+
+    def _drop_spool(self, run: str) -> None:
+        path = spool_path(self.settings, run)
+        if not path.exists():
+            return
+        try:
+            Spool(path).close(remove=True)
+        except (SpoolLocked, OSError):
+            pass
+
+    # ---------------------------------------------------------------- one session
+    def import_session(self, session: SessionInfo) -> SessionResult:
+        sid = session.id
+        if not SID_RE.fullmatch(sid or "") or not is_valid_run(self.base(sid) + "/99999"):
+            return SessionResult(sid, None, 0, False, note=f"skipped: session id {sid!r} cannot form a run key")
+        base = self.base(sid)
+        messages = read_messages(self.conn, sid)
+        keys = message_keys(messages)
+        final, last_ms = self._final(session, messages)
+        cp = load_checkpoint(self.client, self.settings, base) if self.client is not None else Checkpoint()
+
+        force = ""  # set when the open run turned out not to be continuable
+        for _attempt in range(3):
+            new = [(m, k) for m, k in zip(messages, keys) if k not in cp.ids]
+            if cp.run is not None and cp.ended and not new:
+                return SessionResult(sid, cp.run, 0, False, note="up to date, run already ended")
+            if cp.run is not None and not cp.ended and not new and not final:
+                return SessionResult(sid, cp.run, 0, False, note="up to date, session active: run stays open")
+            # the run to publish to
+            continuation = False
+            note = ""
+            if cp.run is None:
+                run, part, seq0, continues = run_key(base, 1), 1, 0, None
+            elif cp.ended:
+                run, part, seq0, continues = run_key(base, cp.part + 1), cp.part + 1, 0, cp.run
+                continuation, note = True, f"continues ended {cp.run}"
+            else:
+                ok, why = (False, force) if force else (
+                    self._open_run_usable(cp) if self.client is not None else (True, ""))
+                if ok:
+                    run, part, seq0, continues = cp.run, cp.part, cp.next_seq, None
+                else:
+                    run, part, seq0, continues = run_key(base, cp.part + 1), cp.part + 1, 0, cp.run
+                    continuation, note = True, f"continues {cp.run} ({why})"
+            if self.dry_run:
+                if not final:
+                    note = "; ".join(x for x in (note, "session active: run stays open") if x)
+                return SessionResult(sid, run, len(new), final, note=note, continuation=continuation)
+            if continuation and not cp.ended:
+                self._drop_spool(cp.run)  # that run is over; its unconfirmed entries go to the new part
+            labels = self.labels(session, continues)
+            pub = Publisher(self.settings, run, labels, client=self.client)
+            try:
+                if pub.next_seq < seq0:  # the spool is behind the checkpoint: cannot continue this run
+                    pub.close()
+                    force = f"the spool of {run} is behind its checkpoint"
+                    continue
+                if pub.finished:
+                    # a previous import spooled this run's eof and stopped before its checkpoint:
+                    # deliver, record and look again
+                    covered = [k for k in keys if pub.lines_from(k)]
+                    pub.flush()
+                    cp = Checkpoint(run=run, part=part, next_seq=pub.next_seq, ended=True,
+                                    last_ms=_now_ms_of(self.client), reported=cp.reported if cp.run else {},
+                                    ids=cp.ids | set(covered))
+                    if pub.lines_from(COMPLETE_TAG):
+                        cp.reported = usage_complete_with_source(self.conn, sid)[0]
+                    save_checkpoint(self.client, self.settings, base, cp, covered, session)
+                    pub.close()
+                    continue
+                published = self._publish(pub, session, new, final, last_ms, cp.reported)
+                pub.flush()
+                self._flushed_sessions += 1
+                if self._crash_after is not None and self._flushed_sessions >= self._crash_after:
+                    os._exit(99)
+                new_keys = [k for _m, k in new]
+                cp = Checkpoint(run=run, part=part, next_seq=pub.next_seq, ended=final,
+                                last_ms=_now_ms_of(self.client),
+                                reported=published if final else cp.reported, ids=cp.ids | set(new_keys))
+                save_checkpoint(self.client, self.settings, base, cp, new_keys, session)
+            finally:
+                pub.close()
+            return SessionResult(sid, run, len(new), final, note=note, continuation=continuation)
+        raise RuntimeError(f"session {sid}: could not settle its run state")
+
+    def _publish(self, pub: Publisher, session: SessionInfo, new: list[tuple[SourceMessage, str]], final: bool,
+                 last_ms: int, reported: dict) -> dict:
+        """Spools the new messages (and complete + eof when final); returns the usage totals reported."""
+        sid = session.id
+        for m, k in new:
+            if pub.lines_from(k):
+                continue  # spooled by an interrupted import: the spool delivers it
+            pub.add_line(m.line, "stdout", m.created * 1000,
+                         {"src.table": "messages", "src.rowid": str(m.rowid), "src.message_id": m.message_id,
+                          "src.session_id": sid},
+                         source=k)
+        if not final:
+            return reported
+        totals, source = usage_complete_with_source(self.conn, sid)
+        if not pub.lines_from(COMPLETE_TAG):
+            complete = usage_delta(totals, reported)
+            pub.add_line(json.dumps(complete, separators=(",", ":")), "stdout", last_ms,
+                         {"src.table": SRC_FOR_USAGE.get(source, source), "src.usage": source,
+                          "src.session_id": sid},
+                         source=COMPLETE_TAG)
+        pub.add_eof(None, last_ms, {"src.table": "sessions", "src.session_id": sid})
+        return totals
+
+
+def parse_since(text: str) -> datetime:
+    t = text.strip()
+    if t.endswith(("Z", "z")):
+        t = t[:-1] + "+00:00"
+    try:
+        dt = datetime.fromisoformat(t)
+    except ValueError:
+        raise ImportError_(f"invalid --since {text!r}: expected YYYY-MM-DD or an ISO 8601 time") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt
+
+
+def eprint(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
