@@ -483,7 +483,7 @@ def pct(values: list[int], p: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=200_000, help="raw lines per throughput variant (>= 200000 for the report)")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of (floor, 1 worker, 2 workers), then a last floor")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of (floor, 1 worker, 2 workers), then a last floor")
     ap.add_argument("--concurrent", type=int, default=200, help="runs active (interleaved) at any time")
     ap.add_argument("--rate", type=float, default=5000.0, help="offered load of the latency test, lines/s")
     ap.add_argument("--latency-seconds", type=float, default=20.0)
@@ -507,7 +507,7 @@ def main() -> int:
     try:
         info = client.info("server")
         print(f"redis {info['redis_version']} at {'private ' + url if server else 'REDIS_URL'}; cpus: {os.cpu_count()}; "
-              f"python {sys.version.split()[0]}; worker logs in {logdir}")
+              f"python {sys.version.split()[0]}; load average {os.getloadavg()[0]:.2f}; worker logs in {logdir}")
         if not args.skip_throughput:
             items, runs = schedule(transcripts, args.lines, args.concurrent, "tp")
             nlines = sum(1 for it in items if it.line is not None)
@@ -519,7 +519,8 @@ def main() -> int:
             delete_namespace(client, "bench-warmup")
             print(f"(publishing the backlog with pipelined XADD takes {pub_s:.1f} s = {len(items) / pub_s:,.0f} entries/s; not timed)")
             results: dict[str, list[dict]] = {"floor": [], "1 worker": [], "2 workers": []}
-            order = []
+            order: list[str] = []
+            seq: list[tuple[str, dict]] = []
             for _ in range(args.rounds):
                 order += ["floor", "1 worker", "2 workers"]
             order.append("floor")
@@ -538,14 +539,27 @@ def main() -> int:
                     for line in r["log_problems"][:5]:
                         print(f"      worker log: {line}")
                 results[name].append(r)
-            f = statistics.mean(r["rate"] for r in results["floor"])
-            w1 = statistics.mean(r["rate"] for r in results["1 worker"])
-            w2 = statistics.mean(r["rate"] for r in results["2 workers"])
+                seq.append((name, r))
+            # each worker result against the mean of the floors measured just before and after it
+            ratios: dict[str, list[float]] = {"1 worker": [], "2 workers": []}
+            last_floor, waiting = None, []
+            for name, r in seq:
+                if name == "floor":
+                    for wname, wr in waiting:
+                        ref = r["rate"] if last_floor is None else (last_floor + r["rate"]) / 2
+                        ratios[wname].append(wr["rate"] / ref)
+                    waiting, last_floor = [], r["rate"]
+                else:
+                    waiting.append((name, r))
+            f = statistics.median(r["rate"] for r in results["floor"])
+            w1 = statistics.median(r["rate"] for r in results["1 worker"])
+            w2 = statistics.median(r["rate"] for r in results["2 workers"])
+            q1, q2 = statistics.median(ratios["1 worker"]), statistics.median(ratios["2 workers"])
             print()
-            print(f"floor (plain redis-py read 500 / XADD per line + XACK), mean of {len(results['floor'])}: {f:,.0f} lines/s")
-            print(f"1 worker : {w1:,.0f} lines/s   ratio to floor {w1 / f:.2f}   (target >= 0.50: "
-                  f"{'met' if w1 / f >= 0.5 else 'NOT met'})")
-            print(f"2 workers: {w2:,.0f} lines/s   ratio to floor {w2 / f:.2f}   (2 workers / 1 worker {w2 / w1:.2f})")
+            print(f"medians over {args.rounds} round(s); ratios against the mean of the floors measured just before and after")
+            print(f"floor (plain redis-py: XREADGROUP 500, XADD per line + XACK in one pipeline): {f:,.0f} lines/s")
+            print(f"1 worker : {w1:>9,.0f} lines/s   ratio to floor {q1:.2f}   target >= 0.50: {'met' if q1 >= 0.5 else 'NOT met'}")
+            print(f"2 workers: {w2:>9,.0f} lines/s   ratio to floor {q2:.2f}   (2 workers / 1 worker: {w2 / w1:.2f})")
         if not args.skip_latency:
             print()
             r = latency(client, url, transcripts, args.rate, args.latency_seconds, args.concurrent, logdir)
@@ -563,6 +577,7 @@ def main() -> int:
                   f"p99 {pct(l1, 99):.0f} ms, max {max(l1) if l1 else float('nan'):.0f} ms (includes spans waiting "
                   f"for their closing line)")
             print(f"  target p99 < 100 ms at 5,000 lines/s: {'met' if p99 < 100 else 'NOT met'}")
+        print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (other processes on this machine skew every figure)")
     finally:
         client.close()
         if server is not None:

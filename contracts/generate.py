@@ -44,12 +44,9 @@ def documents() -> dict[str, str]:
         "schemas/run-record.schema.json": _schema(run_record_adapter.json_schema(schema_generator=_NoNullDefaults), "RunRecord"),
     }
     out = {name: json.dumps(doc, indent=2, sort_keys=False) + "\n" for name, doc in docs.items()}
-    try:
-        from contracts.asyncapi import asyncapi_document
-    except ModuleNotFoundError:
-        pass
-    else:
-        out["asyncapi.yaml"] = asyncapi_document()
+    from contracts.asyncapi import asyncapi_document
+
+    out["asyncapi.json"] = asyncapi_document()
     return out
 
 

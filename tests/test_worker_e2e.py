@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from contracts import harness_event_adapter, run_record_adapter
 from contracts.events import EVENT_TYPES
 from services.replay.command import compare
 from services.tap.publisher import Publisher
@@ -58,7 +59,12 @@ def _assert_exact(settings, runs: set[str]) -> None:
     per_type = {t: len(topic(settings, settings.topic_for(t))) for t in EVENT_TYPES}
     assert sum(per_type.values()) == total
     assert {t: n for t, n in per_type.items() if n} == dict(Counter(e["type"] for v in published.values() for e in v))
-    states = Counter((r["runId"], r["state"]) for r in topic(settings, settings.runs_stream()))
+    for event in (e for v in published.values() for e in v):
+        harness_event_adapter.validate_python(event)
+    records = topic(settings, settings.runs_stream())
+    for record in records:
+        run_record_adapter.validate_python(record)
+    states = Counter((r["runId"], r["state"]) for r in records)
     for run in runs:
         assert states[(run, "started")] == 1 and states[(run, "ended")] == 1
 

@@ -273,9 +273,12 @@ class Importer:
         cp = load_checkpoint(self.client, self.settings, base) if self.client is not None else Checkpoint()
 
         force = ""  # set when the open run turned out not to be continuable
+        recovered, recovered_eof = 0, False  # delivered from the spool of an interrupted import
         for _attempt in range(3):
             new = [(m, k) for m, k in zip(messages, keys) if k not in cp.ids]
             if cp.run is not None and cp.ended and not new:
+                if recovered:
+                    return SessionResult(sid, cp.run, recovered, recovered_eof, note="recovered from its spool")
                 return SessionResult(sid, cp.run, 0, False, note="up to date, run already ended")
             if cp.run is not None and not cp.ended and not new and not final:
                 return SessionResult(sid, cp.run, 0, False, note="up to date, session active: run stays open")
@@ -311,7 +314,7 @@ class Importer:
                 if pub.finished:
                     # a previous import spooled this run's eof and stopped before its checkpoint:
                     # deliver, record and look again
-                    covered = [k for k in keys if pub.lines_from(k)]
+                    covered = [k for k in keys if k not in cp.ids and pub.lines_from(k)]
                     pub.flush()
                     cp = Checkpoint(run=run, part=part, next_seq=pub.next_seq, ended=True,
                                     last_ms=_now_ms_of(self.client), reported=cp.reported if cp.run else {},
@@ -320,6 +323,7 @@ class Importer:
                         cp.reported = usage_complete_with_source(self.conn, sid)[0]
                     save_checkpoint(self.client, self.settings, base, cp, covered, session)
                     pub.close()
+                    recovered, recovered_eof = len(covered), True
                     continue
                 published = self._publish(pub, session, new, final, last_ms, cp.reported)
                 pub.flush()
@@ -333,7 +337,8 @@ class Importer:
                 save_checkpoint(self.client, self.settings, base, cp, new_keys, session)
             finally:
                 pub.close()
-            return SessionResult(sid, run, len(new), final, note=note, continuation=continuation)
+            return SessionResult(sid, run, len(new) + recovered, final or recovered_eof, note=note,
+                                 continuation=continuation)
         raise RuntimeError(f"session {sid}: could not settle its run state")
 
     def _publish(self, pub: Publisher, session: SessionInfo, new: list[tuple[SourceMessage, str]], final: bool,

@@ -1,0 +1,158 @@
+"""The AsyncAPI 3.0 document of goose-ingest's streams, generated from the contract models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from contracts.events import EVENT_TYPES, harness_event_adapter
+from contracts.raw import RawEntry
+from contracts.runs import run_record_adapter
+
+REF = "#/components/schemas/{model}"
+
+
+def _schemas() -> dict[str, Any]:
+    from contracts.generate import _NoNullDefaults
+
+    event = harness_event_adapter.json_schema(ref_template=REF, schema_generator=_NoNullDefaults)
+    record = run_record_adapter.json_schema(ref_template=REF, schema_generator=_NoNullDefaults)
+    _, raw = models_json_schema([(RawEntry, "validation")], ref_template=REF, schema_generator=_NoNullDefaults)
+    schemas: dict[str, Any] = {}
+    for doc in (event, record, raw):
+        schemas.update(doc.pop("$defs", {}))
+    schemas["HarnessEvent"] = event
+    schemas["RunRecord"] = record
+    return dict(sorted(schemas.items()))
+
+
+def _string(description: str) -> dict:
+    return {"type": "string", "description": description}
+
+
+def _event_entry(description: str) -> dict:
+    return {
+        "name": "HarnessEventEntry",
+        "title": "Harness event",
+        "summary": description,
+        "contentType": "application/x-redis-stream-fields",
+        "payload": {
+            "type": "object",
+            "description": "Plain stream fields of one entry (XADD field/value pairs), readable by any Redis client.",
+            "required": ["eventId", "runId", "seq", "type", "data"],
+            "properties": {
+                "eventId": _string("`<run>:<n>`"),
+                "runId": _string("the run key"),
+                "seq": _string("n, the event's index within its run (decimal)"),
+                "type": {"type": "string", "enum": list(EVENT_TYPES)},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"$ref": "#/components/schemas/HarnessEvent"},
+                    "description": "The event as compact JSON.",
+                },
+            },
+        },
+    }
+
+
+def document() -> dict:
+    channels: dict[str, Any] = {
+        "rawShard": {
+            "address": "goose.raw.{shard}",
+            "title": "Raw goose lines, sharded by crc32(run) % shards",
+            "parameters": {"shard": {"description": "0 .. GOOSE_INGEST_SHARDS-1"}},
+            "messages": {"rawEntry": {"$ref": "#/components/messages/RawEntry"}},
+        },
+        "harnessEvents": {
+            "address": "harness.events",
+            "title": "Every harness event, in per-run order",
+            "messages": {"harnessEvent": {"$ref": "#/components/messages/HarnessEvent"}},
+        },
+        "harnessRuns": {
+            "address": "harness.runs",
+            "title": "Run lifecycle records",
+            "messages": {"runRecord": {"$ref": "#/components/messages/RunRecord"}},
+        },
+        "deadLetters": {
+            "address": "goose.deadletter",
+            "title": "Raw entries that could not be processed, with the reason",
+            "messages": {"deadLetter": {"$ref": "#/components/messages/DeadLetter"}},
+        },
+    }
+    for t in EVENT_TYPES:
+        channels[f"harnessEvents_{t}"] = {
+            "address": f"harness.events.{t}",
+            "title": f"Harness events of type {t}",
+            "messages": {"harnessEvent": {"$ref": "#/components/messages/HarnessEvent"}},
+        }
+    operations: dict[str, Any] = {
+        "publishRaw": {"action": "receive", "channel": {"$ref": "#/channels/rawShard"},
+                       "summary": "Taps and shippers XADD raw entries; workers consume them in a consumer group."},
+    }
+    for name in channels:
+        if name != "rawShard":
+            operations[f"send_{name}"] = {"action": "send", "channel": {"$ref": f"#/channels/{name}"}}
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "goose-ingest",
+            "version": "1.0.0",
+            "description": "Raw goose stream-json lines in, normalized harness events out, on Redis Streams. "
+            "Stream names are settings (GOOSE_INGEST_*); the addresses here are the defaults. "
+            "Generated from the pydantic models in contracts/ by `python -m contracts.generate`.",
+        },
+        "defaultContentType": "application/json",
+        "servers": {"redis": {"host": "localhost:6379", "protocol": "redis", "description": "Redis Streams"}},
+        "channels": channels,
+        "operations": operations,
+        "components": {
+            "messages": {
+                "HarnessEvent": _event_entry("One harness event (contract section 2)."),
+                "RunRecord": {
+                    "name": "RunRecordEntry",
+                    "contentType": "application/x-redis-stream-fields",
+                    "payload": {
+                        "type": "object",
+                        "required": ["recordId", "runId", "seq", "state", "data"],
+                        "properties": {
+                            "recordId": _string("`<run>:run:<k>`"),
+                            "runId": _string("the run key"),
+                            "seq": _string("raw seq of the entry that caused the transition"),
+                            "state": {"type": "string", "enum": ["started", "completed", "ended", "abandoned"]},
+                            "data": {"type": "string", "contentMediaType": "application/json",
+                                     "contentSchema": {"$ref": "#/components/schemas/RunRecord"}},
+                        },
+                    },
+                },
+                "RawEntry": {
+                    "name": "RawEntry",
+                    "contentType": "application/x-redis-stream-fields",
+                    "payload": {"$ref": "#/components/schemas/RawEntry"},
+                },
+                "DeadLetter": {
+                    "name": "DeadLetter",
+                    "contentType": "application/x-redis-stream-fields",
+                    "payload": {
+                        "type": "object",
+                        "required": ["reason", "detail", "source", "sourceId"],
+                        "properties": {
+                            "reason": {"type": "string", "enum": ["invalid-entry", "oversize", "max-deliveries",
+                                                                  "after-end", "out-of-window", "buffer-full"]},
+                            "detail": _string("human-readable detail"),
+                            "source": _string("raw stream the entry came from"),
+                            "sourceId": _string("its stream entry id"),
+                        },
+                        "additionalProperties": {"description": "`raw.<field>`: the entry's original fields, unchanged"},
+                    },
+                },
+            },
+            "schemas": _schemas(),
+        },
+    }
+
+
+def asyncapi_document() -> str:
+    return json.dumps(document(), indent=2) + "\n"
