@@ -437,3 +437,40 @@ def test_subagent_sessions_carry_parent(settings, tmp_path):
     assert all("parent" not in e for e in entries[f"{NS}/20260101_1"])
     child = entries[f"{NS}/20260101_2"]
     assert len(child) == 6 and all(e["parent"] == f"{NS}/20260101_1" for e in child)
+
+
+def test_open_run_abandoned_by_the_worker_continues_as_new_part(settings, fixture_db, tmp_path):
+    """An open run left idle past the worker's idle timeout is abandoned by the worker; the next
+    import must not append to it (that would be dead-lettered) but start part 2."""
+    run = f"{NS}/{SID}"
+    worker = start_worker(settings, tmp_path / "w.log", GOOSE_INGEST_RUN_IDLE_TIMEOUT_S="2")
+    try:
+        conn = open_readonly(fixture_db)
+        last = max(m.created for m in read_messages(conn, SID))
+        conn.close()
+        env = cli_env(settings, GOOSE_INGEST_RUN_IDLE_TIMEOUT_S="2")
+        args = ["--namespace", NS, "--no-progress"]
+        res = cli(settings, str(fixture_db), *args, "--now", _iso(last + 10), env=env)
+        assert res.returncode == 0, res.stderr
+        wait_until(lambda: any(r["runId"] == run and r["state"] == "abandoned"
+                               for r in topic(settings, settings.runs_stream())), timeout=60)
+        _grow(fixture_db, SID, last + 20, ["Back again."])
+        res = cli(settings, str(fixture_db), *args, "--now", LATER, env=env)
+        assert res.returncode == 0, res.stderr
+        cont = f"{run}/2"
+        entries = by_run(raw_fields(settings))
+        assert len(entries[run]) == 19 and entries[cont][0]["continues"] == run
+        assert [json.loads(e["line"])["type"] for e in entries[cont][:-1]] == ["message", "complete"]
+        # the whole session's usage lands in part 2: part 1 never reported any
+        conn = open_readonly(fixture_db)
+        assert json.loads(entries[cont][1]["line"]) == usage_complete(conn, SID)
+        conn.close()
+        wait_until(lambda: cont in ended_runs(settings), timeout=60)
+        assert [e["message"] for e in events_by_run(settings)[cont] if e["type"] == "agent"] == ["Back again."]
+        assert not [d for d in topic_dead(settings)]
+    finally:
+        stop(worker)
+
+
+def topic_dead(settings) -> list:
+    return redis.Redis.from_url(settings.redis_url).xrange(settings.deadletters())

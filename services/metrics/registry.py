@@ -17,6 +17,9 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from contracts.events import EVENT_TYPES as _CONTRACT_EVENT_TYPES
+from contracts.events import TOOL_EVENT_TYPES as _CONTRACT_TOOL_EVENT_TYPES
+
 OTHER = "other"
 
 RAW_OUTCOMES: tuple[str, ...] = ("processed", "duplicate", "buffered", "dead_lettered")
@@ -29,20 +32,8 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (
     "buffer-full",
     "internal-error",
 )
-EVENT_TYPES: tuple[str, ...] = (
-    "agent",
-    "reasoning",
-    "read",
-    "write",
-    "command",
-    "search",
-    "list",
-    "skill",
-    "error",
-    "warning",
-    "unknown",
-)
-TOOL_EVENT_TYPES: frozenset[str] = frozenset({"read", "write", "command", "search", "list", "skill"})
+EVENT_TYPES: tuple[str, ...] = _CONTRACT_EVENT_TYPES
+TOOL_EVENT_TYPES: frozenset[str] = frozenset(_CONTRACT_TOOL_EVENT_TYPES)
 # The contract's base tool names (spec §3.5), matched case-insensitively.
 TOOL_BASE_NAMES: tuple[str, ...] = (
     "read",

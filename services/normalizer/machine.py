@@ -115,10 +115,32 @@ class RunNormalizer:
         rtype = record.get("type") if type(record) is dict else None
         if rtype == "message":
             message = record.get("message")
-            if type(message) is dict:
-                self._message(out, seq, ts_ms, record, message)
-            else:
+            if type(message) is not dict:
                 self._unknown(out, ts_ms, record, (seq, seq))
+                return out
+            content = message.get("content")
+            # Hot path, inlined: one assistant text delta continuing the pending agent span.
+            if type(content) is list and len(content) == 1 and "id" not in record:
+                block = content[0]
+                span = self.span
+                if (
+                    span is not None
+                    and type(block) is dict
+                    and block.get("type") == "text"
+                    and span[0] == "agent"
+                    and not span[5]
+                    and message.get("role") == "assistant"
+                    and span[1] == message.get("id")
+                ):
+                    text = block.get("text")
+                    if type(text) is str and text:
+                        pending = span[2]
+                        joined = text if text.startswith(pending) else pending + text
+                        if len(joined) <= self.limits.max_span_chars:
+                            span[2] = joined
+                            span[4] = seq
+                            return out
+            self._message(out, seq, ts_ms, record, message)
         elif rtype == "notification":
             self._unknown(out, ts_ms, record, (seq, seq))
         elif rtype == "error":
