@@ -135,7 +135,7 @@ def _bulk(a: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(a), a)
 
 
-def encode_fields(item: Item, ts_ms: int) -> bytes:
+def encode_fields(item: Item, ts_ms: int) -> tuple[int, bytes]:
     """The field part of the XADD (after `XADD <stream> *`), as the Python tap orders them."""
     parts = [b"run", item.run.encode(), b"seq", b"%d" % item.seq, b"ts", b"%d" % ts_ms]
     if item.line is None:
@@ -193,6 +193,52 @@ def delete_namespace(client: redis.Redis, ns: str) -> None:
             batch = []
     if batch:
         client.delete(*batch)
+
+
+# --------------------------------------------------------------------------- CPU accounting
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+REDIS_PID: int | None = None
+OUR_PIDS: set[int] = {os.getpid()}  # this process and the private Redis; each meter adds the workers
+
+
+def _busy_jiffies() -> int:
+    with open("/proc/stat") as fh:
+        vals = [int(v) for v in fh.readline().split()[1:]]
+    return sum(vals) - vals[3] - (vals[4] if len(vals) > 4 else 0)  # minus idle and iowait
+
+
+def _pid_jiffies(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            parts = fh.read().rsplit(")", 1)[1].split()
+        return int(parts[11]) + int(parts[12])  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class CpuMeter:
+    """CPU used on this machine by processes that are not part of the benchmark (in cores), over an interval."""
+
+    def __init__(self, extra_pids: tuple[int, ...] | list[int] = ()) -> None:
+        self.ok = os.path.exists("/proc/stat")
+        self.t0 = time.monotonic()
+        self.busy0 = _busy_jiffies() if self.ok else 0
+        self.ours0 = {pid: _pid_jiffies(pid) for pid in (*OUR_PIDS, *extra_pids)} if self.ok else {}
+
+    def cores(self, pids: list[int]) -> float:
+        """CPU of the given processes (measured by this meter) in cores."""
+        if not self.ok:
+            return float("nan")
+        wall = time.monotonic() - self.t0
+        return sum(_pid_jiffies(p) - self.ours0.get(p, 0) for p in pids) / CLK_TCK / wall
+
+    def others(self) -> float:
+        if not self.ok:
+            return float("nan")
+        wall = time.monotonic() - self.t0
+        busy = _busy_jiffies() - self.busy0
+        ours = sum(_pid_jiffies(pid) - j0 for pid, j0 in self.ours0.items())
+        return max(0.0, (busy - ours) / CLK_TCK / wall) if wall > 0 else float("nan")
 
 
 # --------------------------------------------------------------------------- workers
@@ -326,11 +372,15 @@ def worker_throughput(client: redis.Redis, url: str, items: list[Item], nruns: i
         workers.wait_ready()
         time.sleep(0.3)  # let every subscriber enter its read loop
         gate = time.time()
+        meter = CpuMeter([p.pid for p in workers.procs])
         for stream in settings.raw_streams():
             client.xgroup_setid(stream, settings.group, id="0")
         t0 = wait_first_read(client, settings)
         t1, ended = count_ended(client, settings.runs_stream(), nruns, workers,
                                 timeout=max(120.0, nlines / 1000.0))
+        others = meter.others()
+        cpu_workers = meter.cores([p.pid for p in workers.procs])
+        cpu_redis = meter.cores([REDIS_PID]) if REDIS_PID else float("nan")
         pending = sum(int(client.xpending(s, settings.group)["pending"]) for s in settings.raw_streams())
         stats = {
             "rate": nlines / (t1 - t0),
@@ -340,6 +390,8 @@ def worker_throughput(client: redis.Redis, url: str, items: list[Item], nruns: i
             "deadletters": client.xlen(settings.deadletters()),
             "pending": pending,
             "ended": ended,
+            "others": others,
+            "cpu": (cpu_workers, cpu_redis),
         }
     finally:
         workers.stop()
@@ -360,6 +412,7 @@ def floor(client: redis.Redis, url: str, items: list[Item], nlines: int) -> dict
     r = redis.Redis.from_url(url, socket_timeout=None)
     active = list(settings.raw_streams())
     entries = 0
+    meter = CpuMeter()
     t0 = time.perf_counter()
     while active:
         for stream in list(active):
@@ -377,10 +430,11 @@ def floor(client: redis.Redis, url: str, items: list[Item], nlines: int) -> dict
             pipe.execute()
             entries += len(batch)
     elapsed = time.perf_counter() - t0
+    others = meter.others()
     r.close()
     assert entries == len(items), (entries, len(items))
     delete_namespace(client, ns)
-    return {"rate": nlines / elapsed, "seconds": elapsed}
+    return {"rate": nlines / elapsed, "seconds": elapsed, "others": others}
 
 
 # --------------------------------------------------------------------------- latency
@@ -406,6 +460,7 @@ def latency(client: redis.Redis, url: str, transcripts: list[list[bytes]], rate:
         i = 0
         start = time.perf_counter()
         late = 0.0
+        meter = CpuMeter([p.pid for p in workers.procs])
         while i < len(items):
             now = time.perf_counter()
             due = int((now - start) * rate) + 1  # lines due by now
@@ -428,6 +483,7 @@ def latency(client: redis.Redis, url: str, transcripts: list[list[bytes]], rate:
             time.sleep(sleep if sleep > 0 else 0)
         pub_elapsed = time.perf_counter() - start
         _t1, ended = count_ended(client, settings.runs_stream(), len(runs), workers, timeout=120)
+        others = meter.others()
         # every event: latency from the raw entry that emitted it
         by_trigger: list[int] = []
         by_lines: list[int] = []
@@ -465,6 +521,7 @@ def latency(client: redis.Redis, url: str, transcripts: list[list[bytes]], rate:
         "mismatched": mismatched,
         "ended": ended,
         "runs": len(runs),
+        "others": others,
         "trigger": by_trigger,
         "lines1": by_lines,
         "log_problems": problems,
@@ -502,6 +559,9 @@ def main() -> int:
     if not url:
         server = start_redis()
         url = server.url
+        OUR_PIDS.add(server.pid)
+        global REDIS_PID
+        REDIS_PID = server.pid
     client = redis.Redis.from_url(url, socket_timeout=None)
     logdir = tempfile.mkdtemp(prefix="goose-bench-")
     try:
@@ -527,13 +587,16 @@ def main() -> int:
             for name in order:
                 if name == "floor":
                     r = floor(client, url, items, nlines)
-                    print(f"  floor      : {r['rate']:>9,.0f} lines/s  ({r['seconds']:.2f} s)", flush=True)
+                    print(f"  floor      : {r['rate']:>9,.0f} lines/s  ({r['seconds']:.2f} s; other processes used "
+                          f"{r['others']:.2f} cores)", flush=True)
                 else:
                     n = 1 if name == "1 worker" else 2
                     prof = args.profile_worker if n == 1 and not results["1 worker"] else None
                     r = worker_throughput(client, url, items, len(runs), nlines, n, logdir, prof)
                     print(f"  {name:<11}: {r['rate']:>9,.0f} lines/s  ({r['seconds']:.2f} s; first read "
-                          f"{r['gate_wait'] * 1000:.0f} ms after the gate; {r['ended']:,} runs ended, "
+                          f"{r['gate_wait'] * 1000:.0f} ms after the gate; CPU: workers {r['cpu'][0]:.2f}, redis "
+                          f"{r['cpu'][1]:.2f}, other processes {r['others']:.2f} cores; "
+                          f"{r['ended']:,} runs ended, "
                           f"{r['events']:,} events, {r['deadletters']} dead letters, {r['pending']} pending)",
                           flush=True)
                     for line in r["log_problems"][:5]:
@@ -565,7 +628,7 @@ def main() -> int:
             r = latency(client, url, transcripts, args.rate, args.latency_seconds, args.concurrent, logdir)
             print(f"latency: offered {r['offered']:,.0f} lines/s for {r['seconds']:.1f} s ({r['lines']:,} lines, "
                   f"{r['runs']:,} runs, {r['ended']:,} ended), 1 worker; slowest publish tick "
-                  f"{r['max_publish_tick'] * 1000:.1f} ms")
+                  f"{r['max_publish_tick'] * 1000:.1f} ms; other processes used {r['others']:.2f} cores")
             print(f"  events {r['events']:,} (expected {r['expected_events']:,}; {r['mismatched']} not matching the offline replay)")
             for line in r["log_problems"][:5]:
                 print(f"      worker log: {line}")
@@ -577,7 +640,9 @@ def main() -> int:
                   f"p99 {pct(l1, 99):.0f} ms, max {max(l1) if l1 else float('nan'):.0f} ms (includes spans waiting "
                   f"for their closing line)")
             print(f"  target p99 < 100 ms at 5,000 lines/s: {'met' if p99 < 100 else 'NOT met'}")
-        print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (other processes on this machine skew every figure)")
+        print(f"\nload average at the end: {os.getloadavg()[0]:.2f}. 'other processes used N cores' is CPU taken by "
+              f"processes outside this benchmark during that measurement (of {os.cpu_count()} cores): figures measured "
+              f"while it is high are not representative.")
     finally:
         client.close()
         if server is not None:

@@ -8,6 +8,7 @@ import threading
 from collections import Counter
 
 import pytest
+import redis
 
 from contracts import harness_event_adapter, run_record_adapter
 from contracts.events import EVENT_TYPES
@@ -67,6 +68,9 @@ def _assert_exact(settings, runs: set[str]) -> None:
     states = Counter((r["runId"], r["state"]) for r in records)
     for run in runs:
         assert states[(run, "started")] == 1 and states[(run, "ended")] == 1
+    # Every raw entry was acknowledged by the commit that consumed it.
+    r = redis.Redis.from_url(settings.redis_url)
+    assert sum(r.xpending(s, settings.group)["pending"] for s in settings.raw_streams()) == 0
 
 
 def test_three_workers_one_killed_one_restarted_nothing_lost_nothing_doubled(settings, tmp_path):

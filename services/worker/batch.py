@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Iterable
@@ -11,6 +12,7 @@ from typing import Iterable
 import orjson
 import redis.asyncio as aioredis
 
+from services.broker.keys import shard_of
 from services.normalizer.machine import Limits
 from services.sequencer import Entry, EntryError, Outcome, RunSequencer, parse_fields
 from services.sequencer.run import BUFFERED, DEAD, DUPLICATE, PROCESSED
@@ -20,6 +22,7 @@ log = logging.getLogger("goose_ingest.worker")
 
 COMMIT_LUA = resources.files("services.worker").joinpath("commit.lua").read_text()
 MAX_ATTEMPTS = 8
+CACHE_RUNS = 4096  # run sequencers kept in process between batches (LRU)
 
 
 class CommitConflict(RuntimeError):
@@ -79,6 +82,7 @@ class BatchProcessor:
         self.runs_topic = settings.runs_stream()
         self.deadletters = settings.deadletters()
         self._topics: dict[str, str] = {}
+        self._cache: OrderedDict[str, tuple[str, RunSequencer]] = OrderedDict()
 
     def topic(self, event_type: str) -> str:
         name = self._topics.get(event_type)
@@ -104,7 +108,7 @@ class BatchProcessor:
         same commit.
         """
         result = BatchResult()
-        adds: list = list(extra_adds or [])
+        adds: list = [((a[0],), tuple(a[1:])) for a in extra_adds or ()]
         acks: list = []
         by_run: dict[str, list[Entry]] = {}
         max_bytes = self.settings.max_line_bytes
@@ -129,22 +133,35 @@ class BatchProcessor:
         for entry in extra_entries:
             by_run.setdefault(entry.run, []).append(entry)
 
-        computed: dict[str, tuple[str, bytes, bool, int, Outcome]] = {}
+        computed: dict[str, tuple] = {}
         todo = list(by_run)
-        for _attempt in range(MAX_ATTEMPTS):
-            await self._compute(todo, by_run, computed)
-            argv = self._argv(stream, computed, acks, adds)
-            reply = await self.script(args=argv)
-            if int(reply[0]) == 1:
-                break
-            runs = list(computed)
-            todo = [runs[int(i) - 1] for i in reply[1:]]
-            log.debug("commit conflict on %d runs, retrying", len(todo))
-        else:
-            raise CommitConflict(f"{len(todo)} runs kept changing under this worker")
+        try:
+            for _attempt in range(MAX_ATTEMPTS):
+                await self._compute(todo, by_run, computed)
+                reply = await self.script(args=self._argv(stream, computed, acks, adds))
+                if int(reply[0]) == 1:
+                    break
+                runs = list(computed)
+                todo = [runs[int(i) - 1] for i in reply[1:]]
+                for run in todo:
+                    self._cache.pop(run, None)
+                log.debug("commit conflict on %d runs, retrying", len(todo))
+            else:
+                raise CommitConflict(f"{len(todo)} runs kept changing under this worker")
+        except BaseException:
+            # The sequencers were mutated for a commit that did not happen.
+            for run in by_run:
+                self._cache.pop(run, None)
+            raise
 
         now_ms = time.time_ns() // 1_000_000
-        for run, (_k, _s, _e, _a, outcome) in computed.items():
+        cache = self._cache
+        for run, (version, _state, ended, _last, seq, outcome) in computed.items():
+            if ended:
+                cache.pop(run, None)
+            else:
+                cache[run] = (str(int(version) + 1), seq)
+                cache.move_to_end(run)
             result.events.extend(outcome.events)
             result.records.extend(outcome.records)
             for rule, n in outcome.redactions.items():
@@ -153,67 +170,78 @@ class BatchProcessor:
                 result.count(disposition, reason)
                 if disposition == PROCESSED and entry.kind != "abandon":
                     result.latencies_ms.append(now_ms - sid_ms(entry.sid))
+        while len(cache) > CACHE_RUNS:
+            cache.popitem(last=False)
         return result
 
     async def _compute(self, runs: list[str], by_run: dict[str, list[Entry]], computed: dict) -> None:
+        """Run each run's entries through its sequencer. A run this worker committed last is taken
+        from the in-process cache (no round trip); the commit's version check catches a stale one."""
         if not runs:
             return
         settings = self.settings
-        pipe = self.client.pipeline(transaction=False)
+        cache = self._cache
+        missing = [run for run in runs if run not in cache]
+        loaded: dict[str, tuple] = {}
+        if missing:
+            pipe = self.client.pipeline(transaction=False)
+            for run in missing:
+                pipe.hmget(state_key(settings, run), "v", "s")
+            for run, (version, state) in zip(missing, await pipe.execute()):
+                if state is None:
+                    seq = RunSequencer(run, self.limits, settings.max_buffered_entries, self.redactor)
+                else:
+                    seq = RunSequencer.from_state(
+                        orjson.loads(state), self.limits, settings.max_buffered_entries, self.redactor
+                    )
+                loaded[run] = ((version or b"0").decode(), seq)
         for run in runs:
-            pipe.hmget(state_key(settings, run), "v", "s")
-        loaded = await pipe.execute()
-        for run, (version, state) in zip(runs, loaded):
-            if state is None:
-                seq = RunSequencer(run, self.limits, settings.max_buffered_entries, self.redactor)
-            else:
-                seq = RunSequencer.from_state(
-                    orjson.loads(state), self.limits, settings.max_buffered_entries, self.redactor
-                )
+            version, seq = loaded[run] if run in loaded else cache.pop(run)
             outcome = Outcome()
             last_ms = 0
             for entry in by_run[run]:
                 outcome.extend(seq.accept(entry))
                 if entry.kind != "abandon":
                     last_ms = max(last_ms, sid_ms(entry.sid))
-            computed[run] = (
-                (version or b"0").decode(),
-                orjson.dumps(seq.to_state()),
-                seq.ended,
-                last_ms,
-                outcome,
-            )
+            computed[run] = (version, orjson.dumps(seq.to_state()), seq.ended, last_ms, seq, outcome)
 
     def _argv(self, stream: str, computed: dict, acks: list, base_adds: list) -> list:
+        # Batches of several shards are processed concurrently: nothing batch-specific on self.
         s = self.settings
         argv: list = [stream, s.group, self.active, self.ttl_ms, len(computed)]
         adds = list(base_adds)
-        for run, (version, state, ended, last_ms, outcome) in computed.items():
-            argv += [state_key(s, run), version, state, "1" if ended else "0", run, last_ms or int(time.time() * 1000)]
-            self._outputs(adds, stream, outcome)
-        argv.append(len(acks))
-        argv += acks
+        now_ms = None
+        for run, (version, state, ended, last_ms, _seq, outcome) in computed.items():
+            if not last_ms:
+                now_ms = now_ms or int(time.time() * 1000)
+            argv += [state_key(s, run), version, state, "1" if ended else "0", run, last_ms or now_ms]
+            self._outputs(adds, outcome)
+        argv.append(" ".join(acks))
         argv.append(len(adds))
-        for add in adds:
-            argv += [add[0], len(add) - 1]
-            argv += add[1:]
+        for streams, fields in adds:
+            argv.append(len(streams))
+            argv += streams
+            argv.append(len(fields))
+            argv += fields
         return argv
 
-    def _outputs(self, adds: list, stream: str, outcome: Outcome) -> None:
+    def _outputs(self, adds: list, outcome: Outcome) -> None:
         dumps = orjson.dumps
+        all_events = self.events_topic
         for event in outcome.events:
-            data = dumps(event)
+            etype = event["type"]
             fields = (b"eventId", event["eventId"], b"runId", event["runId"], b"seq", event["seq"],
-                      b"type", event["type"], b"data", data)
-            adds.append((self.events_topic, *fields))
-            adds.append((self.topic(event["type"]), *fields))
+                      b"type", etype, b"data", dumps(event))
+            adds.append(((all_events, self.topic(etype)), fields))
         for record in outcome.records:
-            adds.append((self.runs_topic, b"recordId", record["recordId"], b"runId", record["runId"],
-                         b"seq", record["seq"], b"state", record["state"], b"data", dumps(record)))
+            adds.append(((self.runs_topic,), (b"recordId", record["recordId"], b"runId", record["runId"],
+                                              b"seq", record["seq"], b"state", record["state"],
+                                              b"data", dumps(record))))
         for entry, disposition, reason in outcome.dispositions:
             if disposition == DEAD:
-                self._dead_fields(adds, stream, entry.sid, entry_fields(entry), reason or "internal-error",
-                                  _DETAILS.get(reason or "", ""))
+                self._dead_fields(adds, entry.sid, entry_fields(entry), reason or "internal-error",
+                                  _DETAILS.get(reason or "", ""),
+                                  source=self.settings.raw_stream(shard_of(entry.run, self.settings.shards)))
 
     def _dead_raw(self, adds: list, result: BatchResult, stream: str, sid: str, fmap: dict, reason: str,
                   detail: str) -> None:
@@ -221,14 +249,14 @@ class BatchProcessor:
         flat: list = []
         for k, v in fmap.items():
             flat += [k, v]
-        self._dead_fields(adds, stream, sid, flat, reason, detail)
+        self._dead_fields(adds, sid, flat, reason, detail, source=stream)
 
-    def _dead_fields(self, adds: list, stream: str, sid: str, flat: list, reason: str, detail: str) -> None:
-        fields: list = [b"reason", reason, b"detail", detail, b"source", stream, b"sourceId", sid]
+    def _dead_fields(self, adds: list, sid: str, flat: list, reason: str, detail: str, source: str) -> None:
+        fields: list = [b"reason", reason, b"detail", detail, b"source", source, b"sourceId", sid]
         for i in range(0, len(flat), 2):
             name = flat[i] if isinstance(flat[i], bytes) else str(flat[i]).encode()
             fields += [b"raw." + name, flat[i + 1]]
-        adds.append((self.deadletters, *fields))
+        adds.append(((self.deadletters,), tuple(fields)))
 
 _DETAILS = {
     "after-end": "the run had already ended (eof or abandoned) and this seq is not part of it",

@@ -5,8 +5,8 @@
 --
 -- ARGV: raw stream, group, active-runs zset, ended-state TTL ms,
 --       nruns, then per run: state key, expected version, state, ended (0/1), run key, last activity ms
---       nacks, ids...
---       nadds, then per entry: stream, nfields, field, value, ...
+--       acknowledged ids, space-separated, in one argument
+--       nadds, then per output: nstreams, stream..., nfields, field, value, ...
 -- Returns {1} on success, or {0, i, j, ...}: the 1-based indexes of runs whose version moved.
 local i = 1
 local raw, group, active, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -35,18 +35,28 @@ for r = 1, nruns do
   i = i + 6
 end
 
-local nacks = tonumber(ARGV[i]); i = i + 1
-local stop = i + nacks - 1
-while i <= stop do
-  local last = math.min(i + 499, stop)
-  redis.call('XACK', raw, group, unpack(ARGV, i, last))
-  i = last + 1
+-- Acknowledgements arrive as one space-separated argument (one argument instead of hundreds).
+local acks = {}
+for id in string.gmatch(ARGV[i], '%S+') do
+  acks[#acks + 1] = id
+  if #acks == 500 then
+    redis.call('XACK', raw, group, unpack(acks))
+    acks = {}
+  end
 end
+if #acks > 0 then redis.call('XACK', raw, group, unpack(acks)) end
+i = i + 1
 
+-- Each output: nstreams, stream..., nfields, field, value, ... (an event goes to two topics
+-- with one copy of its fields).
 local nadds = tonumber(ARGV[i]); i = i + 1
 for _ = 1, nadds do
-  local stream, nfields = ARGV[i], tonumber(ARGV[i + 1])
-  redis.call('XADD', stream, '*', unpack(ARGV, i + 2, i + 1 + nfields))
-  i = i + 2 + nfields
+  local nstreams = tonumber(ARGV[i])
+  local fi = i + 1 + nstreams
+  local nfields = tonumber(ARGV[fi])
+  for s = 1, nstreams do
+    redis.call('XADD', ARGV[i + s], '*', unpack(ARGV, fi + 1, fi + nfields))
+  end
+  i = fi + 1 + nfields
 end
 return {1}
