@@ -12,6 +12,7 @@ from services.normalizer.timefmt import parse_ts
 
 _RUN_RE = re.compile(RUN_KEY_PATTERN.encode())
 MAX_SEQ = 2**53  # beyond what a JSON number holds exactly in every consumer language
+_RUN_KEYS: dict[bytes, str] = {}  # run keys already validated (bounded: cleared when full)
 
 
 class EntryError(ValueError):
@@ -72,9 +73,14 @@ def parse_fields(fields: dict[bytes, bytes], sid: str) -> Entry:
     run_b = fields.get(b"run")
     if run_b is None:
         raise EntryError("missing 'run'")
-    if not _RUN_RE.fullmatch(run_b):
-        raise EntryError("'run' is not a run key (1-200 chars of [A-Za-z0-9._:/@-])")
-    run = run_b.decode("ascii")
+    run = _RUN_KEYS.get(run_b)
+    if run is None:
+        if not _RUN_RE.fullmatch(run_b):
+            raise EntryError("'run' is not a run key (1-200 chars of [A-Za-z0-9._:/@-])")
+        run = run_b.decode("ascii")
+        if len(_RUN_KEYS) >= 65_536:
+            _RUN_KEYS.clear()
+        _RUN_KEYS[run_b] = run
     seq = _int(fields.get(b"seq"), "seq")
     if seq < 0:
         raise EntryError("'seq' is negative")
@@ -83,6 +89,8 @@ def parse_fields(fields: dict[bytes, bytes], sid: str) -> Entry:
     ts_b = fields.get(b"ts")
     if ts_b is None:
         ts = int(sid.split("-", 1)[0])
+    elif ts_b.isdigit() and len(ts_b) <= 14:  # the taps' form: Unix ms (14 digits stay in range)
+        ts = int(ts_b)
     else:
         parsed = parse_ts(ts_b)
         if parsed is None:

@@ -120,7 +120,7 @@ class BatchProcessor:
                 self._dead_raw(adds, result, stream, sid, fmap, "max-deliveries",
                                f"delivered {deliveries[sid]} times")
                 continue
-            size = sum(len(k) + len(v) for k, v in fmap.items())
+            size = sum(map(len, fmap.values())) + sum(map(len, fmap))
             if size > max_bytes:
                 self._dead_raw(adds, result, stream, sid, fmap, "oversize", f"{size} bytes > {max_bytes}")
                 continue
