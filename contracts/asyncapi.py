@@ -140,7 +140,7 @@ def document() -> dict:
                         "required": ["reason", "detail", "source", "sourceId"],
                         "properties": {
                             "reason": {"type": "string", "enum": ["invalid-entry", "oversize", "max-deliveries",
-                                                                  "after-end", "out-of-window", "buffer-full"]},
+                                                                  "after-end", "out-of-window"]},
                             "detail": _string("human-readable detail"),
                             "source": _string("raw stream the entry came from"),
                             "sourceId": _string("its stream entry id"),

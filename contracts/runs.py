@@ -31,6 +31,7 @@ class RunRecordBase(Usage):
     host: str = None  # type: ignore[assignment]
     agent: str = None  # type: ignore[assignment]
     parentRunId: str = Field(default=None, description="The parent run of a subagent session (imported runs).")  # type: ignore[assignment]
+    continuesRunId: str = Field(default=None, description="The run this one continues (a later part of an imported session).")  # type: ignore[assignment]
 
 
 class RunStarted(RunRecordBase):

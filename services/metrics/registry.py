@@ -29,8 +29,6 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (
     "max-deliveries",
     "after-end",
     "out-of-window",
-    "buffer-full",
-    "internal-error",
 )
 EVENT_TYPES: tuple[str, ...] = _CONTRACT_EVENT_TYPES
 TOOL_EVENT_TYPES: frozenset[str] = frozenset(_CONTRACT_TOOL_EVENT_TYPES)

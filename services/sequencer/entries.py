@@ -34,6 +34,7 @@ class Entry(NamedTuple):
     through: int = -1
     missing: tuple = ()
     parent: str | None = None  # run key of the parent run (subagent sessions), a label like host
+    continues: str | None = None  # run key this run continues (a later part of an imported session)
 
     def to_list(self) -> list:
         return list(self)
@@ -61,6 +62,11 @@ def _int(value: bytes | None, field: str) -> int:
     if not text or not text.lstrip(b"-").isdigit():
         raise EntryError(f"{field!r} is not an integer")
     return int(text)
+
+
+def _label_run(value: bytes | None) -> str | None:
+    """A run-key label (`parent`, `continues`); anything not a run key is ignored."""
+    return value.decode("ascii") if value is not None and _RUN_RE.fullmatch(value) else None
 
 
 def parse_fields(fields: dict[bytes, bytes], sid: str) -> Entry:
@@ -102,18 +108,19 @@ def parse_fields(fields: dict[bytes, bytes], sid: str) -> Entry:
         raise EntryError("'stream' is neither stdout nor stderr")
     host = _text(fields.get(b"host"), "host")
     agent = _text(fields.get(b"agent"), "agent")
-    parent_b = fields.get(b"parent")
-    parent = parent_b.decode("ascii") if parent_b is not None and _RUN_RE.fullmatch(parent_b) else None
+    parent = _label_run(fields.get(b"parent"))
+    continues = _label_run(fields.get(b"continues"))
     if kind_b == b"line":
         line_b = fields.get(b"line")
         if line_b is None:
             raise EntryError("kind=line without 'line'")
         return Entry(run, seq, ts, "line", stream_b.decode(), line_b.decode("utf-8", "replace"), None, host, agent, sid,
-                     parent=parent)
+                     parent=parent, continues=continues)
     if kind_b == b"eof":
         exit_b = fields.get(b"exit")
         exit_code = _int(exit_b, "exit") if exit_b not in (None, b"") else None
-        return Entry(run, seq, ts, "eof", stream_b.decode(), "", exit_code, host, agent, sid, parent=parent)
+        return Entry(run, seq, ts, "eof", stream_b.decode(), "", exit_code, host, agent, sid,
+                     parent=parent, continues=continues)
     if kind_b == b"abandon":
         through = _int(fields.get(b"through"), "through")
         try:

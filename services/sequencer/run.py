@@ -3,8 +3,8 @@
 Rules (each replays identically because it depends only on the run's entries):
 - entries are processed in `seq` order; an entry ahead of the next expected seq is held
   (``buffered``) until the gap fills; one already seen is a ``duplicate``;
-- an entry more than ``max_buffered`` seqs ahead, or arriving when the hold is full, is
-  dead-lettered (``out-of-window`` / ``buffer-full``);
+- an entry more than ``max_buffered`` seqs ahead is dead-lettered (``out-of-window``), which
+  also bounds how many entries a run can hold;
 - ``eof`` ends the run (``ended``); anything after the end is dead-lettered (``after-end``);
 - an ``abandon`` marker (written into the raw log by the worker that decides a run is idle)
   names the last seq the run consists of and the ranges that never arrived: held entries up
@@ -76,6 +76,7 @@ class RunSequencer:
         self.host: str | None = None
         self.agent: str | None = None
         self.parent: str | None = None
+        self.continues: str | None = None
 
     # ------------------------------------------------------------------ state
     def to_state(self) -> dict:
@@ -92,6 +93,7 @@ class RunSequencer:
             "host": self.host,
             "agent": self.agent,
             "parent": self.parent,
+            "continues": self.continues,
             "secrets": self.secrets.to_dict() if self.secrets is not None else None,
         }
 
@@ -112,6 +114,7 @@ class RunSequencer:
         self.host = st["host"]
         self.agent = st["agent"]
         self.parent = st.get("parent")
+        self.continues = st.get("continues")
         if st.get("secrets") is not None:
             from services.redaction import SecretFieldTracker
 
@@ -163,10 +166,9 @@ class RunSequencer:
             out.dispositions.append((entry, DUPLICATE, None))
             return out
         if entry.seq > self.next:
+            # Held entries lie in (next, next + max_buffered], so the window also bounds the hold.
             if entry.seq - self.next > self.max_buffered:
                 out.dispositions.append((entry, DEAD, "out-of-window"))
-            elif len(self.buffer) >= self.max_buffered:
-                out.dispositions.append((entry, DEAD, "buffer-full"))
             else:
                 self.buffer[entry.seq] = entry
                 out.dispositions.append((entry, BUFFERED, None))
@@ -194,6 +196,8 @@ class RunSequencer:
             self.agent = entry.agent
         if self.parent is None and entry.parent:
             self.parent = entry.parent
+        if self.continues is None and entry.continues:
+            self.continues = entry.continues
         if self.state == "new":
             self.state = "running"
             self._record(out, "started", entry.ts, entry.seq)
@@ -273,6 +277,8 @@ class RunSequencer:
             record["agent"] = self.agent
         if self.parent:
             record["parentRunId"] = self.parent
+        if self.continues:
+            record["continuesRunId"] = self.continues
         out.records.append(record)
 
 

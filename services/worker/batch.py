@@ -63,7 +63,8 @@ def entry_fields(entry: Entry) -> list:
         out += [b"stream", entry.stream, b"line", entry.line]
     if entry.exit is not None:
         out += [b"exit", str(entry.exit)]
-    for name, value in ((b"host", entry.host), (b"agent", entry.agent)):
+    for name, value in ((b"host", entry.host), (b"agent", entry.agent), (b"parent", entry.parent),
+                        (b"continues", entry.continues)):
         if value:
             out += [name, value]
     return out
@@ -239,7 +240,7 @@ class BatchProcessor:
                                               b"data", dumps(record))))
         for entry, disposition, reason in outcome.dispositions:
             if disposition == DEAD:
-                self._dead_fields(adds, entry.sid, entry_fields(entry), reason or "internal-error",
+                self._dead_fields(adds, entry.sid, entry_fields(entry), reason or "",
                                   _DETAILS.get(reason or "", ""),
                                   source=self.settings.raw_stream(shard_of(entry.run, self.settings.shards)))
 
@@ -261,7 +262,6 @@ class BatchProcessor:
 _DETAILS = {
     "after-end": "the run had already ended (eof or abandoned) and this seq is not part of it",
     "out-of-window": "seq is too far ahead of the run's next expected seq",
-    "buffer-full": "too many out-of-order entries held for this run",
 }
 
 __all__ = ["BatchProcessor", "BatchResult", "CommitConflict", "state_key", "active_key", "BUFFERED", "DUPLICATE"]
