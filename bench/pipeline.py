@@ -243,8 +243,10 @@ class CpuMeter:
 
 # --------------------------------------------------------------------------- workers
 class Workers:
-    def __init__(self, url: str, namespace: str, n: int, logdir: str, profile: str | None = None) -> None:
+    def __init__(self, url: str, namespace: str, n: int, logdir: str, profile: str | None = None,
+                 extra_env: dict | None = None) -> None:
         self.url, self.namespace, self.n, self.logdir, self.profile = url, namespace, n, logdir, profile
+        self.extra_env = extra_env or {}
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
 
@@ -260,6 +262,7 @@ class Workers:
             "GOOSE_INGEST_METRICS_HOST": "127.0.0.1",
             "PYTHONUNBUFFERED": "1",
         })
+        env.update(self.extra_env)
         return env
 
     def start(self) -> None:
@@ -360,13 +363,14 @@ def wait_first_read(client: redis.Redis, settings: Settings) -> float:
 
 
 def worker_throughput(client: redis.Redis, url: str, items: list[Item], nruns: int, nlines: int, nworkers: int,
-                      logdir: str, profile: str | None = None) -> dict:
+                      logdir: str, profile: str | None = None, redaction: bool = True) -> dict:
     ns = f"bench-{nworkers}w-{uuid.uuid4().hex[:8]}"
     settings = Settings(namespace=ns, shards=SHARDS, batch_size=BATCH, redis_url=url)
     publish_backlog(client, settings, items)
     for stream in settings.raw_streams():  # the gate: the group sees nothing until SETID 0
         client.xgroup_create(stream, settings.group, id="$", mkstream=True)
-    workers = Workers(url, ns, nworkers, logdir, profile)
+    workers = Workers(url, ns, nworkers, logdir, profile,
+                      {"GOOSE_INGEST_REDACTION_ENABLED": "true" if redaction else "false"})
     try:
         workers.start()
         workers.wait_ready()
@@ -578,11 +582,12 @@ def main() -> int:
             pub_s = publish_backlog(client, Settings(namespace="bench-warmup", shards=SHARDS), items)
             delete_namespace(client, "bench-warmup")
             print(f"(publishing the backlog with pipelined XADD takes {pub_s:.1f} s = {len(items) / pub_s:,.0f} entries/s; not timed)")
-            results: dict[str, list[dict]] = {"floor": [], "1 worker": [], "2 workers": []}
+            results: dict[str, list[dict]] = {"floor": [], "1 worker": [], "1 worker, no redaction": [],
+                                              "2 workers": []}
             order: list[str] = []
             seq: list[tuple[str, dict]] = []
             for _ in range(args.rounds):
-                order += ["floor", "1 worker", "2 workers"]
+                order += ["floor", "1 worker", "1 worker, no redaction", "2 workers"]
             order.append("floor")
             for name in order:
                 if name == "floor":
@@ -590,9 +595,10 @@ def main() -> int:
                     print(f"  floor      : {r['rate']:>9,.0f} lines/s  ({r['seconds']:.2f} s; other processes used "
                           f"{r['others']:.2f} cores)", flush=True)
                 else:
-                    n = 1 if name == "1 worker" else 2
-                    prof = args.profile_worker if n == 1 and not results["1 worker"] else None
-                    r = worker_throughput(client, url, items, len(runs), nlines, n, logdir, prof)
+                    n = 2 if name == "2 workers" else 1
+                    prof = args.profile_worker if name == "1 worker" and not results["1 worker"] else None
+                    r = worker_throughput(client, url, items, len(runs), nlines, n, logdir, prof,
+                                          redaction=name != "1 worker, no redaction")
                     print(f"  {name:<11}: {r['rate']:>9,.0f} lines/s  ({r['seconds']:.2f} s; first read "
                           f"{r['gate_wait'] * 1000:.0f} ms after the gate; CPU: workers {r['cpu'][0]:.2f}, redis "
                           f"{r['cpu'][1]:.2f}, other processes {r['others']:.2f} cores; "
@@ -604,7 +610,7 @@ def main() -> int:
                 results[name].append(r)
                 seq.append((name, r))
             # each worker result against the mean of the floors measured just before and after it
-            ratios: dict[str, list[float]] = {"1 worker": [], "2 workers": []}
+            ratios: dict[str, list[float]] = {"1 worker": [], "1 worker, no redaction": [], "2 workers": []}
             last_floor, waiting = None, []
             for name, r in seq:
                 if name == "floor":
@@ -623,6 +629,10 @@ def main() -> int:
             print(f"floor (plain redis-py: XREADGROUP 500, XADD per line + XACK in one pipeline): {f:,.0f} lines/s")
             print(f"1 worker : {w1:>9,.0f} lines/s   ratio to floor {q1:.2f}   target >= 0.50: {'met' if q1 >= 0.5 else 'NOT met'}")
             print(f"2 workers: {w2:>9,.0f} lines/s   ratio to floor {q2:.2f}   (2 workers / 1 worker: {w2 / w1:.2f})")
+            w0 = statistics.median(r["rate"] for r in results["1 worker, no redaction"])
+            cost = 1 - w1 / w0
+            print(f"1 worker without redaction: {w0:>9,.0f} lines/s; redaction costs {cost:.0%} of throughput "
+                  f"(target < 25%: {'met' if cost < 0.25 else 'NOT met'})")
         if not args.skip_latency:
             print()
             r = latency(client, url, transcripts, args.rate, args.latency_seconds, args.concurrent, logdir)

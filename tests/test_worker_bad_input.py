@@ -67,6 +67,8 @@ def test_invalid_entries_are_dead_lettered_with_reason_and_original_fields(setti
         _xadd(settings, fields)
     _good_run(settings, "bad/after-the-junk")
     wait_until(lambda: "bad/after-the-junk" in ended_runs(settings), timeout=30)
+    # The junk and the good run may sit on different shards: wait for the junk's dead letters too.
+    wait_until(lambda: len(_reasons(settings).get("invalid-entry", [])) >= len(bad), timeout=30)
     reasons = _reasons(settings)
     invalid = reasons["invalid-entry"]
     assert len(invalid) == len(bad)

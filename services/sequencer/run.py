@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from collections import Counter
-
 from services.normalizer.machine import Limits, RunNormalizer
 from services.normalizer.timefmt import format_ms
 from services.sequencer.entries import Entry
@@ -37,13 +35,14 @@ class Outcome:
     records: list[dict] = field(default_factory=list)
     # (entry, outcome, dead-letter reason or None)
     dispositions: list[tuple[Entry, str, str | None]] = field(default_factory=list)
-    redactions: Counter = field(default_factory=Counter)  # rule -> replacements
+    redactions: dict[str, int] = field(default_factory=dict)  # rule -> replacements
 
     def extend(self, other: "Outcome") -> None:
         self.events.extend(other.events)
         self.records.extend(other.records)
         self.dispositions.extend(other.dispositions)
-        self.redactions.update(other.redactions)
+        for rule, n in other.redactions.items():
+            self.redactions[rule] = self.redactions.get(rule, 0) + n
 
 
 def _ranges(seqs: list[int]) -> list[list[int]]:
@@ -129,42 +128,44 @@ class RunSequencer:
         return any(a <= seq <= b for a, b in self.missing)
 
     # ------------------------------------------------------------------ input
-    def accept(self, entry: Entry) -> Outcome:
-        out = self._accept(entry)
-        if self.redactor is not None and out.events:
-            self._redact(out)
+    def accept(self, entry: Entry, out: Outcome | None = None) -> Outcome:
+        """Process one entry; its results are appended to `out` (a new Outcome by default)."""
+        if out is None:
+            out = Outcome()
+        first = len(out.events)
+        self._accept(entry, out)
+        if self.redactor is not None and len(out.events) > first:
+            self._redact(out, first)
         return out
 
-    def _redact(self, out: Outcome) -> None:
+    def _redact(self, out: Outcome, first: int) -> None:
         if self.secrets is None:
             from services.redaction import SecretFieldTracker
 
             self.secrets = SecretFieldTracker()
         tracker = self.secrets
-        redacted = []
-        for event in out.events:
+        events = out.events
+        for i in range(first, len(events)):
+            event = events[i]
             if event["type"] == "unknown":
                 tracker.observe(event["raw"])
-            event, counts = self.redactor.redact_event(event, tracker=tracker)
-            if counts:
-                out.redactions.update(counts)
-            redacted.append(event)
-        out.events = redacted
+            events[i], counts = self.redactor.redact_event(event, tracker=tracker)
+            for rule, n in counts.items():
+                out.redactions[rule] = out.redactions.get(rule, 0) + n
 
-    def _accept(self, entry: Entry) -> Outcome:
-        out = Outcome()
+    def _accept(self, entry: Entry, out: Outcome) -> None:
         if entry.kind == "abandon":
             self._abandon(entry, out)
-            return out
+            return
         if self.ended:
             if entry.seq <= self.through and not self._in_missing(entry.seq):
                 out.dispositions.append((entry, DUPLICATE, None))
             else:
                 out.dispositions.append((entry, DEAD, "after-end"))
-            return out
+            return
         if entry.seq < self.next or entry.seq in self.buffer:
             out.dispositions.append((entry, DUPLICATE, None))
-            return out
+            return
         if entry.seq > self.next:
             # Held entries lie in (next, next + max_buffered], so the window also bounds the hold.
             if entry.seq - self.next > self.max_buffered:
@@ -172,11 +173,11 @@ class RunSequencer:
             else:
                 self.buffer[entry.seq] = entry
                 out.dispositions.append((entry, BUFFERED, None))
-            return out
+            return
         self._process(entry, out)
         out.dispositions.append((entry, PROCESSED, None))
         self._drain_buffer(out)
-        return out
+        return
 
     def _drain_buffer(self, out: Outcome) -> None:
         while not self.ended and self.next in self.buffer:

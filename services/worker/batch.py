@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Iterable
 
+import msgpack
 import orjson
 import redis.asyncio as aioredis
 
@@ -22,6 +23,8 @@ log = logging.getLogger("goose_ingest.worker")
 
 COMMIT_LUA = resources.files("services.worker").joinpath("commit.lua").read_text()
 MAX_ATTEMPTS = 8
+# Redis bundles an old lua-cmsgpack: no bin or str8 types, so pack bytes and str as raw.
+_packb = msgpack.Packer(use_bin_type=False).pack
 CACHE_RUNS = 4096  # run sequencers kept in process between batches (LRU)
 
 
@@ -201,7 +204,7 @@ class BatchProcessor:
             outcome = Outcome()
             last_ms = 0
             for entry in by_run[run]:
-                outcome.extend(seq.accept(entry))
+                seq.accept(entry, outcome)
                 if entry.kind != "abandon":
                     last_ms = max(last_ms, sid_ms(entry.sid))
             computed[run] = (version, orjson.dumps(seq.to_state()), seq.ended, last_ms, seq, outcome)
@@ -209,34 +212,27 @@ class BatchProcessor:
     def _argv(self, stream: str, computed: dict, acks: list, base_adds: list) -> list:
         # Batches of several shards are processed concurrently: nothing batch-specific on self.
         s = self.settings
-        argv: list = [stream, s.group, self.active, self.ttl_ms, len(computed)]
+        runs = []
         adds = list(base_adds)
         now_ms = None
         for run, (version, state, ended, last_ms, _seq, outcome) in computed.items():
             if not last_ms:
                 now_ms = now_ms or int(time.time() * 1000)
-            argv += [state_key(s, run), version, state, "1" if ended else "0", run, last_ms or now_ms]
+            runs.append((state_key(s, run), version, state, 1 if ended else 0, run, last_ms or now_ms))
             self._outputs(adds, outcome)
-        argv.append(" ".join(acks))
-        argv.append(len(adds))
-        for streams, fields in adds:
-            argv.append(len(streams))
-            argv += streams
-            argv.append(len(fields))
-            argv += fields
-        return argv
+        return [stream, s.group, self.active, self.ttl_ms, _packb((runs, acks, adds))]
 
     def _outputs(self, adds: list, outcome: Outcome) -> None:
         dumps = orjson.dumps
         all_events = self.events_topic
         for event in outcome.events:
             etype = event["type"]
-            fields = (b"eventId", event["eventId"], b"runId", event["runId"], b"seq", event["seq"],
+            fields = (b"eventId", event["eventId"], b"runId", event["runId"], b"seq", str(event["seq"]),
                       b"type", etype, b"data", dumps(event))
             adds.append(((all_events, self.topic(etype)), fields))
         for record in outcome.records:
             adds.append(((self.runs_topic,), (b"recordId", record["recordId"], b"runId", record["runId"],
-                                              b"seq", record["seq"], b"state", record["state"],
+                                              b"seq", str(record["seq"]), b"state", record["state"],
                                               b"data", dumps(record))))
         for entry, disposition, reason in outcome.dispositions:
             if disposition == DEAD:
