@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-FIXTURE_SQL = Path("/work/shared/fixtures/goose/a-read-edit-test-finish.sessions-db.sql")
+FIXTURE_SQL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "goose" / "a-read-edit-test-finish.sessions-db.sql"
 EPOCH = 1_790_000_000  # 2026-09-21
 
 

@@ -39,7 +39,7 @@ from tests.pipeline_helpers import (
 )
 from tests.support.redis_server import cli_env
 
-FIXTURES = Path("/work/shared/fixtures/goose")
+from tests.fixtures import FIXTURES  # noqa: E402
 SQL = FIXTURES / "a-read-edit-test-finish.sessions-db.sql"
 STREAM = FIXTURES / "a-read-edit-test-finish.jsonl"
 SID = "20260926_3"

@@ -13,7 +13,6 @@ import pytest
 from normalizer_helpers import (
     MISSING,
     RUN,
-    T,
     Feed,
     dumps,
     ev,

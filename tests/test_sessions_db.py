@@ -20,7 +20,7 @@ from services.backfill import (
     usage_complete_with_source,
 )
 
-FIXTURES = Path("/work/shared/fixtures/goose")
+from tests.fixtures import FIXTURES  # noqa: E402
 SQL = FIXTURES / "a-read-edit-test-finish.sessions-db.sql"
 STREAM = FIXTURES / "a-read-edit-test-finish.jsonl"
 SID = "20260926_3"

@@ -19,12 +19,11 @@ from services.broker.keys import shard_of
 from services.tap.publisher import Publisher, RunFinished
 from services.tap.runkey import is_valid_run, new_run_key, ulid
 from services.tap.spool import LOG, SpoolLocked, spool_path
+from tests.fixtures import FIXTURES
 from tests.support.redis_server import cli_env
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = Path(os.environ.get("GOOSE_FIXTURES", ROOT.parent / "shared" / "fixtures" / "goose")) / "a-read-edit-test-finish.jsonl"
-if not FIXTURE.exists():  # CI runs a clone with shared/ beside it
-    FIXTURE = Path("/work/shared/fixtures/goose/a-read-edit-test-finish.jsonl")
+FIXTURE = FIXTURES / "a-read-edit-test-finish.jsonl"
 LINE_FIELDS = ["run", "seq", "ts", "kind", "stream", "line", "host"]
 EOF_FIELDS = ["run", "seq", "ts", "kind", "host"]
 
