@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the events as JSON lines")
     p.add_argument("--no-runs", action="store_true", help="leave out run lifecycle records")
     p.add_argument("--count", type=int, help="stop after this many lines")
+    p.add_argument("--no-follow", action="store_true", help="print what the topics hold now and exit")
     p.set_defaults(func=run)
 
 
@@ -32,7 +33,9 @@ def follow(settings: Settings, args: argparse.Namespace, out=sys.stdout) -> int:
         streams[settings.runs_stream()] = "0-0" if args.from_start else "$"
     printed = 0
     while True:
-        reply = client.xread(streams, block=1000, count=500)
+        reply = client.xread(streams, block=None if args.no_follow else 1000, count=500)
+        if not reply and args.no_follow:
+            return 0
         for stream, entries in reply or []:
             name = stream.decode()
             for sid, fields in entries:

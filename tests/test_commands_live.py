@@ -1,0 +1,89 @@
+"""`tail`, `up` and `demo` as a user runs them: real processes, real Redis."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from services.tap.publisher import Publisher
+from tests.fixtures import REPO, TRANSCRIPTS
+from tests.pipeline_helpers import ended_runs, start_worker, stop, wait_until
+from tests.support.redis_server import cli_env
+
+pytestmark = pytest.mark.e2e
+
+
+def _publish(settings, run: str, path) -> None:
+    with Publisher(settings, run, {"host": "cmd"}) as pub:
+        for line in path.read_bytes().splitlines():
+            pub.add_line(line, "stdout")
+        pub.add_eof(2)
+
+
+def test_tail_prints_events_and_run_records_for_a_human(settings, tmp_path):
+    worker = start_worker(settings, tmp_path / "w.log")
+    try:
+        _publish(settings, "tail/one", TRANSCRIPTS[1])
+        wait_until(lambda: "tail/one" in ended_runs(settings), timeout=30)
+    finally:
+        stop(worker)
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "tail", "--from-start", "--no-follow", "--run", "tail/one"],
+        cwd=REPO, env=cli_env(settings), capture_output=True, text=True, timeout=30,
+    )
+    lines = out.stdout.splitlines()
+    # 14 events of the transcript, the exit error, and started/completed/ended records.
+    assert any(re.search(r"tail/one#0 reasoning ", line) for line in lines)
+    assert any("$ python3 -m pytest -q tests (exit 0) ✓" in line for line in lines)
+    assert any("error     goose exited with code 2" in line for line in lines)
+    assert any("RUN ENDED exit=2 tokens=41877" in line for line in lines)
+    errors = subprocess.run(
+        [sys.executable, "-m", "services.cli", "tail", "--from-start", "--count", "1", "--type", "error", "--json"],
+        cwd=REPO, env=cli_env(settings), capture_output=True, text=True, timeout=30,
+    )
+    assert '"type":"error"' in errors.stdout and '"goose exited with code 2"' in errors.stdout
+
+
+def test_tail_without_a_broker_says_how_to_get_one():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    out = subprocess.run([sys.executable, "-m", "services.cli", "tail"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "GOOSE_INGEST_REDIS_URL" in out.stderr
+
+
+def test_demo_runs_the_fixtures_through_an_embedded_broker_and_a_worker(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    env["GOOSE_INGEST_SPOOL_DIR"] = str(tmp_path / "spool")
+    out = subprocess.run([sys.executable, "-m", "services.cli", "demo"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"{len(TRANSCRIPTS)} runs normalized by a live worker on an embedded broker" in out.stdout
+    assert out.stdout.count("RUN ENDED") == len(TRANSCRIPTS)
+
+
+def test_up_starts_a_broker_and_a_worker_that_process_a_run(settings, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    env.update(GOOSE_INGEST_METRICS_PORT="0", GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up"], cwd=REPO, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 30
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            match = re.search(r"export GOOSE_INGEST_REDIS_URL=(\S+)", line)
+            url = match.group(1) if match else None
+        assert url, "`up` did not print the broker URL"
+        local = settings.model_copy(update={"redis_url": url, "namespace": ""})
+        _publish(local, "up/one", TRANSCRIPTS[0])
+        wait_until(lambda: "up/one" in ended_runs(local), timeout=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
