@@ -119,3 +119,29 @@ def test_retention_never_trims_uncommitted_raw_entries(settings, tmp_path):
         assert total == 6, "pending (uncommitted) entries were trimmed"
     finally:
         stop(worker)
+
+
+def test_a_worker_started_before_its_broker_waits_for_it(tmp_path):
+    from services.broker.embedded import free_port, start_redis
+
+    port = free_port()
+    # While the broker is down the worker waits, and never logs the password of its URL.
+    secret = Settings(redis_url=f"redis://:s3cret@127.0.0.1:{port}/0", namespace="late", shards=1)
+    worker = start_worker(secret, tmp_path / "secret.log")
+    try:
+        wait_until(lambda: "unreachable" in (tmp_path / "secret.log").read_text(), timeout=20)
+        assert worker.poll() is None
+    finally:
+        stop(worker)
+    assert "s3cret" not in (tmp_path / "secret.log").read_text()
+    # And once the broker is up it gets to work.
+    settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", namespace="late", shards=1)
+    worker = start_worker(settings, tmp_path / "w.log")
+    try:
+        time.sleep(1.0)
+        assert worker.poll() is None
+        with start_redis(port=port):
+            _publish(settings, "late/run", 3)
+            wait_until(lambda: "late/run" in ended_runs(settings), timeout=30)
+    finally:
+        stop(worker)

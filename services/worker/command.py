@@ -37,15 +37,42 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return asyncio.run(serve_worker(settings))
+    try:
+        return asyncio.run(serve_worker(settings))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def wait_for_broker(settings: Settings, log: logging.Logger) -> None:
+    """Wait until the broker answers, instead of crashing: a worker usually starts before Redis."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from services.broker.connect import async_client
+    from services.broker.helpers import redact_url
+
+    delay = 0.2
+    while True:
+        client = async_client(settings)
+        try:
+            await client.ping()
+            return
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.warning("broker %s unreachable (%s); retrying in %.1fs", redact_url(settings.redis_url),
+                        type(exc).__name__, delay)
+        finally:
+            await client.aclose()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 async def serve_worker(settings: Settings) -> int:
     from services.metrics import Metrics
     from services.worker.app import build_app
 
-    app, parts = build_app(settings, Metrics())
     log = logging.getLogger("goose_ingest.worker")
+    await wait_for_broker(settings, log)
+    app, parts = build_app(settings, Metrics())
 
     @app.after_startup
     async def _announce() -> None:
