@@ -35,7 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    try:
+        return int(args.func(args) or 0)
+    except RedisConnectionError as exc:
+        from services.broker.helpers import redact_url
+        from services.settings import Settings
+
+        url = redact_url(Settings().redis_url)
+        print(f"goose-ingest {args.command}: broker {url} unreachable ({exc.__class__.__name__})", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -87,3 +87,16 @@ def test_up_starts_a_broker_and_a_worker_that_process_a_run(settings, tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("command", [["replay"], ["tail"], ["import-sessions", "x.db", "--namespace", "ns"]])
+def test_an_unreachable_broker_is_one_clear_line_without_the_password(command, tmp_path):
+    from services.broker.embedded import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    env["GOOSE_INGEST_REDIS_URL"] = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    out = subprocess.run([sys.executable, "-m", "services.cli", *command], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "hunter2" not in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
