@@ -19,7 +19,11 @@ _COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="goose-ingest", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="goose-ingest",
+        description="Telemetry pipeline for goose agents: tap their stream-json output into Redis Streams, "
+        "normalize it into harness events, republish them on typed topics. See README.md.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:
