@@ -54,3 +54,17 @@ def private_redis(tmp_path: Path):
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture()
+def fixture_db(tmp_path: Path) -> Path:
+    """The shared sessions.db fixture (SQL) loaded into a fresh SQLite file."""
+    import sqlite3
+
+    from tests.fixtures import FIXTURES
+
+    path = tmp_path / "sessions.db"
+    conn = sqlite3.connect(path)
+    conn.executescript((FIXTURES / "a-read-edit-test-finish.sessions-db.sql").read_text("utf-8"))
+    conn.close()
+    return path

@@ -52,13 +52,6 @@ pytestmark = pytest.mark.e2e
 # --- helpers ------------------------------------------------------------------------------------
 
 
-@pytest.fixture()
-def fixture_db(tmp_path) -> Path:
-    path = tmp_path / "sessions.db"
-    conn = sqlite3.connect(path)
-    conn.executescript(SQL.read_text("utf-8"))
-    conn.close()
-    return path
 
 
 @pytest.fixture()

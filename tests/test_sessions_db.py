@@ -26,13 +26,6 @@ STREAM = FIXTURES / "a-read-edit-test-finish.jsonl"
 SID = "20260926_3"
 
 
-@pytest.fixture()
-def fixture_db(tmp_path) -> Path:
-    path = tmp_path / "sessions.db"
-    conn = sqlite3.connect(path)
-    conn.executescript(SQL.read_text("utf-8"))
-    conn.close()
-    return path
 
 
 def _stream_complete() -> dict:
