@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # Years 0001..9999 only: anything else cannot be written as RFC 3339.
@@ -55,11 +55,6 @@ def format_ms(ms: int) -> str:
 
 def _format(ms: int) -> str:
     seconds, milli = divmod(ms, 1000)
-    dt = datetime.fromtimestamp(seconds, tz=timezone.utc) if seconds >= 0 else _EPOCH_PLUS(seconds)
+    # Arithmetic from the epoch works for years before 1970 too (fromtimestamp may not).
+    dt = _EPOCH + timedelta(seconds=seconds)
     return f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}.{milli:03d}Z"
-
-
-def _EPOCH_PLUS(seconds: int) -> datetime:
-    from datetime import timedelta
-
-    return _EPOCH + timedelta(seconds=seconds)

@@ -177,7 +177,6 @@ class RunSequencer:
         self._process(entry, out)
         out.dispositions.append((entry, PROCESSED, None))
         self._drain_buffer(out)
-        return
 
     def _drain_buffer(self, out: Outcome) -> None:
         while not self.ended and self.next in self.buffer:

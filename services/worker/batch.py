@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from services.broker.keys import shard_of
 from services.normalizer.machine import Limits
 from services.sequencer import Entry, EntryError, Outcome, RunSequencer, parse_fields
-from services.sequencer.run import BUFFERED, DEAD, DUPLICATE, PROCESSED
+from services.sequencer.run import DEAD, PROCESSED
 from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.worker")
@@ -260,4 +260,4 @@ _DETAILS = {
     "out-of-window": "seq is too far ahead of the run's next expected seq",
 }
 
-__all__ = ["BatchProcessor", "BatchResult", "CommitConflict", "state_key", "active_key", "BUFFERED", "DUPLICATE"]
+__all__ = ["BatchProcessor", "BatchResult", "CommitConflict", "state_key", "active_key"]
