@@ -15,6 +15,7 @@ _COMMAND_MODULES = [
     "services.tail.command",
     "services.embedded.command",
     "services.backfill.command",
+    "services.export.command",
 ]
 
 

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from functools import cached_property
+from typing import Any
+
+from pydantic import Field, SecretStr, TypeAdapter, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.broker.keys import KeyLayout
+
+SINGLE_NODE_SHARDS = 4
+CLUSTER_SHARDS = 16  # enough to spread over many primaries; see docs/scaling.md
 
 
 class Settings(BaseSettings):
@@ -23,10 +31,22 @@ class Settings(BaseSettings):
     redis_password: SecretStr | None = Field(default=None, description="Password (overrides the URL's); never logged.")
     redis_tls: bool = Field(default=False, description="Use TLS even with a redis:// URL.")
     redis_tls_ca_file: str | None = Field(default=None, description="CA bundle for TLS.")
+    redis_cluster: bool = Field(
+        default=False,
+        description="The broker is a Redis Cluster; REDIS_URL names one or more seed nodes (comma-separated host:port).",
+    )
 
     # --- raw log ------------------------------------------------------------
-    shards: int = Field(default=4, ge=1, le=1024, description="Raw streams goose.raw.<0..N-1>; run -> crc32(run) % N.")
+    shards: int = Field(
+        default=SINGLE_NODE_SHARDS,  # CLUSTER_SHARDS when redis_cluster is set (_default_shards)
+        ge=1,
+        le=1024,
+        description="Raw streams goose.raw.<0..N-1>; run -> crc32(run) % N. Default 4 (single node) or 16 (cluster).",
+    )
     raw_stream_prefix: str = Field(default="goose.raw", description="Raw shard streams are <prefix>.<shard>.")
+    control_stream_prefix: str = Field(
+        default="goose.control", description="Worker-only control streams (abandon markers) <prefix>.<shard>."
+    )
     group: str = Field(default="goose-ingest", description="Consumer group of the workers on every raw shard.")
     max_line_bytes: int = Field(default=1_048_576, ge=1024, description="Larger raw entries are dead-lettered.")
 
@@ -65,6 +85,31 @@ class Settings(BaseSettings):
     publish_batch: int = Field(default=256, ge=1, description="Entries per pipelined XADD batch.")
     host_label: str | None = Field(default=None, description="`host` label on raw entries (default: the hostname).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_shards(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("shards") in (None, ""):
+            try:
+                cluster = TypeAdapter(bool).validate_python(data.get("redis_cluster", False))
+            except ValidationError:
+                cluster = False  # reported by the field's own validation
+            data = {**data, "shards": CLUSTER_SHARDS if cluster else SINGLE_NODE_SHARDS}
+        return data
+
+    @cached_property
+    def layout(self) -> KeyLayout:
+        """Every key and stream name (services/broker/keys.py)."""
+        return KeyLayout(
+            namespace=self.namespace,
+            shards=self.shards,
+            cluster=self.redis_cluster,
+            raw_prefix=self.raw_stream_prefix,
+            control_prefix=self.control_stream_prefix,
+            events_topic=self.events_topic,
+            runs_topic=self.runs_topic,
+            deadletter_stream=self.deadletter_stream,
+        )
+
     def redactor(self):
         """The configured Redactor, or None when redaction is off (raises ValueError on a bad rule)."""
         if not self.redaction_enabled:
@@ -74,8 +119,9 @@ class Settings(BaseSettings):
         return Redactor(self.redaction_extra_rules, self.redaction_disable)
 
     def key(self, name: str) -> str:
-        return f"{self.namespace}:{name}" if self.namespace else name
+        return self.layout.key(name)
 
+    # Single-node topic names; the cluster-aware partition lists are on `layout`.
     def topic_for(self, event_type: str) -> str:
         return self.key(f"{self.events_topic}.{event_type}")
 
@@ -89,7 +135,7 @@ class Settings(BaseSettings):
         return self.key(self.deadletter_stream)
 
     def raw_stream(self, shard: int) -> str:
-        return self.key(f"{self.raw_stream_prefix}.{shard}")
+        return self.layout.raw_stream(shard)
 
     def raw_streams(self) -> list[str]:
-        return [self.raw_stream(i) for i in range(self.shards)]
+        return self.layout.raw_streams()

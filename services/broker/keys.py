@@ -1,13 +1,133 @@
-"""Shard routing and key names, shared by every producer and consumer.
+"""Every key and stream name of goose-ingest, and shard routing: the one place names are made.
 
 The shard function is CRC-32 (IEEE, as zlib, Go's hash/crc32 and most shippers compute it)
 of the UTF-8 run key, modulo the shard count, so shippers in any language route alike.
+
+Two layouts of the same names:
+
+- **single node** (`KeyLayout(cluster=False)`): today's names, unchanged. One topic stream per
+  topic (``harness.events``, ``harness.events.<type>``, ``harness.runs``, ``goose.deadletter``);
+  raw shards ``goose.raw.<i>``.
+- **cluster** (`KeyLayout(cluster=True)`): everything that belongs to shard *i* carries the hash
+  tag ``{s<i>}``, so a shard's raw stream, its runs' states, its active-run index, its import
+  checkpoints and its topic partitions live in one slot and ``commit.lua`` stays one atomic
+  script. Topics are partitioned by shard: ``harness.events.{s3}`` is partition 3 of
+  ``harness.events``.
+
+Every name takes the namespace prefix ``<ns>:`` when one is set.
 """
 
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
+
+# Key families (the part after the namespace). Topic and stream base names come from Settings.
+RUN_STATE = "goose-ingest:run"
+ACTIVE_RUNS = "goose-ingest:active"
+IMPORT_CHECKPOINT = "goose-ingest:import"
+EXPORT_STATE = "goose-ingest:export"
+META = "goose-ingest:meta"  # deployment facts (the shard count the data was created with)
 
 
 def shard_of(run: str, shards: int) -> int:
     return zlib.crc32(run.encode("utf-8")) % shards
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    namespace: str = ""
+    shards: int = 4
+    cluster: bool = False
+    raw_prefix: str = "goose.raw"
+    control_prefix: str = "goose.control"
+    events_topic: str = "harness.events"
+    runs_topic: str = "harness.runs"
+    deadletter_stream: str = "goose.deadletter"
+
+    # ------------------------------------------------------------------ basics
+    def key(self, name: str) -> str:
+        return f"{self.namespace}:{name}" if self.namespace else name
+
+    def tag(self, shard: int) -> str:
+        """The hash tag of a shard's keys (cluster only; empty on a single node)."""
+        return f"{{s{shard}}}" if self.cluster else ""
+
+    def shard_of(self, run: str) -> int:
+        return shard_of(run, self.shards)
+
+    def _partition(self, base: str, shard: int) -> str:
+        return self.key(f"{base}.{self.tag(shard)}") if self.cluster else self.key(base)
+
+    def _partitions(self, base: str) -> list[str]:
+        if not self.cluster:
+            return [self.key(base)]
+        return [self._partition(base, i) for i in range(self.shards)]
+
+    # ------------------------------------------------------------------ raw log
+    def raw_stream(self, shard: int) -> str:
+        return self.key(f"{self.raw_prefix}.{self.tag(shard) if self.cluster else shard}")
+
+    def raw_streams(self) -> list[str]:
+        return [self.raw_stream(i) for i in range(self.shards)]
+
+    def control_stream(self, shard: int) -> str:
+        """Worker-written control entries (abandon markers) of a shard: no tap may write here."""
+        return self.key(f"{self.control_prefix}.{self.tag(shard) if self.cluster else shard}")
+
+    def control_streams(self) -> list[str]:
+        return [self.control_stream(i) for i in range(self.shards)]
+
+    # ------------------------------------------------------------------ per-run / per-shard keys
+    def run_state(self, run: str) -> str:
+        if self.cluster:
+            return self.key(f"{RUN_STATE}:{self.tag(self.shard_of(run))}:{run}")
+        return self.key(f"{RUN_STATE}:{run}")
+
+    def active_runs(self, shard: int) -> str:
+        """Sorted set run -> last activity ms of the shard's open runs (one set on a single node)."""
+        return self.key(f"{ACTIVE_RUNS}:{self.tag(shard)}") if self.cluster else self.key(ACTIVE_RUNS)
+
+    def active_run_sets(self) -> list[str]:
+        return sorted(set(self.active_runs(i) for i in range(self.shards)))
+
+    def import_checkpoint(self, base: str) -> str:
+        """Checkpoint of an imported session whose first run key is `base`."""
+        if self.cluster:
+            return self.key(f"{IMPORT_CHECKPOINT}:{self.tag(self.shard_of(base))}:{base}")
+        return self.key(f"{IMPORT_CHECKPOINT}:{base}")
+
+    def export_state(self, exporter: str, run: str) -> str:
+        """Per-run state of an exporter (`otlp`, `postgres`): in the slot of the run's partitions."""
+        if self.cluster:
+            return self.key(f"{EXPORT_STATE}:{exporter}:{self.tag(self.shard_of(run))}:{run}")
+        return self.key(f"{EXPORT_STATE}:{exporter}:{run}")
+
+    def meta(self) -> str:
+        return self.key(META)
+
+    # ------------------------------------------------------------------ topics
+    def events_partition(self, shard: int) -> str:
+        return self._partition(self.events_topic, shard)
+
+    def type_partition(self, event_type: str, shard: int) -> str:
+        return self._partition(f"{self.events_topic}.{event_type}", shard)
+
+    def runs_partition(self, shard: int) -> str:
+        return self._partition(self.runs_topic, shard)
+
+    def deadletter_partition(self, shard: int) -> str:
+        return self._partition(self.deadletter_stream, shard)
+
+    def events_partitions(self) -> list[str]:
+        """Every stream of the all-events topic (one on a single node, one per shard on a cluster)."""
+        return self._partitions(self.events_topic)
+
+    def type_partitions(self, event_type: str) -> list[str]:
+        return self._partitions(f"{self.events_topic}.{event_type}")
+
+    def runs_partitions(self) -> list[str]:
+        return self._partitions(self.runs_topic)
+
+    def deadletter_partitions(self) -> list[str]:
+        return self._partitions(self.deadletter_stream)

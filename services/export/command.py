@@ -1,0 +1,30 @@
+"""`goose-ingest export <target>`: one subcommand per exporter package that registers itself."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# Each module exposes register(subparsers) like the top-level commands.
+_EXPORTER_MODULES = [
+    "services.export.otlp.command",
+    "services.export.postgres.command",
+]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "export",
+        help="export the harness topics to another system (otlp, postgres)",
+        description="Consume harness.events and harness.runs (every partition) with a consumer group of "
+        "the exporter's own and write them to another system.",
+    )
+    targets = parser.add_subparsers(dest="target", required=True, metavar="TARGET")
+    for name in _EXPORTER_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name or (exc.name and name.startswith(exc.name + ".")):
+                continue  # that exporter is not built yet
+            raise
+        module.register(targets)
