@@ -1,0 +1,248 @@
+"""How the worker's cost grows with the fleet: active runs, line size, worker count.
+
+Three sweeps on a private ``redis-server``, each point in a namespace of its own:
+
+- **active runs** (100, 1,000, 10,000, 100,000): the same number of lines, spread round-robin over
+  that many runs that stay open for the whole measurement (no eof until the end), so every batch
+  touches up to `batch size` distinct runs and most of them are not in the worker's in-process cache;
+- **line size** (200 B to 100 KB tool outputs, 100 active runs): tool request/response pairs whose
+  output text has the given size;
+- **workers** (1 to 4 worker processes, 1,000 active runs). This machine has 2 cores shared by the
+  workers and Redis, so more than one worker mostly shows contention, not scaling.
+
+Each point: raw entries are published first (not timed), the groups are created at ``$`` so the
+workers see nothing, the workers start and report ready on /readyz, then ``XGROUP SETID 0`` opens
+the gate. Time = gate -> every shard's group has no lag and nothing pending. Reported: lines/s, the
+ratio to the first point of the sweep, peak worker RSS (VmHWM, max over workers), Redis memory used
+per active run after processing (run states and the active-run index: MEMORY USAGE of a sample of
+state keys + the index, divided by runs).
+
+    python bench/scale.py [--lines 60000] [--sweep runs,size,workers] [--plot bench/results/scale.png]
+
+Targets (issue 13): throughput at 10,000 active runs >= 0.8 of that at 100; worker RSS bounded by a
+setting (the run cache), not by the fleet; Redis memory per idle active run <= 4 KiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import redis
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from services.broker.embedded import start_redis  # noqa: E402
+from services.settings import Settings  # noqa: E402
+
+SHARDS = 4
+GROUP = Settings.model_fields["group"].default
+
+
+def _request(i: int) -> bytes:
+    return json.dumps({"type": "message", "message": {
+        "id": f"m{i}", "role": "assistant", "created": 1790431334,
+        "content": [{"type": "toolRequest", "id": f"t{i}", "toolCall": {"status": "success", "value": {
+            "name": "developer__shell", "arguments": {"command": f"pytest -q tests/test_{i % 50}.py"}}}}],
+        "metadata": {"userVisible": True, "agentVisible": True}}}).encode()
+
+
+def _response(i: int, size: int) -> bytes:
+    text = ("ok " * (size // 3 + 1))[: max(size - 260, 1)]
+    return json.dumps({"type": "message", "message": {
+        "id": f"u{i}", "role": "user", "created": 1790431335,
+        "content": [{"type": "toolResponse", "id": f"t{i}", "toolResult": {"status": "success", "value": {
+            "content": [{"type": "text", "text": text}], "isError": False}}}],
+        "metadata": {"userVisible": True, "agentVisible": True}}}).encode()
+
+
+@dataclass
+class Point:
+    sweep: str
+    x: int
+    lines: int
+    seconds: float
+    lines_per_s: float
+    worker_rss_mib: float
+    redis_bytes_per_run: float
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _settings(url: str, ns: str) -> Settings:
+    return Settings(redis_url=url, namespace=ns, shards=SHARDS)
+
+
+def publish(client: redis.Redis, settings: Settings, runs: int, lines: int, size: int) -> None:
+    """`lines` tool lines round-robin over `runs` runs (request then response per run), then groups at $."""
+    layout = settings.layout
+    names = [f"scale/{uuid.uuid4().hex[:8]}-{r:06d}" for r in range(runs)]
+    streams = [layout.raw_stream(layout.shard_of(n)) for n in names]
+    seqs = [0] * runs
+    pipe = client.pipeline(transaction=False)
+    ts = str(int(time.time() * 1000)).encode()
+    for i in range(lines):
+        r = i % runs
+        seq = seqs[r]
+        line = _request(seq // 2) if seq % 2 == 0 else _response(seq // 2, size)
+        pipe.xadd(streams[r], {b"run": names[r], b"seq": str(seq), b"ts": ts, b"line": line, b"host": b"bench"})
+        seqs[r] = seq + 1
+        if len(pipe) >= 2000:
+            pipe.execute()
+    pipe.execute()
+    for stream in layout.raw_streams():
+        client.xgroup_create(stream, GROUP, id="$", mkstream=True)
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, workers: int, log: Path) -> Point:
+    ns = f"scale{uuid.uuid4().hex[:6]}"
+    settings = _settings(url, ns)
+    client = redis.Redis.from_url(url)
+    publish(client, settings, runs, lines, size)
+    ports = [_free_port() for _ in range(workers)]
+    env = {**os.environ, "GOOSE_INGEST_REDIS_URL": url, "GOOSE_INGEST_NAMESPACE": ns,
+           "GOOSE_INGEST_SHARDS": str(SHARDS)}
+    procs = [subprocess.Popen([sys.executable, "-m", "services.cli", "worker"], cwd=REPO,
+                              env={**env, "GOOSE_INGEST_METRICS_PORT": str(p)},
+                              stdout=log.open("ab"), stderr=subprocess.STDOUT) for p in ports]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(_ready(p) for p in ports):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"workers not ready within 60 s; see {log}")
+            time.sleep(0.1)
+        streams = settings.layout.raw_streams()
+        started = time.perf_counter()
+        for stream in streams:
+            client.execute_command("XGROUP", "SETID", stream, GROUP, "0")
+        while True:
+            done = True
+            for stream in streams:
+                for g in client.xinfo_groups(stream):
+                    if g["name"].decode() == GROUP and (g.get("lag") or g["pending"]):
+                        done = False
+            if done:
+                break
+            time.sleep(0.02)
+        seconds = time.perf_counter() - started
+        rss = max(_rss_mib(p.pid) for p in procs)
+        sample = [k for _, k in zip(range(1000), client.scan_iter(match=f"{ns}:goose-ingest:run:*", count=1000))]
+        per_state = sum(client.memory_usage(k) or 0 for k in sample) / max(len(sample), 1)
+        index = sum(client.memory_usage(k) or 0 for k in settings.layout.active_run_sets()) / max(runs, 1)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for key in client.scan_iter(match=f"{ns}:*", count=5000):
+            client.unlink(key)
+        client.close()
+    return Point(sweep, x, lines, seconds, lines / seconds, rss, per_state + index)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lines", type=int, default=60_000, help="lines per point (the 100,000-run point uses 2 per run)")
+    ap.add_argument("--sweep", default="runs,size,workers")
+    ap.add_argument("--plot", default=str(REPO / "bench" / "results" / "scale.png"))
+    ap.add_argument("--json", default=None, help="also write the points as JSON here")
+    args = ap.parse_args()
+    random.seed(7)
+    sweeps = args.sweep.split(",")
+    points: list[Point] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_redis(dir=str(Path(tmp) / "redis"))
+        log = Path(tmp) / "workers.log"
+        try:
+            if "runs" in sweeps:
+                for runs in (100, 1_000, 10_000, 100_000):
+                    points.append(measure(server.url, "active runs", runs, runs, max(args.lines, 2 * runs),
+                                          445, 1, log))
+            if "size" in sweeps:
+                for size in (200, 2_000, 20_000, 100_000):
+                    lines = max(2_000, min(args.lines, args.lines * 445 // size))
+                    points.append(measure(server.url, "line bytes", size, 100, lines, size, 1, log))
+            if "workers" in sweeps:
+                for workers in (1, 2, 3, 4):
+                    points.append(measure(server.url, "workers", workers, 1_000, args.lines, 445, workers, log))
+        finally:
+            server.close()
+    print(f"{'sweep':<12} {'x':>7} {'lines':>7} {'lines/s':>9} {'ratio':>6} {'RSS MiB':>8} {'Redis B/run':>11}")
+    first: dict[str, float] = {}
+    for p in points:
+        base = first.setdefault(p.sweep, p.lines_per_s)
+        print(f"{p.sweep:<12} {p.x:>7} {p.lines:>7} {p.lines_per_s:>9.0f} {p.lines_per_s / base:>6.2f} "
+              f"{p.worker_rss_mib:>8.1f} {p.redis_bytes_per_run:>11.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(p) for p in points], indent=1))
+    if args.plot:
+        _plot(points, Path(args.plot))
+
+
+def _plot(points: list[Point], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plot", file=sys.stderr)
+        return
+    sweeps = list(dict.fromkeys(p.sweep for p in points))
+    fig, axes = plt.subplots(2, len(sweeps), figsize=(5 * len(sweeps), 7), squeeze=False)
+    for col, sweep in enumerate(sweeps):
+        pts = [p for p in points if p.sweep == sweep]
+        xs = [p.x for p in pts]
+        axes[0][col].plot(xs, [p.lines_per_s for p in pts], marker="o")
+        axes[0][col].set_title(f"worker lines/s vs {sweep}")
+        axes[1][col].plot(xs, [p.worker_rss_mib for p in pts], marker="o", label="worker RSS MiB")
+        axes[1][col].plot(xs, [p.redis_bytes_per_run / 1024 for p in pts], marker="s", label="Redis KiB/run")
+        axes[1][col].legend()
+        axes[1][col].set_xlabel(sweep)
+        if sweep != "workers":
+            axes[0][col].set_xscale("log")
+            axes[1][col].set_xscale("log")
+        axes[0][col].set_ylim(bottom=0)
+        axes[1][col].set_ylim(bottom=0)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()
