@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from services.broker.embedded import start_redis  # noqa: E402
 from services.broker.keys import shard_of  # noqa: E402
-from services.normalizer.machine import Limits  # noqa: E402
+from services.normalizer import Limits  # noqa: E402
 from services.sequencer.entries import Entry  # noqa: E402
 from services.sequencer.run import RunSequencer  # noqa: E402
 from services.settings import Settings  # noqa: E402
@@ -117,10 +117,10 @@ def trigger_maps(transcripts: list[list[bytes]]) -> list[tuple[list[int], list[s
         seqr = RunSequencer("bench.offline/0", limits, Settings.model_fields["max_buffered_entries"].default)
         trig: list[int] = []
         types: list[str] = []
-        entries = [Entry("bench.offline/0", s, 1_790_000_000_000 + s, "line", "stdout", ln.decode("utf-8", "replace"),
-                         None, None, None, "0-0") for s, ln in enumerate(lines)]
-        entries.append(Entry("bench.offline/0", len(lines), 1_790_000_000_000 + len(lines), "eof", "stdout", "",
-                             None, None, None, "0-0"))
+        entries = [Entry.from_fields(encode_entry(Item("bench.offline/0", 0, s, ln), 1_790_000_000_000 + s), "0-0")
+                   for s, ln in enumerate(lines)]
+        entries.append(Entry.from_fields(encode_entry(Item("bench.offline/0", 0, len(lines), None),
+                                                      1_790_000_000_000 + len(lines)), "0-0"))
         for e in entries:
             for ev in seqr.accept(e).events:
                 assert ev["seq"] == len(trig)
@@ -135,14 +135,20 @@ def _bulk(a: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(a), a)
 
 
+def encode_entry(item: Item, ts_ms: int) -> dict[bytes, bytes]:
+    """The raw entry's fields, encoded by the one encoder (Entry.to_fields), as the Python tap does."""
+    kind, line = ("eof", "") if item.line is None else ("line", item.line.decode("utf-8", "surrogateescape"))
+    entry = Entry(run=item.run, seq=item.seq, ts=ts_ms, kind=kind, stream="stdout", line=line, exit=None,
+                  host=HOST_LABEL.decode(), agent=AGENT_LABEL.decode(), sid="")
+    fields = entry.to_fields()
+    if item.line is not None:
+        fields[b"line"] = item.line  # the bytes exactly as read
+    return fields
+
+
 def encode_fields(item: Item, ts_ms: int) -> tuple[int, bytes]:
-    """The field part of the XADD (after `XADD <stream> *`), as the Python tap orders them."""
-    parts = [b"run", item.run.encode(), b"seq", b"%d" % item.seq, b"ts", b"%d" % ts_ms]
-    if item.line is None:
-        parts += [b"kind", b"eof"]
-    else:
-        parts += [b"kind", b"line", b"stream", b"stdout", b"line", item.line]
-    parts += [b"host", HOST_LABEL, b"agent", AGENT_LABEL]
+    """The field part of the XADD (after `XADD <stream> *`)."""
+    parts = [p for kv in encode_entry(item, ts_ms).items() for p in kv]
     return len(parts), b"".join(_bulk(p) for p in parts)
 
 
@@ -166,14 +172,14 @@ def send_packed(client: redis.Redis, commands: list[bytes], chunk: int = 2000) -
 
 
 def publish_backlog(client: redis.Redis, settings: Settings, items: list[Item]) -> float:
-    streams = [s.encode() for s in settings.raw_streams()]
+    streams = [s.encode() for s in settings.layout.raw_streams()]
     now = int(time.time() * 1000)
     shard_cache: dict[str, bytes] = {}
     cmds = []
     for it in items:
         stream = shard_cache.get(it.run)
         if stream is None:
-            stream = shard_cache[it.run] = streams[shard_of(it.run, settings.shards)]
+            stream = shard_cache[it.run] = streams[settings.layout.shard_of(it.run)]
         n, f = encode_fields(it, now)
         cmds.append(xadd_command(stream, n, f))
     t0 = time.perf_counter()
@@ -279,7 +285,7 @@ class Workers:
                                                    stdout=fh, stderr=subprocess.STDOUT))
 
     def check_alive(self) -> None:
-        for p, log in zip(self.procs, self.logs):
+        for p, log in zip(self.procs, self.logs, strict=True):
             if p.poll() is not None:
                 raise RuntimeError(f"worker pid {p.pid} exited with {p.returncode}: {self.tail(log)}")
 
@@ -333,7 +339,7 @@ def count_ended(client: redis.Redis, stream: str, nruns: int, workers: Workers, 
     deadline = time.monotonic() + timeout
     while True:
         items = client.xrange(stream, min="-" if last is None else b"(" + last, max="+", count=20_000)
-        for sid, f in items:
+        for _sid, f in items:
             if f.get(b"state") in (b"ended", b"abandoned"):
                 ended += 1
         if items:
@@ -351,7 +357,7 @@ def count_ended(client: redis.Redis, stream: str, nruns: int, workers: Workers, 
 
 def wait_first_read(client: redis.Redis, settings: Settings) -> float:
     """Wall time at which some worker's first XREADGROUP after the gate delivered entries."""
-    streams = settings.raw_streams()
+    streams = settings.layout.raw_streams()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         for s in streams:
@@ -367,7 +373,7 @@ def worker_throughput(client: redis.Redis, url: str, items: list[Item], nruns: i
     ns = f"bench-{nworkers}w-{uuid.uuid4().hex[:8]}"
     settings = Settings(namespace=ns, shards=SHARDS, batch_size=BATCH, redis_url=url)
     publish_backlog(client, settings, items)
-    for stream in settings.raw_streams():  # the gate: the group sees nothing until SETID 0
+    for stream in settings.layout.raw_streams():  # the gate: the group sees nothing until SETID 0
         client.xgroup_create(stream, settings.group, id="$", mkstream=True)
     workers = Workers(url, ns, nworkers, logdir, profile,
                       {"GOOSE_INGEST_REDACTION_ENABLED": "true" if redaction else "false"})
@@ -377,21 +383,21 @@ def worker_throughput(client: redis.Redis, url: str, items: list[Item], nruns: i
         time.sleep(0.3)  # let every subscriber enter its read loop
         gate = time.time()
         meter = CpuMeter([p.pid for p in workers.procs])
-        for stream in settings.raw_streams():
+        for stream in settings.layout.raw_streams():
             client.xgroup_setid(stream, settings.group, id="0")
         t0 = wait_first_read(client, settings)
-        t1, ended = count_ended(client, settings.runs_stream(), nruns, workers,
+        t1, ended = count_ended(client, settings.layout.runs_partition(0), nruns, workers,
                                 timeout=max(120.0, nlines / 1000.0))
         others = meter.others()
         cpu_workers = meter.cores([p.pid for p in workers.procs])
         cpu_redis = meter.cores([REDIS_PID]) if REDIS_PID else float("nan")
-        pending = sum(int(client.xpending(s, settings.group)["pending"]) for s in settings.raw_streams())
+        pending = sum(int(client.xpending(s, settings.group)["pending"]) for s in settings.layout.raw_streams())
         stats = {
             "rate": nlines / (t1 - t0),
             "seconds": t1 - t0,
             "gate_wait": t0 - gate,
-            "events": client.xlen(settings.all_events_topic()),
-            "deadletters": client.xlen(settings.deadletters()),
+            "events": client.xlen(settings.layout.events_partition(0)),
+            "deadletters": client.xlen(settings.layout.deadletter_partition(0)),
             "pending": pending,
             "ended": ended,
             "others": others,
@@ -411,10 +417,10 @@ def floor(client: redis.Redis, url: str, items: list[Item], nlines: int) -> dict
     publish_backlog(client, settings, items)
     group, consumer = "floor", "floor-1"
     out = settings.key("floor.out")
-    for stream in settings.raw_streams():
+    for stream in settings.layout.raw_streams():
         client.xgroup_create(stream, group, id="0", mkstream=True)
     r = redis.Redis.from_url(url, socket_timeout=None)
-    active = list(settings.raw_streams())
+    active = list(settings.layout.raw_streams())
     entries = 0
     meter = CpuMeter()
     t0 = time.perf_counter()
@@ -448,9 +454,9 @@ def latency(client: redis.Redis, url: str, transcripts: list[list[bytes]], rate:
     settings = Settings(namespace=ns, shards=SHARDS, batch_size=BATCH, redis_url=url)
     items, runs = schedule(transcripts, int(rate * seconds), concurrent, "lat", seed=7)
     triggers = trigger_maps(transcripts)
-    for stream in settings.raw_streams():
+    for stream in settings.layout.raw_streams():
         client.xgroup_create(stream, settings.group, id="0", mkstream=True)
-    streams = [s.encode() for s in settings.raw_streams()]
+    streams = [s.encode() for s in settings.layout.raw_streams()]
     shard = {run: streams[shard_of(run, SHARDS)] for run in runs}
     raw_ms: dict[str, dict[int, int]] = {run: {} for run in runs}
     workers = Workers(url, ns, 1, logdir)
@@ -479,14 +485,14 @@ def latency(client: redis.Redis, url: str, transcripts: list[list[bytes]], rate:
                     nlines += 1
                 i += 1
             if cmds:
-                for it, sid in zip(sent, send_packed(pub, cmds)):
+                for it, sid in zip(sent, send_packed(pub, cmds), strict=True):
                     raw_ms[it.run][it.seq] = int(sid.split(b"-", 1)[0])
             late = max(late, time.perf_counter() - now)
             next_t = start + (nlines / rate)
             sleep = max(0.0, min(tick, next_t - time.perf_counter()))
             time.sleep(sleep if sleep > 0 else 0)
         pub_elapsed = time.perf_counter() - start
-        _t1, ended = count_ended(client, settings.runs_stream(), len(runs), workers, timeout=120)
+        _t1, ended = count_ended(client, settings.layout.runs_partition(0), len(runs), workers, timeout=120)
         others = meter.others()
         # every event: latency from the raw entry that emitted it
         by_trigger: list[int] = []
@@ -494,7 +500,7 @@ def latency(client: redis.Redis, url: str, transcripts: list[list[bytes]], rate:
         mismatched = 0
         last = None
         while True:
-            chunk = client.xrange(settings.all_events_topic(), min="-" if last is None else b"(" + last, max="+",
+            chunk = client.xrange(settings.layout.events_partition(0), min="-" if last is None else b"(" + last, max="+",
                                   count=10_000)
             if not chunk:
                 break

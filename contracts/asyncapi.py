@@ -8,8 +8,8 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from contracts.events import EVENT_TYPES, harness_event_adapter
-from contracts.raw import RawEntry
-from contracts.runs import run_record_adapter
+from contracts.raw import DEAD_LETTER_REASONS, RawEntry
+from contracts.runs import RUN_STATES, run_record_adapter
 
 REF = "#/components/schemas/{model}"
 
@@ -28,11 +28,11 @@ def _schemas() -> dict[str, Any]:
     return dict(sorted(schemas.items()))
 
 
-def _string(description: str) -> dict:
+def _string(description: str) -> dict[str, Any]:
     return {"type": "string", "description": description}
 
 
-def _event_entry(description: str) -> dict:
+def _event_entry(description: str) -> dict[str, Any]:
     return {
         "name": "HarnessEventEntry",
         "title": "Harness event",
@@ -58,11 +58,17 @@ def _event_entry(description: str) -> dict:
     }
 
 
-def document() -> dict:
+def document() -> dict[str, Any]:
     channels: dict[str, Any] = {
         "rawShard": {
             "address": "goose.raw.{shard}",
             "title": "Raw goose lines, sharded by crc32(run) % shards",
+            "parameters": {"shard": {"description": "0 .. GOOSE_INGEST_SHARDS-1"}},
+            "messages": {"rawEntry": {"$ref": "#/components/messages/RawEntry"}},
+        },
+        "controlShard": {
+            "address": "goose.control.{shard}",
+            "title": "Worker-only control entries of a shard (abandon markers); part of the log of record",
             "parameters": {"shard": {"description": "0 .. GOOSE_INGEST_SHARDS-1"}},
             "messages": {"rawEntry": {"$ref": "#/components/messages/RawEntry"}},
         },
@@ -93,8 +99,28 @@ def document() -> dict:
                        "summary": "Taps and shippers XADD raw entries; workers consume them in a consumer group."},
     }
     for name in channels:
-        if name != "rawShard":
+        if name not in ("rawShard", "controlShard"):
             operations[f"send_{name}"] = {"action": "send", "channel": {"$ref": f"#/channels/{name}"}}
+    operations["send_controlShard"] = {
+        "action": "send", "channel": {"$ref": "#/channels/controlShard"},
+        "summary": "Workers append abandon markers (kind=abandon) in the commit that applies them; "
+                   "a kind=abandon entry on a raw shard is dead-lettered invalid-entry.",
+    }
+    # `goose-ingest export otlp` (docs/otel.md): a consumer group of its own on the topics.
+    channels["otlpDeadLetters"] = {
+        "address": "goose.deadletter.otlp",
+        "title": "Runs whose OTLP export the collector refused, and topic entries the OTLP exporter could not read",
+        "messages": {"otlpDeadLetter": {"$ref": "#/components/messages/OtlpDeadLetter"}},
+    }
+    operations["send_otlpDeadLetters"] = {"action": "send", "channel": {"$ref": "#/channels/otlpDeadLetters"},
+                                          "summary": "Written by `goose-ingest export otlp`."}
+    for name in ("harnessEvents", "harnessRuns"):
+        operations[f"exportOtlp_{name}"] = {
+            "action": "receive", "channel": {"$ref": f"#/channels/{name}"},
+            "summary": "`goose-ingest export otlp` reads every partition in the consumer group GOOSE_INGEST_OTLP_GROUP "
+                       "(default goose-ingest-otlp, created at id 0) and acknowledges an entry only once the spans it "
+                       "carries were accepted by the collector or dead-lettered (docs/otel.md).",
+        }
     return {
         "asyncapi": "3.0.0",
         "info": {
@@ -121,9 +147,26 @@ def document() -> dict:
                             "recordId": _string("`<run>:run:<k>`"),
                             "runId": _string("the run key"),
                             "seq": _string("raw seq of the entry that caused the transition"),
-                            "state": {"type": "string", "enum": ["started", "completed", "ended", "abandoned"]},
+                            "state": {"type": "string", "enum": list(RUN_STATES)},
                             "data": {"type": "string", "contentMediaType": "application/json",
                                      "contentSchema": {"$ref": "#/components/schemas/RunRecord"}},
+                        },
+                    },
+                },
+                "OtlpDeadLetter": {
+                    "name": "OtlpDeadLetter",
+                    "contentType": "application/x-redis-stream-fields",
+                    "payload": {
+                        "type": "object",
+                        "required": ["reason", "detail", "source", "sourceId", "exporter"],
+                        "properties": {
+                            "reason": _string("otlp-rejected (the collector refused the run's spans: 4xx), "
+                                              "invalid-entry, max-deliveries"),
+                            "detail": _string("e.g. the HTTP status and reason of the refusal"),
+                            "source": _string("topic partition the entry came from"),
+                            "sourceId": _string("its stream entry id"),
+                            "runId": _string("the run whose export was dead-lettered (when known)"),
+                            "exporter": {"type": "string", "const": "otlp"},
                         },
                     },
                 },
@@ -139,8 +182,7 @@ def document() -> dict:
                         "type": "object",
                         "required": ["reason", "detail", "source", "sourceId"],
                         "properties": {
-                            "reason": {"type": "string", "enum": ["invalid-entry", "oversize", "max-deliveries",
-                                                                  "after-end", "out-of-window"]},
+                            "reason": {"type": "string", "enum": list(DEAD_LETTER_REASONS)},
                             "detail": _string("human-readable detail"),
                             "source": _string("raw stream the entry came from"),
                             "sourceId": _string("its stream entry id"),

@@ -7,7 +7,7 @@ and producers serialise with ``exclude_none``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -26,6 +26,10 @@ EVENT_TYPES = (
 )
 TOOL_EVENT_TYPES = ("read", "write", "command", "search", "list", "skill")
 
+# The agent output formats a run can have (extension section 1); the `format` label of run records.
+InputFormat = Literal["goose", "claude-code", "codex"]
+FORMATS: tuple[str, ...] = get_args(InputFormat)
+
 Line = Annotated[int, Field(ge=1)]
 
 
@@ -40,26 +44,32 @@ class Envelope(BaseModel):
         description="RFC 3339 UTC with milliseconds: the `ts` of the raw entry whose processing emitted the event.",
     )
     lines: tuple[int, int] = Field(description="[first, last] raw seqs of the entries whose content the event carries.")
+    sessionId: str = Field(  # type: ignore[assignment]
+        default=None,
+        min_length=1,
+        description="The agent CLI's own session id current when the event was emitted (Claude Code `session_id`, "
+        "Codex `thread_id`); omitted when unknown and always for goose.",
+    )
 
 
 class ToolFields(BaseModel):
     """Carried by events built from a tool call."""
 
-    tool: str = Field(default=None, description="The tool name exactly as goose sent it.")  # type: ignore[assignment]
-    toolCallId: str = Field(default=None, description="goose's tool call id.")  # type: ignore[assignment]
-    durationMs: int = Field(default=None, description="Response ts minus request ts.")  # type: ignore[assignment]
+    tool: str = Field(default=None, description="The tool name exactly as the agent sent it (Codex: the item type or mcp__<server>__<tool>).")  # type: ignore[assignment]
+    toolCallId: str = Field(default=None, description="The agent's tool call id (Codex: the item id).")  # type: ignore[assignment]
+    durationMs: int = Field(default=None, description="ts of the entry that completed the call minus ts of the entry that started it.")  # type: ignore[assignment]
 
 
 class AgentEvent(Envelope):
     type: Literal["agent"]
     message: str
-    truncated: Literal[True] = Field(default=None, description="Present when the text was cut at the span cap.")  # type: ignore[assignment]
+    truncated: Literal[True] = Field(default=None, description="Present when the text was cut at the span cap.")  # type: ignore[arg-type]
 
 
 class ReasoningEvent(Envelope):
     type: Literal["reasoning"]
     message: str
-    truncated: Literal[True] = Field(default=None, description="Present when the text was cut at the span cap.")  # type: ignore[assignment]
+    truncated: Literal[True] = Field(default=None, description="Present when the text was cut at the span cap.")  # type: ignore[arg-type]
 
 
 class CommandEvent(Envelope, ToolFields):
@@ -123,19 +133,7 @@ class UnknownEvent(Envelope, ToolFields):
 
 
 HarnessEvent = Annotated[
-    Union[
-        AgentEvent,
-        ReasoningEvent,
-        CommandEvent,
-        ReadEvent,
-        WriteEvent,
-        SearchEvent,
-        ListEvent,
-        SkillEvent,
-        ErrorEvent,
-        WarningEvent,
-        UnknownEvent,
-    ],
+    AgentEvent | ReasoningEvent | CommandEvent | ReadEvent | WriteEvent | SearchEvent | ListEvent | SkillEvent | ErrorEvent | WarningEvent | UnknownEvent,
     Field(discriminator="type"),
 ]
 

@@ -28,7 +28,7 @@ class _NoNullDefaults(GenerateJsonSchema):
         return result
 
 
-def _schema(adapter_schema: dict, title: str) -> dict:
+def _schema(adapter_schema: dict[str, Any], title: str) -> dict[str, Any]:
     doc = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title}
     doc.update(adapter_schema)
     return doc

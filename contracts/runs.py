@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from contracts.events import InputFormat
 
 RUN_STATES = ("started", "completed", "ended", "abandoned")
 
 
 class Usage(BaseModel):
-    """goose's cumulative counters from its last `complete` record (camelCase)."""
+    """The agent's cumulative counters from its last completion record (goose `complete`, Claude Code
+    `result`, Codex `turn.completed`); `inputTokens` is the whole prompt, cache reads and writes included."""
 
     inputTokens: int = None  # type: ignore[assignment]
     outputTokens: int = None  # type: ignore[assignment]
@@ -30,6 +33,7 @@ class RunRecordBase(Usage):
     counts: dict[str, int] = Field(description="The run's harness events so far, by type (every type present).")
     host: str = None  # type: ignore[assignment]
     agent: str = None  # type: ignore[assignment]
+    format: InputFormat = Field(default=None, description="The run's input format, fixed when its seq-0 entry was processed.")  # type: ignore[arg-type]
     parentRunId: str = Field(default=None, description="The parent run of a subagent session (imported runs).")  # type: ignore[assignment]
     continuesRunId: str = Field(default=None, description="The run this one continues (a later part of an imported session).")  # type: ignore[assignment]
 
@@ -45,13 +49,13 @@ class RunCompleted(RunRecordBase):
 class RunEnded(RunRecordBase):
     state: Literal["ended"]
     exitCode: int = None  # type: ignore[assignment]
-    missing: list[tuple[int, int]] = Field(default=None, description="Ranges of raw seqs that never arrived.")  # type: ignore[assignment]
+    missing: list[tuple[int, int]] = Field(default=None, description="Ranges of raw seqs that never arrived.")  # type: ignore[arg-type]
 
 
 class RunAbandoned(RunRecordBase):
     state: Literal["abandoned"]
-    missing: list[tuple[int, int]] = Field(default=None, description="Ranges of raw seqs that never arrived.")  # type: ignore[assignment]
+    missing: list[tuple[int, int]] = Field(default=None, description="Ranges of raw seqs that never arrived.")  # type: ignore[arg-type]
 
 
-RunRecord = Annotated[Union[RunStarted, RunCompleted, RunEnded, RunAbandoned], Field(discriminator="state")]
+RunRecord = Annotated[RunStarted | RunCompleted | RunEnded | RunAbandoned, Field(discriminator="state")]
 run_record_adapter: TypeAdapter[Any] = TypeAdapter(RunRecord)

@@ -1,31 +1,60 @@
-"""`goose-ingest` command line: one subcommand per module that registers itself."""
+"""`goose-ingest` command line: one subcommand per module that registers itself.
+
+Configuration is checked here, once, before any command runs: every misconfiguration (an
+environment variable that does not parse, a broker URL redis-py would reject, a redaction rule
+that does not compile, a metrics port already taken...) becomes ONE line on stderr naming the
+variable, and exit code 2 -- never a traceback. Commands raise `ConfigError` (or a library error
+that means misconfiguration, see `_config_error_types`) and this module prints it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
+from importlib import metadata
+from typing import Any
+
+from services.settings import ENV_PREFIX, ConfigError
+
+PROG = "goose-ingest"
+USAGE_ERROR = 2
+SUBCOMMAND = "cli_subcommand"  # not "command": `tap` has a positional of that name (the command it wraps)
 
 # Each module exposes register(subparsers); the parser it adds sets `func(args) -> int`.
 _COMMAND_MODULES = [
     "services.normalizer.command",
-    "services.tap.commands",
+    "services.tap.command",
     "services.worker.command",
     "services.replay.command",
     "services.tail.command",
-    "services.embedded.command",
+    "services.quickstart.command",
     "services.backfill.command",
     "services.export.command",
+    "services.broker.acl",
 ]
+
+# Values of these settings are never echoed in an error line (credentials, or URLs that may hold them).
+_SECRET_HINTS = ("password", "secret", "token", "dsn", "url", "key")
+_MAX_SHOWN_VALUE = 60
+
+
+def _version() -> str:
+    try:
+        return metadata.version("goose-ingest")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="goose-ingest",
-        description="Telemetry pipeline for goose agents: tap their stream-json output into Redis Streams, "
-        "normalize it into harness events, republish them on typed topics. See README.md.",
+        prog=PROG,
+        description="Telemetry pipeline for coding agents (goose, Claude Code, Codex): tap their stream output "
+        "into Redis Streams, normalize it into harness events, republish them on typed topics. See README.md.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    sub = parser.add_subparsers(dest=SUBCOMMAND, required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
@@ -37,20 +66,129 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# --- configuration errors ----------------------------------------------------------------------
+def env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def _shown(field: str, value: Any) -> str:
+    if any(h in field for h in _SECRET_HINTS) or not isinstance(value, str | int | float | bool):
+        return ""
+    text = repr(value)
+    return f" = {text[:_MAX_SHOWN_VALUE]}{'…' if len(text) > _MAX_SHOWN_VALUE else ''}"
+
+
+def describe_validation_error(exc: Any) -> str:
+    """One line for a pydantic ValidationError of Settings: every failing variable and why."""
+    parts = []
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if not isinstance(x, int)]
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if loc:
+            field = loc[0]
+            parts.append(f"{env_name(field)}{_shown(field, err.get('input'))}: {msg}")
+        else:
+            parts.append(msg)
+    return "; ".join(parts) or str(exc).splitlines()[0]
+
+
+def describe_settings_error(exc: Exception) -> str:
+    """One line for pydantic-settings' SettingsError (a complex value that is not JSON)."""
+    from services.settings import Settings
+
+    match = re.search(r'field "([^"]+)"', str(exc))
+    if not match:
+        return str(exc).splitlines()[0]
+    field = match.group(1)
+    info = Settings.model_fields.get(field)
+    origin = getattr(getattr(info, "annotation", None), "__origin__", None)
+    expected = {list: 'a JSON list, e.g. ["jwt"]', dict: 'a JSON object, e.g. {"name": "regex"}'}.get(origin, "JSON")
+    return f"{env_name(field)}: not valid JSON (expected {expected})"
+
+
+def check_settings() -> None:
+    """Load the settings and check what commands would only find out later. Raises ConfigError."""
+    from pydantic import ValidationError
+    from pydantic_settings.exceptions import SettingsError
+
+    from services.settings import Settings
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from None
+    except SettingsError as exc:
+        raise ConfigError(describe_settings_error(exc)) from None
+    if settings.redis_url:
+        from services.broker.connect import target
+
+        target(settings)  # a malformed URL or seed list: BrokerConfigError, naming the variable
+    if settings.redaction_enabled:
+        from services.redaction import Redactor
+
+        # Checked one setting at a time so the line names the variable that is wrong.
+        for field, make in (("redaction_disable", lambda: Redactor({}, settings.redaction_disable)),
+                            ("redaction_extra_rules", lambda: Redactor(settings.redaction_extra_rules, []))):
+            try:
+                make()
+            except ValueError as exc:  # the Redactor's documented error for a bad rule
+                raise ConfigError(f"{env_name(field)}: {exc}") from None
+
+
+def _config_error_types() -> tuple[type[BaseException], ...]:
+    """Library errors that mean "fix your configuration", reported like ConfigError."""
+    types: list[type[BaseException]] = [ConfigError]
+    try:
+        from services.broker.connect import BrokerConfigError
+
+        types.append(BrokerConfigError)
+    except ImportError:  # pragma: no cover - the broker module is always there
+        pass
+    from redis.exceptions import AuthenticationError, NoPermissionError
+
+    types += [AuthenticationError, NoPermissionError]
+    return tuple(types)
+
+
+def _broker_problem(exc: BaseException) -> str:
+    from redis.exceptions import AuthenticationError, NoPermissionError
+
+    if isinstance(exc, AuthenticationError):
+        return (f"the broker refused the credentials ({exc}); check {env_name('redis_username')} / "
+                f"{env_name('redis_password')}")
+    if isinstance(exc, NoPermissionError):
+        first = str(exc).splitlines()[0] if str(exc) else "NOPERM"
+        return (f"the broker user lacks a permission this command needs (NOPERM: {first}); use the user of the "
+                "command's role (deploy/redis/users.acl, docs/architecture.md)")
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _fail(command: str | None, message: str) -> int:
+    where = f"{PROG} {command}" if command else PROG
+    print(f"{where}: {message}", file=sys.stderr, flush=True)
+    return USAGE_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    config_errors = _config_error_types()
+    try:
+        check_settings()
+    except config_errors as exc:
+        return _fail(getattr(args, SUBCOMMAND), _broker_problem(exc))
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     try:
         return int(args.func(args) or 0)
+    except config_errors as exc:
+        return _fail(getattr(args, SUBCOMMAND), _broker_problem(exc))
     except RedisConnectionError as exc:
         from services.broker.helpers import redact_url
         from services.settings import Settings
 
         url = redact_url(Settings().redis_url)
-        print(f"goose-ingest {args.command}: broker {url} unreachable ({exc.__class__.__name__})", file=sys.stderr)
-        return 2
+        return _fail(getattr(args, SUBCOMMAND), f"broker {url} unreachable ({exc.__class__.__name__})")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,19 @@ from pydantic import Field, SecretStr, TypeAdapter, ValidationError, model_valid
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.broker.keys import KeyLayout
+from services.sequencer.run import DEFAULT_MAX_HELD_BYTES
 
 SINGLE_NODE_SHARDS = 4
 CLUSTER_SHARDS = 16  # enough to spread over many primaries; see docs/scaling.md
+ENV_PREFIX = "GOOSE_INGEST_"
+
+
+class ConfigError(Exception):
+    """A misconfiguration found at run time: the CLI prints its message as one line and exits 2."""
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GOOSE_INGEST_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     namespace: str = Field(
         default="",
@@ -34,6 +40,16 @@ class Settings(BaseSettings):
     redis_cluster: bool = Field(
         default=False,
         description="The broker is a Redis Cluster; REDIS_URL names one or more seed nodes (comma-separated host:port).",
+    )
+    redis_wait_replicas: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Taps count a batch as sent only once this many replicas acknowledged it (WAIT): "
+        "closes the loss window of a failover (docs/scaling.md). 0: off.",
+    )
+    redis_wait_timeout_ms: int = Field(
+        default=1000, ge=1, description="How long a tap's WAIT for replicas may block before the batch is retried."
     )
 
     # --- raw log ------------------------------------------------------------
@@ -60,6 +76,11 @@ class Settings(BaseSettings):
     max_span_chars: int = Field(default=262_144, ge=16, description="Cap on an accumulating agent/reasoning span.")
     max_pending_tools: int = Field(default=256, ge=1, description="Cap on unanswered tool calls per run.")
     max_buffered_entries: int = Field(default=10_000, ge=1, description="Cap on out-of-order entries a run may hold.")
+    max_held_bytes: int = Field(
+        default=DEFAULT_MAX_HELD_BYTES,
+        ge=1024,
+        description="Cap on the bytes of out-of-order entries a run may hold; beyond it they are dead-lettered hold-limit.",
+    )
     metrics_port: int = Field(default=9464, ge=0, le=65535, description="HTTP port of /metrics, /healthz, /readyz (0: any free port).")
     metrics_host: str = Field(default="0.0.0.0", description="Bind address of the metrics server.")
 
@@ -84,6 +105,21 @@ class Settings(BaseSettings):
     spool_dir: str = Field(default="~/.local/state/goose-ingest/spool", description="Where the tap spools entries while the broker is down.")
     publish_batch: int = Field(default=256, ge=1, description="Entries per pipelined XADD batch.")
     host_label: str | None = Field(default=None, description="`host` label on raw entries (default: the hostname).")
+
+    # --- export postgres ----------------------------------------------------
+    postgres_dsn: SecretStr | None = Field(
+        default=None, description="libpq DSN/URL of the analytics database (`export postgres`); never logged."
+    )
+    postgres_retention_days: float = Field(
+        default=90.0, gt=0, description="Monthly events partitions wholly older than this are dropped."
+    )
+
+    # --- OTLP exporter (`export otlp`; the OTLP endpoint itself comes from the standard OTEL_* variables)
+    otlp_group: str = Field(default="goose-ingest-otlp", description="Consumer group of the OTLP exporter on every topic partition.")
+    otlp_root_timeout_s: float = Field(
+        default=3600.0, gt=0, description="A trace whose run never ends is closed (marked) after this long without news of it."
+    )
+    otlp_retry_max_s: float = Field(default=30.0, gt=0, description="Longest wait between retries while the collector is unreachable.")
 
     @model_validator(mode="before")
     @classmethod

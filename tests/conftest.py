@@ -14,6 +14,7 @@ if str(_ROOT) not in sys.path:  # `tests.support` importable however pytest is s
 
 from services.broker.embedded import EmbeddedRedis, start_redis  # noqa: E402
 from services.settings import Settings  # noqa: E402
+from tests.support.redis_cluster import cluster_settings, redis_cluster  # noqa: E402,F401 (fixtures)
 from tests.support.redis_server import choose_broker, wipe_namespace  # noqa: E402
 
 

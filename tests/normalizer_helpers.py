@@ -8,16 +8,17 @@ the implementation (timestamps are formatted here, not with services.normalizer.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from contracts.events import harness_event_adapter
-from services.normalizer.machine import Limits, RunNormalizer
+from services.normalizer import Limits, RunNormalizer
+from services.normalizer.run_normalizer import DEFAULT_LIMITS
 
 RUN = "laptop-42/20261129_3"
 MISSING: Any = object()
 ENVELOPE = ("eventId", "runId", "seq", "type", "timestamp", "lines")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def dumps(obj: Any) -> str:
@@ -135,6 +136,8 @@ def check_events(out: list[dict], already: int, run: str) -> None:
     for i, event in enumerate(out):
         n = already + i
         assert tuple(event)[: len(ENVELOPE)] == ENVELOPE, event
+        # sessionId, when present, closes the envelope (before the kind's fields).
+        assert "sessionId" not in event or list(event).index("sessionId") == len(ENVELOPE), event
         assert event["eventId"] == f"{run}:{n}"
         assert event["runId"] == run
         assert event["seq"] == n
@@ -146,10 +149,10 @@ def check_events(out: list[dict], already: int, run: str) -> None:
 class Feed:
     """Feeds one run's raw entries with seq 0, 1, 2, ... and ts T(seq) unless given."""
 
-    def __init__(self, limits: Limits = Limits(), run: str = RUN) -> None:
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, run: str = RUN, fmt: str | None = None) -> None:
         self.run = run
         self.limits = limits
-        self.norm = RunNormalizer(run, limits)
+        self.norm = RunNormalizer(run, limits, fmt)
         self.seq = 0
         self.events: list[dict] = []
 
@@ -177,3 +180,85 @@ class Feed:
     def roundtrip(self) -> None:
         """Replace the normaliser by one restored from its serialised state."""
         self.norm = RunNormalizer.from_bytes(self.norm.to_bytes(), self.limits)
+
+
+def body(event: dict) -> dict:
+    """An event without the envelope fields every rule test checks through `check_events`."""
+    return {k: v for k, v in event.items() if k not in ("eventId", "runId", "seq", "timestamp", "sessionId")}
+
+
+def bodies(events: list[dict]) -> list[dict]:
+    return [body(e) for e in events]
+
+
+# --------------------------------------------------------------- Claude Code lines
+SESSION = "6f1c2d3e-0000-4c5d-9e6f-7a8b9c0d1e2f"
+
+
+def claude(rtype: Any, session: Any = SESSION, **fields: Any) -> str:
+    record: dict[str, Any] = {} if rtype is MISSING else {"type": rtype}
+    record.update(fields)
+    if session is not MISSING:
+        record["session_id"] = session
+    return dumps(record)
+
+
+def c_assistant(mid: Any, *blocks: Any, **fields: Any) -> str:
+    message: dict[str, Any] = {"model": "claude-opus-4-7", "role": "assistant", "content": list(blocks),
+                               "usage": {"input_tokens": 4, "output_tokens": 1}}
+    if mid is not MISSING:
+        message["id"] = mid
+    return claude("assistant", message=message, parent_tool_use_id=None, **fields)
+
+
+def c_user(*blocks: Any, content: Any = MISSING) -> str:
+    return claude("user", message={"role": "user", "content": list(blocks) if content is MISSING else content})
+
+
+def c_text(t: Any) -> dict:
+    return {"type": "text", "text": t}
+
+
+def c_think(t: Any) -> dict:
+    return {"type": "thinking", "thinking": t, "signature": "EqMC"}
+
+
+def c_use(cid: Any, name: Any, args: Any = MISSING) -> dict:
+    block: dict[str, Any] = {"type": "tool_use", "id": cid, "name": name}
+    if args is not MISSING:
+        block["input"] = args
+    return block
+
+
+def c_result_block(cid: Any, content: Any = "ok", is_error: Any = MISSING) -> dict:
+    block: dict[str, Any] = {"tool_use_id": cid, "type": "tool_result", "content": content}
+    if is_error is not MISSING:
+        block["is_error"] = is_error
+    return block
+
+
+def c_call(cid: str, name: str, args: Any, mid: str = "msg_call") -> str:
+    return c_assistant(mid, c_use(cid, name, args))
+
+
+def c_answer(cid: str, content: Any = "ok", is_error: Any = MISSING) -> str:
+    return c_user(c_result_block(cid, content, is_error))
+
+
+# --------------------------------------------------------------------- Codex lines
+THREAD = "019c3e7a-5b2d-7c41-9a8e-2f6d0b4c8e1a"
+
+
+def codex(rtype: Any, **fields: Any) -> str:
+    record: dict[str, Any] = {} if rtype is MISSING else {"type": rtype}
+    record.update(fields)
+    return dumps(record)
+
+
+def x_item(event: str, item_id: Any, itype: Any, **fields: Any) -> str:
+    item: dict[str, Any] = {}
+    if item_id is not MISSING:
+        item["id"] = item_id
+    item["type"] = itype
+    item.update(fields)
+    return codex(event, item=item)

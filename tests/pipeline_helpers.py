@@ -10,8 +10,9 @@ from pathlib import Path
 import orjson
 import redis
 
+from services.broker.connect import sync_client
 from services.normalizer import RunNormalizer
-from services.sequencer import parse_fields
+from services.sequencer import EntryError, parse_fields
 from services.settings import Settings
 from tests.support.redis_server import cli_env
 
@@ -19,7 +20,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def client(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(settings.redis_url)
+    # sync_client: a RedisCluster when settings.redis_cluster (the cluster tests reuse these helpers)
+    return sync_client(settings)
 
 
 def raw_entries(settings: Settings) -> list:
@@ -27,7 +29,10 @@ def raw_entries(settings: Settings) -> list:
     out = []
     for stream in settings.raw_streams():
         for sid, fields in r.xrange(stream):
-            out.append(parse_fields(fields, sid.decode()))
+            try:
+                out.append(parse_fields(fields, sid.decode()))
+            except EntryError:  # dead-lettered by the workers: not part of any run's events
+                continue
     return out
 
 
@@ -45,19 +50,24 @@ def expected_events(settings: Settings, run: str) -> list[dict]:
     return out
 
 
-def topic(settings: Settings, stream: str) -> list[dict]:
-    return [orjson.loads(f[b"data"]) for _, f in client(settings).xrange(stream)]
+def topic(settings: Settings, stream: str | list[str]) -> list[dict]:
+    """Entries of a stream, or of every partition of a topic (partition after partition: per-run order holds)."""
+    r = client(settings)
+    streams = [stream] if isinstance(stream, str) else stream
+    return [orjson.loads(f[b"data"]) for s in streams for _, f in r.xrange(s)]
 
 
 def events_by_run(settings: Settings) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
-    for event in topic(settings, settings.all_events_topic()):
+    for event in topic(settings, settings.layout.events_partitions()):
         out.setdefault(event["runId"], []).append(event)
     return out
 
 
 def dead_letters(settings: Settings) -> list[dict]:
-    return [{k.decode(): v for k, v in f.items()} for _, f in client(settings).xrange(settings.deadletters())]
+    r = client(settings)
+    return [{k.decode(): v for k, v in f.items()}
+            for stream in settings.layout.deadletter_partitions() for _, f in r.xrange(stream)]
 
 
 def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1):
@@ -71,7 +81,7 @@ def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1):
 
 
 def ended_runs(settings: Settings) -> set[str]:
-    return {r["runId"] for r in topic(settings, settings.runs_stream()) if r["state"] in ("ended", "abandoned")}
+    return {r["runId"] for r in topic(settings, settings.layout.runs_partitions()) if r["state"] in ("ended", "abandoned")}
 
 
 def start_worker(settings: Settings, log: Path, **env: str) -> subprocess.Popen:

@@ -63,8 +63,12 @@ def test_demo_runs_the_fixtures_through_an_embedded_broker_and_a_worker(tmp_path
     out = subprocess.run([sys.executable, "-m", "services.cli", "demo"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"{len(TRANSCRIPTS)} runs normalized by a live worker on an embedded broker" in out.stdout
-    assert out.stdout.count("RUN ENDED") == len(TRANSCRIPTS)
+    runs = len(TRANSCRIPTS) + 2  # every goose fixture, one Claude Code and one Codex transcript
+    assert f"{runs} runs normalized by a live worker on an embedded broker" in out.stdout
+    assert out.stdout.count("RUN ENDED") == runs
+    for fmt in ("claude-code", "codex"):  # each shown as its own run, with tool events of its own
+        block = next(b for b in out.stdout.split("\n\n") if f"/{fmt}-a-read-edit-test" in b)
+        assert " read " in block and " command " in block and "RUN ENDED" in block, block
 
 
 def test_up_starts_a_broker_and_a_worker_that_process_a_run(settings, tmp_path):
@@ -100,3 +104,32 @@ def test_an_unreachable_broker_is_one_clear_line_without_the_password(command, t
     assert out.returncode == 2
     assert "hunter2" not in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_tail_reads_every_partition_of_a_cluster_one_slot_per_read():
+    """On a cluster a multi-stream XREAD must stay in one slot: one read per shard, every partition read."""
+    import argparse
+
+    from services.settings import Settings
+    from services.tail.command import stream_groups
+
+    layout_settings = Settings(redis_cluster=True, shards=4, namespace="ns")
+    args = argparse.Namespace(run=None, type=None, no_runs=False)
+    groups = stream_groups(layout_settings, args)
+    layout = layout_settings.layout
+    assert len(groups) == 4
+    streams = [s for group, _ in groups for s in group]
+    assert sorted(streams) == sorted(layout.events_partitions() + layout.runs_partitions())
+    for group, records in groups:
+        tags = {s[s.index("{"):s.index("}") + 1] for s in group}
+        assert len(tags) == 1 and records == {s for s in group if ".runs" in s}
+    # one run: only its own shard's partitions; one type: only that type's topic, no records
+    (only,) = stream_groups(layout_settings, argparse.Namespace(run="a/b", type=None, no_runs=False))
+    assert only[0] == [layout.events_partition(layout.shard_of("a/b")), layout.runs_partition(layout.shard_of("a/b"))]
+    typed = stream_groups(layout_settings, argparse.Namespace(run=None, type="error", no_runs=False))
+    assert [g for g, _ in typed] == [[layout.type_partition("error", s)] for s in range(4)]
+    assert all(not r for _, r in typed)
+    # a single node: one read of every stream
+    single = Settings(shards=4, namespace="ns")
+    (one,) = stream_groups(single, args)
+    assert one[0] == [single.layout.events_partition(0), single.layout.runs_partition(0)]

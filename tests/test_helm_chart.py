@@ -42,7 +42,8 @@ SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 K8S_VERSIONS = ("1.28.0", "1.37.0")
 RELEASE = "gi"
 FULLNAME = "gi-goose-ingest"
-SETTINGS_NOT_IN_CONFIGMAP = {"redis_url", "redis_username", "redis_password", "metrics_port", "metrics_host"}
+SETTINGS_NOT_IN_CONFIGMAP = {"redis_url", "redis_username", "redis_password", "metrics_port", "metrics_host",
+                             "postgres_dsn"}  # the DSN carries a password: postgresExporter.existingSecret
 
 ALL_ON = {
     "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},

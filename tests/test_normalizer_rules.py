@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from normalizer_helpers import (
     MISSING,
     RUN,
@@ -28,7 +27,8 @@ from normalizer_helpers import (
     think,
     tool,
 )
-from services.normalizer.machine import Limits, RunNormalizer
+
+from services.normalizer import Limits, RunNormalizer
 
 NOTIFICATION = {"type": "notification", "extension_id": "toolu_01", "log": {"message": "Triggered build #4812"}}
 BANNER = "   new session · anthropic claude-sonnet-4   "

@@ -26,6 +26,8 @@ EXPECTED_ALERTS = {
     "GooseIngestDeadLetters",
     "GooseIngestLagGrowing",
     "GooseIngestStalled",
+    "GooseIngestNoWorkers",
+    "GooseIngestPendingEntryStuck",
 }
 
 
@@ -86,3 +88,35 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
             (fires if t["exp_alerts"] else quiet).add(t["alertname"])
     assert fires >= EXPECTED_ALERTS
     assert quiet >= EXPECTED_ALERTS
+
+
+def test_a_live_worker_reports_the_age_of_a_stuck_pending_entry(settings, tmp_path):
+    """The gauge GooseIngestPendingEntryStuck needs: a real worker, an entry held by a dead consumer."""
+    import time
+    import urllib.request
+
+    from services.broker.connect import sync_client
+    from tests.pipeline_helpers import start_worker, stop, wait_until
+
+    r = sync_client(settings)
+    layout = settings.layout
+    stream = layout.raw_stream(0)
+    r.xgroup_create(stream, settings.group, id="0", mkstream=True)
+    old_ms = int(time.time() * 1000) - 120_000  # published two minutes ago
+    r.xadd(stream, {"run": "stuck", "seq": "0", "ts": str(old_ms), "kind": "line", "stream": "stdout",
+                    "line": "{}"}, id=f"{old_ms}-0")
+    r.xreadgroup(settings.group, "dead-consumer", {stream: ">"})  # delivered, never acknowledged
+    log = tmp_path / "w.log"
+    worker = start_worker(settings, log, GOOSE_INGEST_CLAIM_IDLE_MS="600000")
+    try:
+        port = int(wait_until(lambda: re.search(r"metrics on port (\d+)", log.read_text()), timeout=60).group(1))
+
+        def age() -> float | None:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            m = re.search(r'^goose_ingest_oldest_pending_age_seconds\{shard="0"\} (\S+)$', text, re.M)
+            return float(m.group(1)) if m and float(m.group(1)) > 0 else None
+
+        value = wait_until(age, timeout=30, interval=0.3)
+        assert 115 <= value <= 200, value
+    finally:
+        stop(worker)

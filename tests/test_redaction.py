@@ -1,19 +1,34 @@
-"""Redactor: rule corpus, idempotence (hypothesis), event walking, configuration, form secrets."""
+"""Redactor: rule corpus, structural redaction, families anywhere in an event (hypothesis),
+prefilter equivalence, idempotence, any JSON value, key blocks over lines, configuration, form
+secrets."""
 
 from __future__ import annotations
 
 import copy
 import json
+import string
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.redaction import BUILTIN_RULE_NAMES, ENVELOPE_FIELDS, Redactor, SecretFieldTracker
+from services.redaction import (
+    BUILTIN_RULE_NAMES,
+    IDENTITY_FIELDS,
+    STRUCTURAL_RULE_NAMES,
+    Redactor,
+    SecretFieldTracker,
+    is_secret_key,
+)
+from services.redaction.rules import BUILTIN_RULES, pattern_min_chars, secret_key_kind
 
-CORPUS = json.loads((Path(__file__).parent / "data" / "redaction_corpus.json").read_text("utf-8"))["cases"]
+_DATA = json.loads((Path(__file__).parent / "data" / "redaction_corpus.json").read_text("utf-8"))
+CORPUS = _DATA["cases"]
+EVENT_CORPUS = _DATA["event_cases"]
 R = Redactor()
 
 
@@ -21,8 +36,8 @@ R = Redactor()
 
 
 def test_corpus_covers_every_rule_with_positive_and_negative_cases():
-    kinds = {(c["rule"], c["kind"]) for c in CORPUS}
-    for name in BUILTIN_RULE_NAMES:
+    kinds = {(c["rule"], c["kind"]) for c in CORPUS} | {(c["rule"], c["kind"]) for c in EVENT_CORPUS}
+    for name in BUILTIN_RULE_NAMES + STRUCTURAL_RULE_NAMES:
         assert (name, "positive") in kinds, name
         assert (name, "negative") in kinds, name
 
@@ -38,6 +53,26 @@ def test_corpus_case(case):
     else:
         assert counts[case["rule"]] == 0
         assert out == case["text"]
+    # the reference path (no prefilter) agrees
+    assert R.redact_text_full(case["text"]) == (out, counts)
+
+
+@pytest.mark.parametrize("case", EVENT_CORPUS, ids=[f"{c['rule']}-{c['kind']}-{i}" for i, c in enumerate(EVENT_CORPUS)])
+def test_event_corpus_case(case):
+    event = case["event"]
+    before = copy.deepcopy(event)
+    out, counts = R.redact_event(event)
+    assert event == before
+    assert out == case["expected"]
+    assert dict(counts) == case["counts"]
+    marker = f"[REDACTED:{case['rule']}]"
+    if case["kind"] == "positive" and case["rule"] in BUILTIN_RULE_NAMES + STRUCTURAL_RULE_NAMES:
+        assert marker in orjson.dumps(out).decode()
+    if case["kind"] == "negative" and case["rule"] in STRUCTURAL_RULE_NAMES:
+        assert counts[case["rule"]] == 0
+    for f in IDENTITY_FIELDS:
+        assert out.get(f) == event.get(f)
+    assert R.redact_event(out) == (out, Counter())  # idempotent
 
 
 def test_contextual_rules_keep_the_context():
@@ -73,18 +108,173 @@ def test_clean_string_is_returned_as_is():
     assert out is s and not counts
 
 
-# --- idempotence -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "key, secret",
+    [("password", True), ("DB_PASSWORD", True), ("SecretAccessKey", True), ("_authToken", True),
+     ("x-api-key", True), ("client.secret", True), ("Set-Cookie", True), ("pAssWord", True), ("auth", True),
+     ("Authorization", True), ("private_key", True), ("pass", True), ("PWD", True),
+     ("max_tokens", False), ("token_count", False), ("passwordless", False), ("author", False),
+     ("secret_name", False), ("keyboard", False), ("access_key_id", False), ("", False), (7, False)],
+)
+def test_secret_key_names(key, secret):
+    assert is_secret_key(key) is secret
+
+
+# --- every family, anywhere in an event (property) ----------------------------------------------
+
+_ALNUM = string.ascii_letters + string.digits
+_value = st.text(alphabet=_ALNUM, min_size=16, max_size=28).filter(
+    lambda v: any(c.isdigit() for c in v) and any(c.isalpha() for c in v))
+_b64 = st.text(alphabet=_ALNUM + "+/", min_size=40, max_size=64).filter(lambda v: any(c.isdigit() for c in v))
+
+# (text form with {v}, or a callable building it) -> the value must be gone after redaction
+TEXT_FAMILIES = [
+    "--password={v}", "--password {v}", "--token={v}", "--api-key {v}", "--client-secret '{v}'",
+    "mysql -u root -p{v} acme", "mysqldump -uroot -p{v} acme", "curl -u deploy:{v} https://x.example.com",
+    "curl -s --user deploy:{v} https://x.example.com", "sshpass -p {v} ssh host", "sshpass -e -p{v} ssh host",
+    "docker login -u bob -p {v} ghcr.io", "redis-cli -h r -a {v} ping", "mongosh -u admin -p{v} db",
+    "Authorization: Basic {v}", "authorization: token {v}", "Authorization: Bearer {v}",
+    "Cookie: sid={v}; theme=dark", "Set-Cookie: sid={v}; Path=/; HttpOnly",
+    "//registry.npmjs.org/:_authToken={v}", "_auth={v}", "machine h.example.com login me password {v}",
+    "machine h.example.com\n  login me\n  password {v}", '"auth": "{v}"', '"SecretAccessKey": "{v}"',
+    '"SessionToken": "{v}"', "pAssword={v}", "DB_PassWord: {v}", "password%3D{v}%26next%3D1",
+    "q=%22token%22%3A%22{v}%22", "export DB_PASSWORD={v}", "client_secret='{v}'", "postgres://app:{v}@db:5432/x",
+    "eyJhbGciOiJub25lIn0.eyJ{v}.", "eyJhbGciOiJIUzI1NiJ9.eyJ{v}.{v}",
+    "-----BEGIN RSA PRIVATE KEY-----\n{v}\n{v}\n-----END RSA PRIVATE KEY-----",
+    "-----BEGIN OPENSSH PRIVATE KEY-----\n{v}",
+]
+# structural: object keys that name a secret
+SECRET_KEYS = ["password", "DB_PASSWORD", "SecretAccessKey", "SessionToken", "_authToken", "x-api-key", "auth",
+               "client_secret", "Cookie", "private_key", "passphrase", "apiKey", "accessToken", "pAssWord"]
+CONTENT_FIELDS = ["message", "command", "path", "query", "tool", "toolCallId", "raw", "skillName"]
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                    st.text(max_size=12), st.sampled_from(["max_tokens=4096", "ok", "[REDACTED:jwt]", "https://x/y"]))
+_tree = st.recursive(
+    _scalar,
+    lambda children: st.one_of(st.lists(children, max_size=4),
+                               st.dictionaries(st.text(max_size=8), children, max_size=4)),
+    max_leaves=15,
+)
+_filler = st.text(alphabet=string.ascii_letters + " \n:=,.", max_size=20)
+
+
+def _place(data: Any, tree: Any, item: Any, as_key: str | None) -> Any:
+    """`tree` with `item` put at a random spot (a new list element, a new object member, or the
+    whole tree); with `as_key`, `item` becomes an object key (holding `as_key`)."""
+    path: list[Any] = []
+    node = tree
+    while isinstance(node, (dict, list)) and node and data.draw(st.booleans()):
+        key = data.draw(st.sampled_from(list(node) if isinstance(node, dict) else list(range(len(node)))))
+        if not isinstance(node[key], (dict, list)):
+            break
+        path.append(key)
+        node = node[key]
+    new = {item: as_key} if as_key is not None else item
+    if isinstance(node, dict):
+        node[data.draw(st.text(alphabet="abcdef", min_size=1, max_size=4)) + "_x"] = new
+        return tree
+    if isinstance(node, list):
+        node.insert(data.draw(st.integers(0, len(node))), new)
+        return tree
+    return new if not path else tree
+
+
+def _holds(value: Any, text: str, number: int | None) -> bool:
+    """Whether `text` occurs in any string or key of `value`, or `number` is one of its numbers."""
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            if text in x:
+                return True
+        elif isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif number is not None and isinstance(x, int) and not isinstance(x, bool) and x == number:
+            return True
+    return False
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_secret_of_every_family_anywhere_in_an_event_is_gone(data):
+    v = data.draw(_value)
+    how = data.draw(st.sampled_from(["text", "key", "structural"]))
+    if how == "structural":
+        secret_key = data.draw(st.sampled_from(SECRET_KEYS))
+        shape = data.draw(st.sampled_from(["string", "list", "number"]))
+        if shape == "number" and secret_key_kind(secret_key) >= 2:
+            item: Any = {secret_key: int("7" + "".join(c for c in v if c.isdigit()))}
+        elif shape == "list":
+            item = data.draw(st.sampled_from([{secret_key: [v, "x"]}, {"env": [{"name": secret_key, "value": v}]},
+                                              {"cookies": [{"name": "sid", "value": v}]}]))
+        else:
+            item = {secret_key: v}
+    else:
+        family = data.draw(st.sampled_from(TEXT_FAMILIES))
+        text = family.replace("{v}", v)
+        item = data.draw(_filler) + " " + text + " " + data.draw(_filler)
+    field = data.draw(st.sampled_from(CONTENT_FIELDS))
+    tree = data.draw(_tree) if field == "raw" else None
+    if how == "key":
+        value: Any = _place(data, tree if isinstance(tree, (dict, list)) else {}, item, as_key="x")
+    elif field == "raw":
+        value = _place(data, tree, item, None)
+    elif how == "structural":
+        value = item
+    else:
+        value = item
+    event = {"eventId": "r:1", "runId": "r", "seq": 1, "type": data.draw(st.sampled_from(["unknown", "command", "agent"])),
+             "timestamp": "2026-09-26T14:02:13.000Z", "lines": [1, 2], field: value}
+    if data.draw(st.booleans()):
+        event["truncated"] = True
+    out, counts = R.redact_event(event)
+    number = next(iter(item.values())) if how == "structural" else None
+    assert not _holds(out, v, number if isinstance(number, int) else None), (event, out)
+    assert sum(counts.values()) >= 1
+    again, counts2 = R.redact_event(out)
+    assert again == out and not counts2
+
+
+# --- prefilter ---------------------------------------------------------------------------------
 
 _FRAGMENTS = [c["text"] for c in CORPUS] + [
     "[REDACTED:jwt]", "[REDACTED:", "]", "password=", "token: ", '"password": "', "Bearer ", "://", "@",
     "AKIA", "sk-", "sk-ant-", "eyJ", ".", "-----BEGIN RSA PRIVATE KEY-----\n", "-----END RSA PRIVATE KEY-----",
-    "ghp_", "xoxb-", "hooks.slack.com/services/", "_live_", "\n", " ", '"', "'", "=", ":", "\\",
+    "ghp_", "xoxb-", "hooks.slack.com/services/", "_live_", "\n", " ", '"', "'", "=", ":", "\\", "%3D", "%22",
+    "curl -u ", "mysql -p", "sshpass -p ", "--token ", "Cookie: ", "Authorization: Basic ", "machine ",
+    " password ", "_auth", "pAsSwOrD",
 ]
 _text = st.lists(
     st.one_of(st.sampled_from(_FRAGMENTS), st.text(min_size=0, max_size=30),
-              st.text(alphabet="aAkKIiSs0189-_.=:/@[]REDACT ", max_size=40)),
+              st.text(alphabet="aAkKIiSs0189-_.=:/@[]REDACT %", max_size=40)),
     max_size=8,
 ).map("".join)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_text)
+def test_prefilter_is_equivalent_to_the_full_path(text):
+    fast = R.redact_text(text)
+    full = R.redact_text_full(text)
+    assert fast == full
+    if not R.could_match(text):
+        assert full == (text, Counter())
+
+
+def test_prefilter_bound_comes_from_the_patterns():
+    # the shortest match: a flag after its command ("bcp -Px"), or "pwd=abcd"
+    assert R.min_match_chars == min(pattern_min_chars(r.pattern) + r.context_chars for r in BUILTIN_RULES) >= 7
+    assert Redactor(extra_rules={"one": "Q"}).min_match_chars == 1
+    short = Redactor(extra_rules={"one": "Q"})
+    assert short.redact_text("Q")[0] == "[REDACTED:one]"
+    assert not R.could_match("pw=abc") and R.redact_text_full("pw=abc") == ("pw=abc", Counter())
+
+
+# --- idempotence -------------------------------------------------------------------------------
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,16 +289,20 @@ def test_redaction_is_idempotent(text):
 _json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), _text)
 _json = st.recursive(
     _json_leaf,
-    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(max_size=8), children, max_size=4)),
+    lambda children: st.one_of(st.lists(children, max_size=4),
+                               st.dictionaries(st.one_of(st.text(max_size=8), st.sampled_from(SECRET_KEYS), _text),
+                                               children, max_size=4)),
     max_leaves=12,
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_json, st.lists(st.text(min_size=1, max_size=6), max_size=3))
-def test_event_redaction_is_idempotent_and_pure(raw, secrets):
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_json, st.lists(st.text(min_size=1, max_size=6), max_size=3), st.booleans())
+def test_event_redaction_is_idempotent_and_pure(raw, secrets, truncated):
     event = {"eventId": "r:0", "runId": "r", "seq": 0, "type": "unknown", "timestamp": "2026-09-26T14:02:13.000Z",
-             "lines": [0, 0], "raw": raw}
+             "lines": [0, 0], "raw": raw, "message": raw if isinstance(raw, str) else "x"}
+    if truncated:
+        event["truncated"] = True
     before = copy.deepcopy(event)
     once, c1 = R.redact_event(event, secrets)
     assert event == before  # input not mutated
@@ -118,7 +312,7 @@ def test_event_redaction_is_idempotent_and_pure(raw, secrets):
     assert twice == once and sum(c2.values()) == 0
 
 
-# --- events ------------------------------------------------------------------------------------
+# --- any JSON value ------------------------------------------------------------------------------
 
 
 def _event(**kw):
@@ -129,12 +323,56 @@ def _event(**kw):
     return base
 
 
-def test_redact_event_walks_nested_values_but_not_the_envelope():
+@pytest.mark.parametrize("depth", [600, 5000])
+def test_any_depth_is_walked_without_recursion(depth):
+    node: Any = {"password": "hunter22", "note": "export API_KEY=abcd1234efgh"}
+    for i in range(depth):
+        node = [node] if i % 2 else {"k": node}
+    out, counts = R.redact_event(_event(type="unknown", raw=node))
+    leaf = out["raw"]
+    for i in reversed(range(depth)):
+        leaf = leaf[0] if i % 2 else leaf["k"]
+    assert leaf == {"password": "[REDACTED:secret-field]", "note": "export API_KEY=[REDACTED:password-assignment]"}
+    assert counts == Counter({"secret-field": 1, "password-assignment": 1})
+
+
+def test_huge_ints_non_string_keys_and_odd_values_never_raise():
+    huge = 10**5000  # beyond Python's int->str limit: never converted to text
+    raw = {"password": huge, "count": huge, 3: "password=hunter22", (1, 2): {"token": "abcdefgh1234"},
+           None: [1.5, float("inf"), b"bytes", {"set"}], "nested": ("tuple", "sk-ant-" + "a1" * 15)}
+    out, counts = R.redact_event(_event(type="unknown", raw=raw))
+    assert out["raw"]["password"] == "[REDACTED:secret-field]"
+    assert out["raw"]["count"] is huge
+    assert out["raw"][3] == "password=[REDACTED:password-assignment]"
+    assert out["raw"][(1, 2)] == {"token": "[REDACTED:secret-field]"}
+    assert out["raw"][None] == raw[None]
+    assert out["raw"]["nested"] == ("tuple", "[REDACTED:anthropic-key]")
+    t = SecretFieldTracker()
+    elicit = {"actionType": "elicitation", "id": huge, "requested_schema": {"properties": {"pw": {"format": "password"}}}}
+    t.observe([elicit, {"actionType": "elicitationResponse", "id": huge, "user_data": {"pw": huge}}])
+    assert t.secret_values() == ()
+
+
+def test_huge_and_pathological_strings_finish():
+    # regex shapes that could backtrack: many separators, many '@', many key words, no END
+    texts = ["password=" * 20_000, "a@" * 50_000 + "://u:", "curl " + "-x " * 30_000, "-----BEGIN RSA PRIVATE KEY-----"
+             + "A" * 200_000, "machine " * 20_000, "Cookie: " + "a=" * 50_000, "eyJ" + "a" * 100_000 + ".",
+             "%3D" * 50_000 + "password%3D" + "hunter2222"]
+    for text in texts:
+        out, _ = R.redact_text(text)
+        assert isinstance(out, str)
+    assert R.redact_text(texts[-1])[0].endswith("password%3D[REDACTED:password-assignment]")
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+def test_redact_event_walks_nested_values_and_content_fields_but_not_identity():
     secret = "ghp_" + "a1B2c3D4e5" * 4
     ev = _event(
         command=f"git push https://{secret}@github.com/acme/x",
-        runId=f"password=hunter22-{secret}",  # envelope: never touched, even if it looks secret
-        tool="password=hunter22",
+        runId="laptop/AKIAIOSFODNN7EXAMPLE",  # identity: never touched (it keys the run's state)
+        tool="password=hunter22",  # content: goose wrote it
         raw={"nested": [{"text": "export API_KEY=abcd1234efgh"}, 42, None, True], "type": "password=hunter22"},
     )
     before = copy.deepcopy(ev)
@@ -145,13 +383,14 @@ def test_redact_event_walks_nested_values_but_not_the_envelope():
     assert out["raw"]["nested"][0]["text"] == "export API_KEY=[REDACTED:password-assignment]"
     assert out["raw"]["nested"][1:] == [42, None, True]
     assert out["raw"]["type"] == "password=[REDACTED:password-assignment]"  # nested `type` is content
-    for f in ENVELOPE_FIELDS:
+    assert out["tool"] == "password=[REDACTED:password-assignment]"
+    for f in IDENTITY_FIELDS:
         assert out[f] == ev[f]
-    assert counts == Counter({"github-token": 1, "password-assignment": 2})
+    assert counts == Counter({"github-token": 1, "password-assignment": 3})
 
 
 def test_redact_event_returns_the_same_object_when_clean():
-    ev = _event(command="python3 -m pytest -q tests", raw={"x": ["max_tokens=4096"]})
+    ev = _event(command="python3 -m pytest -q tests", raw={"x": ["max_tokens=4096"], "password_file": "/run/pw"})
     out, counts = R.redact_event(ev)
     assert out is ev and not counts
 
@@ -164,16 +403,122 @@ def test_redact_event_shares_nothing_it_changed():
     assert out["raw"]["c"] is ev["raw"]["c"]  # unchanged subtrees are shared
 
 
+def test_keys_that_become_equal_keep_both_values_in_order():
+    raw = {"AKIAIOSFODNN7EXAMPLE": 1, "AKIAIOSFODNN7EXAMPLF": 2, "[REDACTED:aws-access-key-id] (2)": 3}
+    out, counts = R.redact_event(_event(type="unknown", raw=raw))
+    assert list(out["raw"].items()) == [("[REDACTED:aws-access-key-id]", 1), ("[REDACTED:aws-access-key-id] (2)", 2),
+                                        ("[REDACTED:aws-access-key-id] (2) (2)", 3)]
+    assert counts == Counter({"aws-access-key-id": 2})
+
+
+def test_truncated_event_loses_the_fragment_the_cap_cut():
+    token = "ghp_" + "a1B2c3D4e5" * 4
+    cut = f"I printed it: {token}"[:30]  # the cap cut the token in half
+    out, counts = R.redact_event(_event(type="agent", message=cut, truncated=True))
+    assert out["message"] == "I printed it: [REDACTED:truncated-tail]"
+    assert token[:10] not in out["message"] and counts == Counter({"truncated-tail": 1})
+    # disabled, the rule does nothing (and its name is not a label)
+    r = Redactor(disabled=["truncated-tail"])
+    assert r.redact_event(_event(type="agent", message=cut, truncated=True))[0]["message"] == cut
+    assert "truncated-tail" not in r.rule_names
+
+
+def test_structural_redaction_can_be_disabled():
+    r = Redactor(disabled=["secret-field"])
+    ev = _event(type="unknown", raw={"password": "hunter2"})
+    assert r.redact_event(ev) == (ev, Counter())
+
+
+# --- private key blocks over several lines -------------------------------------------------------
+
+KEY_LINES = ["-----BEGIN RSA PRIVATE KEY-----", "Proc-Type: 4,ENCRYPTED", "DEK-Info: AES-128-CBC,0123456789ABCDEF",
+             "MIIEpAIBAAKCAQEA7bqZ3Jvb3Z5IGdvb3N5MIIEpAIBAAKCAQEA7bqZ3Jvb3Z5IGdv",
+             "b3N5MIIEpAIBAAKCAQEA7bqZ3Jvb3Z5IGdvb3N5==", "-----END RSA PRIVATE KEY----- trailing"]
+
+
+def _warning(i: int, message: str) -> dict:
+    return {"eventId": f"r:{i}", "runId": "r", "seq": i, "type": "warning", "timestamp": "2026-09-26T14:02:13.000Z",
+            "lines": [i, i], "message": message}
+
+
+def _lines_through(lines: list[tuple[str | None, str]], tracker: SecretFieldTracker, cut: int | None = None) -> list[str]:
+    """Redacts each (stream, message) as its own event; with `cut`, the tracker goes through its
+    serialized form after that many lines (a commit and a reload by another worker)."""
+    out = []
+    for i, (stream, message) in enumerate(lines):
+        if cut is not None and i == cut:
+            tracker = SecretFieldTracker.from_dict(json.loads(json.dumps(tracker.to_dict())))
+        ev, _ = R.redact_event(_warning(i, message), tracker=tracker, stream=stream)
+        out.append(ev["message"])
+    return out
+
+
+@pytest.mark.parametrize("stream", ["stderr", "stdout", None])
+def test_private_key_block_split_over_lines_is_redacted_until_end(stream):
+    lines = [(stream, "writing key"), *[(stream, m) for m in KEY_LINES], (stream, "done: 1 key")]
+    out = _lines_through(lines, SecretFieldTracker())
+    assert out == ["writing key"] + ["[REDACTED:private-key]"] * 5 + ["[REDACTED:private-key] trailing", "done: 1 key"]
+    # replay with the state committed and reloaded at every point gives the same lines
+    for cut in range(len(lines)):
+        assert _lines_through(lines, SecretFieldTracker(), cut) == out
+
+
+def test_key_block_is_per_stream():
+    lines = [("stderr", KEY_LINES[0]), ("stdout", "compiling module"), ("stderr", KEY_LINES[3]),
+             ("stdout", "ABCDEF0123"), ("stderr", KEY_LINES[4]), ("stderr", KEY_LINES[5])]
+    out = _lines_through(lines, SecretFieldTracker())
+    assert out == ["[REDACTED:private-key]", "compiling module", "[REDACTED:private-key]", "ABCDEF0123",
+                   "[REDACTED:private-key]", "[REDACTED:private-key] trailing"]
+
+
+def test_key_block_ends_on_a_line_that_is_not_key_body_when_the_stream_is_known():
+    t = SecretFieldTracker()
+    out = _lines_through([("stderr", KEY_LINES[0]), ("stderr", KEY_LINES[3]), ("stderr", "error: file truncated"),
+                          ("stderr", "ABCDEF0123")], t)
+    assert out == ["[REDACTED:private-key]", "[REDACTED:private-key]", "error: file truncated", "ABCDEF0123"]
+    assert t.key_block_lines("stderr") is None
+
+
+def test_key_block_of_unknown_stream_survives_other_lines_and_is_bounded():
+    t = SecretFieldTracker()
+    out = _lines_through([(None, KEY_LINES[0]), (None, "compiling module"), (None, KEY_LINES[3])], t)
+    assert out == ["[REDACTED:private-key]", "compiling module", "[REDACTED:private-key]"]
+    for _ in range(600):
+        R.redact_event(_warning(9, "QUJDREVGMDEyMw=="), tracker=t)
+    assert t.key_block_lines("*") is None  # no END after hundreds of body lines: the block ended
+
+
+def test_service_warnings_and_other_events_do_not_touch_the_block():
+    t = SecretFieldTracker()
+    R.redact_event(_warning(0, KEY_LINES[0]), tracker=t, stream="stderr")
+    coded = dict(_warning(1, "ABCDEF0123"), code="missing-entries")
+    assert R.redact_event(coded, tracker=t, stream="stderr")[0]["message"] == "ABCDEF0123"
+    assert t.key_block_lines("stderr") == 0
+    assert "keyBlocks" in t.to_dict() and "ABCDEF" not in repr(t)
+
+
 # --- configuration -----------------------------------------------------------------------------
 
 
 def test_rule_names_are_bounded_and_stable():
-    assert R.rule_names == BUILTIN_RULE_NAMES + ("form-secret",)
+    assert R.rule_names == BUILTIN_RULE_NAMES + STRUCTURAL_RULE_NAMES + ("form-secret",)
+    assert len(set(R.rule_names)) == len(R.rule_names)
     assert set(BUILTIN_RULE_NAMES) == {
         "aws-access-key-id", "aws-secret-access-key", "gcp-api-key", "github-token", "gitlab-token", "slack-token",
         "slack-webhook", "stripe-key", "openai-key", "anthropic-key", "jwt", "private-key", "bearer",
-        "basic-auth-url", "password-assignment",
+        "basic-auth-url", "password-assignment", "authorization", "cookie", "cli-password", "netrc",
     }
+    assert STRUCTURAL_RULE_NAMES == ("secret-field", "truncated-tail")
+
+
+def test_every_count_is_a_known_rule_name():
+    texts = [c["text"] for c in CORPUS]
+    names: set[str] = set()
+    for t in texts:
+        names |= set(R.redact_text(t)[1])
+    for c in EVENT_CORPUS:
+        names |= set(R.redact_event(c["event"])[1])
+    assert names <= set(R.rule_names)
 
 
 def test_extra_rules_and_disabled():
@@ -199,6 +544,7 @@ def test_extra_rules_and_disabled():
         ({"extra_rules": {"Bad_Name": "x"}}, "must match [a-z0-9-]+"),
         ({"extra_rules": {"ok-name": "("}}, "invalid regex"),
         ({"extra_rules": {"jwt": "x"}}, "clashes with a built-in rule"),
+        ({"extra_rules": {"secret-field": "x"}}, "clashes with a built-in rule"),
         ({"extra_rules": {"form-secret": "x"}}, "reserved"),
     ],
 )
@@ -265,6 +611,9 @@ def test_tracker_request_and_response_in_one_object_and_roundtrip():
     assert t2 == t and t2.secret_values() == t.secret_values() and t2.secret_fields() == t.secret_fields()
     with pytest.raises(ValueError):
         SecretFieldTracker.from_dict({"version": 99})
+    # a state written before key blocks existed still loads
+    old = {"version": 1, "fields": {"elic-1": ["pw"]}, "values": ["hunter2"]}
+    assert SecretFieldTracker.from_dict(old).to_dict() == old
 
 
 def test_redact_event_with_tracker_redacts_response_fields_and_values_everywhere():
@@ -301,3 +650,69 @@ def test_form_secret_wins_over_rules_and_never_touches_markers():
 def test_longer_secret_value_wins_over_its_prefix():
     out, n = R.redact_secret_values("abc abcdef", ["abc", "abcdef"])
     assert out == "[REDACTED:form-secret] [REDACTED:form-secret]" and n == 2
+
+
+# --- through the sequencer (the worker's and replay's path) -------------------------------------
+
+
+def _entry(seq: int, stream: str, text: str):
+    from services.sequencer import Entry
+
+    return Entry("redact/run", seq, 1000 + seq, "line", stream, text, None, None, None, f"{seq}-0")
+
+
+def _run_through(entries: list, reload_every: int | None) -> list[dict]:
+    """Events of `entries` fed in the given order to a redacting RunSequencer; with
+    `reload_every`, the run state goes through JSON (a commit and a load by another worker)."""
+    from services.sequencer import RunSequencer
+
+    seq_ = RunSequencer("redact/run", redactor=R)
+    events: list[dict] = []
+    for i, entry in enumerate(entries):
+        if reload_every and i % reload_every == 0:
+            seq_ = RunSequencer.from_state(orjson.loads(orjson.dumps(seq_.to_state())), redactor=R)
+        events += seq_.accept(entry).events
+    return events
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.randoms(use_true_random=False), st.sampled_from([None, 1, 2, 3]))
+def test_key_block_over_lines_replays_alike_in_any_delivery_order(rnd, reload_every):
+    lines = [("stdout", "starting"), ("stderr", KEY_LINES[0]), ("stdout", "compiling module"),
+             *[("stderr", m) for m in KEY_LINES[1:]], ("stderr", "done: 1 key")]
+    entries = [_entry(i, stream, text) for i, (stream, text) in enumerate(lines)]
+    reference = _run_through(entries, None)
+    messages = [e["message"] for e in reference]
+    assert messages == ["starting", "[REDACTED:private-key]", "compiling module"] + ["[REDACTED:private-key]"] * 4 + [
+        "[REDACTED:private-key] trailing", "done: 1 key"]
+    shuffled = list(entries)
+    rnd.shuffle(shuffled)
+    assert _run_through(shuffled, reload_every) == reference
+
+
+_any_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+              st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40), _text),
+    lambda children: st.one_of(st.lists(children, max_size=5),
+                               st.dictionaries(st.one_of(st.text(max_size=10), st.sampled_from(SECRET_KEYS),
+                                                         st.sampled_from(["name", "value", "Value"])),
+                                               children, max_size=5)),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_any_json, st.sampled_from(["unknown", "warning", "agent", "command"]), st.booleans(), st.booleans())
+def test_any_json_value_in_any_field_never_raises(value, etype, truncated, with_tracker):
+    event = {"eventId": "r:0", "runId": "r", "seq": 0, "type": etype, "timestamp": "2026-09-26T14:02:13.000Z",
+             "lines": [0, 0], "raw": value, "message": value, "tool": value}
+    if truncated:
+        event["truncated"] = True
+    tracker = SecretFieldTracker() if with_tracker else None
+    if tracker is not None:
+        tracker.observe(value)
+    out, counts = R.redact_event(event, tracker=tracker)
+    assert set(counts) <= set(R.rule_names)
+    assert R.redact_event(out)[1] == Counter() or with_tracker  # idempotent (a tracker may add form values)
+    if tracker is not None:
+        assert SecretFieldTracker.from_dict(json.loads(json.dumps(tracker.to_dict()))) == tracker

@@ -24,10 +24,10 @@ def eof(seq: int, exit_code: int | None = 0) -> Entry:
     return Entry("r", seq, 1000 + seq, "eof", "stdout", "", exit_code, None, None, f"{seq}-0")
 
 
-def feed(seq: RunSequencer, entries) -> tuple[list, list, list]:
+def feed(sequencer: RunSequencer, entries) -> tuple[list, list, list]:
     events, records, disp = [], [], []
     for e in entries:
-        out = seq.accept(e)
+        out = sequencer.accept(e)
         events += out.events
         records += out.records
         disp += [(d[0].seq, d[1], d[2]) for d in out.dispositions]
@@ -44,13 +44,13 @@ def test_any_delivery_order_with_duplicates_gives_the_one_pass_output(rnd, n, du
     entries = [line(i) for i in range(n)] + [eof(n)]
     shuffled = entries + [rnd.choice(entries) for _ in range(dupes)]
     rnd.shuffle(shuffled)
-    seq = RunSequencer("r")
+    sequencer = RunSequencer("r")
     events, records, _ = [], [], []
     for e in shuffled:
         # Resume from serialized state at random points, as different workers would.
         if rnd.random() < 0.3:
-            seq = RunSequencer.from_state(orjson.loads(orjson.dumps(seq.to_state())))
-        out = seq.accept(e)
+            sequencer = RunSequencer.from_state(orjson.loads(orjson.dumps(sequencer.to_state())))
+        out = sequencer.accept(e)
         events += out.events
         records += out.records
     want_events, want_records, _ = one_pass(n)
@@ -59,8 +59,8 @@ def test_any_delivery_order_with_duplicates_gives_the_one_pass_output(rnd, n, du
 
 
 def test_dispositions_and_lifecycle():
-    seq = RunSequencer("r")
-    _, records, disp = feed(seq, [line(1), line(0, host="h1", agent="goose/1.56.0"), line(0), eof(2, 3), line(3), line(1)])
+    sequencer = RunSequencer("r")
+    _, records, disp = feed(sequencer, [line(1), line(0, host="h1", agent="goose/1.56.0"), line(0), eof(2, 3), line(3), line(1)])
     # A held entry is counted once, as buffered, when it arrives.
     assert disp == [(1, BUFFERED, None), (0, PROCESSED, None), (0, DUPLICATE, None),
                     (2, PROCESSED, None), (3, DEAD, "after-end"), (1, DUPLICATE, None)]
@@ -71,19 +71,19 @@ def test_dispositions_and_lifecycle():
 
 
 def test_entries_beyond_the_window_are_dead_lettered_so_the_hold_is_bounded():
-    seq = RunSequencer("r", max_buffered=2)
-    _, _, disp = feed(seq, [line(5), line(1), line(2), line(3)])
+    sequencer = RunSequencer("r", max_buffered=2)
+    _, _, disp = feed(sequencer, [line(5), line(1), line(2), line(3)])
     assert disp == [(5, DEAD, "out-of-window"), (1, BUFFERED, None), (2, BUFFERED, None), (3, DEAD, "out-of-window")]
-    assert len(seq.buffer) == 2
+    assert len(sequencer.buffer) == 2
 
 
 def test_abandon_plan_and_apply_report_gaps_and_end_the_run():
-    seq = RunSequencer("r")
-    feed(seq, [line(0), line(1), line(3), line(4), line(7)])
-    through, missing = plan_abandon(seq)
+    sequencer = RunSequencer("r")
+    feed(sequencer, [line(0), line(1), line(3), line(4), line(7)])
+    through, missing = plan_abandon(sequencer)
     assert (through, missing) == (7, [[2, 2], [5, 6]])
     marker = Entry("r", 7, 99_000, "abandon", "stdout", "", None, None, None, "0-0", through, tuple(map(tuple, missing)))
-    events, records, disp = feed(seq, [marker, line(2), line(8), marker])
+    events, records, disp = feed(sequencer, [marker, line(2), line(8), marker])
     gaps = [e for e in events if e["type"] == "warning"]
     assert [g["lines"] for g in gaps] == [[2, 2], [5, 6]]
     assert records[-1]["state"] == "abandoned" and records[-1]["missing"] == [[2, 2], [5, 6]]
@@ -107,8 +107,97 @@ def test_usage_of_the_last_complete_is_on_completed_and_ended():
 
 
 def test_state_survives_json_round_trip_with_held_entries():
-    seq = RunSequencer("r")
-    feed(seq, [line(0), line(2), line(3)])
-    again = RunSequencer.from_state(orjson.loads(orjson.dumps(seq.to_state())))
-    assert again.to_state() == seq.to_state()
+    sequencer = RunSequencer("r")
+    feed(sequencer, [line(0), line(2), line(3)])
+    again = RunSequencer.from_state(orjson.loads(orjson.dumps(sequencer.to_state())))
+    assert again.to_state() == sequencer.to_state()
     assert sorted(again.buffer) == [2, 3]
+
+
+# ---------------------------------------------------------------- lost seqs, caps, guarded mode
+def test_a_lost_seq_is_skipped_at_once_and_reported_missing():
+    sequencer = RunSequencer("r")
+    events, records, _ = feed(sequencer, [line(0), line(2)])
+    out = sequencer.lose(1, 5_000)
+    events += out.events
+    tail_events, tail_records, _ = feed(sequencer, [eof(3)])
+    warnings = [e for e in events + tail_events if e["type"] == "warning"]
+    assert [(w["code"], w["lines"]) for w in warnings] == [("missing-entries", [1, 1])]
+    assert tail_records[-1]["state"] == "ended" and tail_records[-1]["missing"] == [[1, 1]]
+
+
+def test_a_lost_first_seq_starts_nothing_until_the_run_has_an_entry():
+    sequencer = RunSequencer("r")
+    assert sequencer.lose(0, 1).events == [] and sequencer.state == "new"
+    events, records, _ = feed(sequencer, [line(1), eof(2)])
+    assert events[0]["code"] == "missing-entries" and records[-1]["missing"] == [[0, 0]]
+
+
+def test_abandon_covers_lost_seqs_far_beyond_the_window():
+    sequencer = RunSequencer("r", max_buffered=4)
+    _, _, disp = feed(sequencer, [line(0), line(2), line(10**12)])
+    assert disp[-1] == (10**12, DEAD, "out-of-window")
+    through, missing = plan_abandon(sequencer)
+    assert through == 10**12 and missing == [[1, 1], [3, 10**12]]
+    marker = Entry("r", through, 9_000, "abandon", "stdout", "", None, None, None, "0-0", through,
+                   tuple(map(tuple, missing)))
+    events, records, _ = feed(sequencer, [marker])
+    assert [e["lines"] for e in events if e["type"] == "warning"] == [[1, 1], [3, 10**12]]
+    assert records[-1]["state"] == "abandoned" and records[-1]["missing"] == [[1, 1], [3, 10**12]]
+
+
+def test_the_held_bytes_cap_dead_letters_and_loses_the_entry():
+    sequencer = RunSequencer("r", max_held_bytes=300)
+    _, _, disp = feed(sequencer, [line(1, "a" * 100), line(2, "b" * 200), line(3, "c")])
+    assert [d[1:] for d in disp] == [(BUFFERED, None), (DEAD, "hold-limit"), (BUFFERED, None)]
+    assert sequencer.lost == {2: 1002}
+    events, records, _ = feed(sequencer, [line(0), eof(4)])
+    assert records[-1]["missing"] == [[2, 2]]
+
+
+def test_held_changes_name_only_what_changed_since_the_last_commit():
+    sequencer = RunSequencer("r")
+    feed(sequencer, [line(2), line(3)])
+    first = sequencer.take_held_changes()
+    assert [e.seq for e in first.added] == [2, 3] and first.removed == []
+    feed(sequencer, [line(5), line(0)])  # 5 held; 0 processed, then 1 is still missing
+    second = sequencer.take_held_changes()
+    assert [e.seq for e in second.added] == [5] and second.removed == []
+    feed(sequencer, [line(1)])  # takes 2, 3; 5 waits for 4
+    third = sequencer.take_held_changes()
+    assert third.added == [] and third.removed == [2, 3]
+    again = RunSequencer.from_state(orjson.loads(orjson.dumps(sequencer.to_state(include_held=False))),
+                                    held=dict(sequencer.buffer))
+    assert again.to_state() == sequencer.to_state() and again.take_held_changes() == ([], [])
+
+
+class _Raising:
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def redact_event(self, event, tracker=None):
+        if self.token in orjson.dumps(event).decode():
+            raise MemoryError("simulated")
+        return event, {}
+
+
+def test_guarded_mode_loses_only_the_entry_that_raises():
+    entries = [line(0, text='{"type":"message","message":{"role":"assistant","content":[{"type":"text","text":"ok"}]}}'),
+               line(1, text="BOOM on stderr"), line(2), eof(3)]
+    sequencer = RunSequencer("r", redactor=_Raising("BOOM"))
+    sequencer.guarded = True
+    events, records, disp = feed(sequencer, entries)
+    assert (1, DEAD, "processing-error") in disp
+    assert records[-1]["state"] == "ended" and records[-1]["missing"] == [[1, 1]]
+    assert not any("BOOM" in orjson.dumps(e).decode() for e in events)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.randoms(use_true_random=False), st.integers(0, len(LINES) - 1))
+def test_guarded_mode_gives_the_same_output_when_nothing_raises(rnd, n):
+    entries = [line(i) for i in range(n)] + [eof(n)]
+    rnd.shuffle(entries)
+    plain = feed(RunSequencer("r"), entries)
+    guarded_sequencer = RunSequencer("r")
+    guarded_sequencer.guarded = True
+    assert feed(guarded_sequencer, entries) == plain

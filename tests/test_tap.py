@@ -16,10 +16,11 @@ import redis
 
 from services.broker.helpers import redact_url
 from services.broker.keys import shard_of
+from services.tap.command import format_of_command
 from services.tap.publisher import Publisher, RunFinished
 from services.tap.runkey import is_valid_run, new_run_key, ulid
 from services.tap.spool import LOG, SpoolLocked, spool_path
-from tests.fixtures import FIXTURES
+from tests.fixtures import FIXTURES, SHARED
 from tests.support.redis_server import cli_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,6 +104,72 @@ def test_redact_url():
     assert redact_url("redis://h:6379") == "redis://h:6379"
 
 
+@pytest.mark.parametrize("command,expected", [
+    (["goose", "run", "--output-format", "stream-json"], "goose"),
+    (["/usr/local/bin/goose", "run"], "goose"),
+    (["claude", "-p", "--output-format", "stream-json", "--verbose", "hi"], "claude-code"),
+    (["codex", "exec", "--json", "fix it"], "codex"),
+    (["env", "-i", "HOME=/tmp", "ANTHROPIC_API_KEY=x", "claude", "-p"], "claude-code"),
+    (["/usr/bin/env", "-u", "DEBUG", "codex", "exec"], "codex"),
+    (["npx", "-y", "@anthropic-ai/claude-code", "-p", "hi"], "claude-code"),
+    (["npx", "--yes", "@openai/codex@0.46.0", "exec", "--json"], "codex"),
+    (["npx", "--package=@openai/codex", "codex", "exec"], "codex"),
+    (["pnpm", "dlx", "@anthropic-ai/claude-code", "-p"], "claude-code"),
+    (["nohup", "nice", "-n", "5", "goose", "run"], "goose"),
+    (["python3", "-c", "print(1)"], None),
+    (["env", "FOO=1", "python3", "claude"], None),  # an argument named like an agent is not the command
+    (["npx", "cowsay", "codex"], None),
+    (["env"], None),
+    ([], None),
+])
+def test_the_tap_recognises_the_agent_it_wraps(command, expected):
+    assert format_of_command(command) == expected
+
+
+def _fake_agent(tmp_path: Path, name: str, transcript: Path) -> Path:
+    """An executable called `name` that prints a shared transcript, as the real CLI would."""
+    path = tmp_path / "bin" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(f"#!/bin/sh\nexec cat {transcript}\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name,fixture_dir,launcher,expected", [
+    ("claude", "claude-code", [], "claude-code"),
+    ("codex", "codex", ["env", "CODEX_HOME=/tmp"], "codex"),
+    ("goose", "goose", [], "goose"),
+])
+def test_tap_labels_the_entries_with_the_format_of_the_agent_it_wraps(settings, tmp_path, name, fixture_dir,
+                                                                       launcher, expected):
+    transcript = sorted((SHARED / "fixtures" / fixture_dir).glob("*.jsonl"))[0]
+    agent = _fake_agent(tmp_path, name, transcript)
+    run = f"test/format-{name}"
+    res = run_cli(settings, "tap", "--run", run, "--quiet", "--", *launcher, str(agent))
+    assert res.returncode == 0, res.stderr.decode()
+    got = entries(settings, run)
+    assert len(got) == len(file_lines(transcript)) + 1
+    assert all(e["format"] == expected.encode() and e["agent"] == expected.encode() for e in got)
+    # --format wins over recognition; --agent is independent
+    res = run_cli(settings, "tap", "--run", run + "-x", "--quiet", "--format", "goose", "--agent", "fleet/7", "--",
+                  str(agent))
+    assert res.returncode == 0, res.stderr.decode()
+    assert all(e["format"] == b"goose" and e["agent"] == b"fleet/7" for e in entries(settings, run + "-x"))
+
+
+@pytest.mark.e2e
+def test_publish_format_labels_every_entry(settings):
+    transcript = sorted((SHARED / "fixtures" / "codex").glob("*.jsonl"))[0]
+    res = run_cli(settings, "publish", "--run", "test/publish-codex", "--format", "codex", str(transcript))
+    assert res.returncode == 0, res.stderr.decode()
+    got = entries(settings, "test/publish-codex")
+    assert len(got) == len(file_lines(transcript)) + 1 and all(e["format"] == b"codex" for e in got)
+    res = run_cli(settings, "publish", "--run", "test/publish-bad", "--format", "gemini", str(transcript))
+    assert res.returncode == 2 and b"invalid choice: 'gemini'" in res.stderr
+    assert entries(settings, "test/publish-bad") == []
+
+
 # --- publish ----------------------------------------------------------------------------------------
 @pytest.mark.e2e
 def test_publish_fixture_file(settings):
@@ -115,7 +182,7 @@ def test_publish_fixture_file(settings):
     assert res.returncode == 0, res.stderr.decode()
     got = entries(settings, run)
     assert len(got) == len(expected) + 1
-    for i, (e, line) in enumerate(zip(got, expected)):
+    for i, (e, line) in enumerate(zip(got, expected, strict=False)):
         assert list(e) == LINE_FIELDS
         assert e["run"] == run.encode() and e["seq"] == str(i).encode()
         assert e["kind"] == b"line" and e["stream"] == b"stdout" and e["line"] == line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 
@@ -72,3 +73,74 @@ def test_events_are_redacted_and_the_raw_log_is_not(settings, tmp_path, enabled)
     # Redaction is deterministic and replays identically.
     env_settings = settings.model_copy(update={"redaction_enabled": enabled})
     assert compare(env_settings, run) == 0
+
+
+# --- every family on the live path ---------------------------------------------------------------
+
+PW = {name: f"{name}Zq7{i}x9Lw3Vb" for i, name in enumerate(
+    ["argpw", "envpw", "curlpw", "mysqlpw", "cookiepw", "netrcpw", "awssecret0123456789", "cutpw", "npmtok", "flagpw"])}
+KEY_BODY = ["MIIEpAIBAAKCAQEA7bqZ3Jvb3Z5IGdvb3N5MIIEpAIBAAKCAQEA7bqZ3Jvb3Z5IGdv", "b3N5MIIEpAIBAAKCAQEA7bqZ3Jvb3Z5IGdvb3N5=="]
+CUT_TOKEN = "ghp_" + "Zq7x9Lw3Vb" * 4  # cut in half by the span cap below
+SPAN_CAP = 120
+
+
+def _msg(mid: str, role: str, *blocks: dict) -> dict:
+    return {"type": "message", "message": {"id": mid, "role": role, "content": list(blocks)}}
+
+
+def _family_lines() -> list[tuple[str, bytes]]:
+    """(stream, line) of one run that prints a secret of most families in most places."""
+    unknown_tool = _msg("m1", "assistant", {"type": "toolRequest", "id": "c1", "toolCall": {"status": "success", "value": {
+        "name": "db__connect", "arguments": {"host": "db", "password": PW["argpw"], "env": {"DB_PASSWORD": PW["envpw"]}}}}})
+    shell = _msg("m2", "assistant", {"type": "toolRequest", "id": "c2", "toolCall": {"status": "success", "value": {
+        "name": "shell", "arguments": {"command": f"curl -u deploy:{PW['curlpw']} https://ci.example.com && "
+                                                  f"mysql -uroot -p{PW['mysqlpw']} acme --api-key {PW['flagpw']}"}}}})
+    shell_done = _msg("m3", "user", {"type": "toolResponse", "id": "c2", "toolResult": {"status": "success", "value": {
+        "content": [{"type": "text", "text": "ok"}], "isError": False}}})
+    aws = _msg("m4", "assistant", {"type": "toolRequest", "id": "c3", "toolCall": {"status": "success", "value": {
+        "name": "aws__sts", "arguments": {"op": "get-session-token"}}}})
+    aws_out = json.dumps({"Credentials": {"AccessKeyId": "ASIAY34FZKBOKMUTVV7A", "SecretAccessKey": PW["awssecret0123456789"]}},
+                         indent=4)
+    aws_done = _msg("m5", "user", {"type": "toolResponse", "id": "c3", "toolResult": {"status": "success", "value": {
+        "content": [{"type": "text", "text": aws_out}], "isError": False}}})
+    netrc = _msg("m6", "assistant", {"type": "text", "text": f"Wrote ~/.netrc: machine h.example.com login me password "
+                                                             f"{PW['netrcpw']} and ~/.npmrc: //r/:_authToken={PW['npmtok']}"})
+    cut = _msg("m7", "assistant", {"type": "text", "text": "x" * (SPAN_CAP - 20) + f" token is {CUT_TOKEN} ok"})
+    notif = {"type": "notification", "extensionId": "x", "data": {f"password={PW['cutpw']}": True}}
+    lines: list[tuple[str, bytes]] = [("stdout", orjson.dumps(x)) for x in (unknown_tool, shell, shell_done, aws, aws_done, netrc)]
+    lines += [("stderr", b"-----BEGIN RSA PRIVATE KEY-----"), ("stdout", f"Cookie: sid={PW['cookiepw']}; t=1".encode())]
+    lines += [("stderr", body.encode()) for body in KEY_BODY] + [("stderr", b"-----END RSA PRIVATE KEY-----")]
+    lines += [("stdout", orjson.dumps(x)) for x in (cut, notif)]
+    return lines
+
+
+def test_every_family_is_redacted_on_the_live_path_and_replays(settings, tmp_path):
+    run = "redact/families"
+    r = redis.Redis.from_url(settings.redis_url)
+    stream = settings.raw_stream(shard_of(run, settings.shards))
+    lines = _family_lines()
+    for seq, (std, line) in enumerate(lines):
+        r.xadd(stream, {"run": run, "seq": seq, "ts": 1_000 + seq, "stream": std, "line": line})
+    r.xadd(stream, {"run": run, "seq": len(lines), "ts": 2_000, "kind": "eof"})
+    worker = start_worker(settings, tmp_path / "w.log", GOOSE_INGEST_MAX_SPAN_CHARS=str(SPAN_CAP),
+                          GOOSE_INGEST_METRICS_PORT=str(free_port()))
+    try:
+        wait_until(lambda: run in ended_runs(settings), timeout=30)
+    finally:
+        stop(worker)
+    events = events_by_run(settings)[run]
+    published = orjson.dumps(events).decode()
+    raw = b"".join(f[b"line"] for _, f in r.xrange(stream) if b"line" in f).decode()
+    for name, secret in PW.items():
+        assert secret in raw, name  # the log of record stays as received
+        assert secret not in published, name
+    for body in KEY_BODY:
+        assert body in raw and body not in published
+    assert CUT_TOKEN[:12] not in published  # the half the cap left is gone too
+    for marker in ("secret-field", "cli-password", "aws-secret-access-key", "netrc", "password-assignment", "cookie",
+                   "private-key", "truncated-tail"):
+        assert f"[REDACTED:{marker}]" in published, marker
+    key_lines = [e["message"] for e in events if e["type"] == "warning" and "PRIVATE KEY" not in e.get("message", "x")]
+    assert key_lines.count("[REDACTED:private-key]") >= len(KEY_BODY)
+    # the same settings rebuild the same events from the raw log
+    assert compare(settings.model_copy(update={"max_span_chars": SPAN_CAP}), run) == 0

@@ -36,9 +36,37 @@ def _publish(settings: Settings, run: str, n: int, eof: bool = True) -> None:
     pipe.execute()
 
 
+# The defaults, not the fast sweep start_worker uses elsewhere: a 0.3 s sweep recreated the groups
+# before FastStream gave up on them and so hid that an empty Redis used to end every worker.
+DEFAULT_SWEEP = {"GOOSE_INGEST_SWEEP_INTERVAL_S": "5", "GOOSE_INGEST_CLAIM_IDLE_MS": "30000",
+                 "GOOSE_INGEST_BATCH_SIZE": "500"}
+FASTSTREAM_GIVES_UP_S = 5.0  # FastStream 0.7.8 stops a subscriber ~5 s after Redis comes back empty
+
+
+def _metrics_port(log) -> int:
+    def port() -> int | None:
+        for line in log.read_text(errors="replace").splitlines():
+            if "metrics on port" in line:
+                return int(line.rsplit(" ", 1)[1])
+        return None
+
+    return wait_until(port, timeout=30)
+
+
+def _readyz(port: int) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
 def test_worker_survives_a_redis_restart_and_reconnects(private_redis, tmp_path):
     settings = Settings(redis_url=private_redis.url, namespace="restart", shards=2)
-    worker = start_worker(settings, tmp_path / "w.log")
+    worker = start_worker(settings, tmp_path / "w.log", **DEFAULT_SWEEP)
     try:
         _publish(settings, "restart/before", 20)
         wait_until(lambda: "restart/before" in ended_runs(settings), timeout=30)
@@ -46,12 +74,66 @@ def test_worker_survives_a_redis_restart_and_reconnects(private_redis, tmp_path)
         private_redis.stop()
         time.sleep(1.5)
         private_redis.restart()
+        time.sleep(FASTSTREAM_GIVES_UP_S + 2)
+        assert worker.poll() is None, "the worker exited instead of reconnecting"
         _publish(settings, "restart/after", 20)
         wait_until(lambda: "restart/after" in ended_runs(settings), timeout=60)
         assert worker.poll() is None, "the worker exited instead of reconnecting"
     finally:
         stop(worker)
+    assert worker.returncode == 0
     assert events_by_run(settings)["restart/after"] == expected_events(settings, "restart/after")
+
+
+def test_a_flushed_redis_never_kills_the_worker_with_default_settings(private_redis, tmp_path):
+    settings = Settings(redis_url=private_redis.url, namespace="flushed", shards=2)
+    log = tmp_path / "w.log"
+    worker = start_worker(settings, log, **DEFAULT_SWEEP)
+    try:
+        port = _metrics_port(log)
+        _publish(settings, "flushed/before", 10)
+        wait_until(lambda: "flushed/before" in ended_runs(settings), timeout=30)
+        redis.Redis.from_url(private_redis.url).flushall()  # a private server: nobody else's data
+        time.sleep(FASTSTREAM_GIVES_UP_S + 2)
+        assert worker.poll() is None, log.read_text()[-3000:]
+        _publish(settings, "flushed/after", 10)
+        wait_until(lambda: "flushed/after" in ended_runs(settings), timeout=30)
+        assert worker.poll() is None
+        assert wait_until(lambda: _readyz(port)[0] == 200, timeout=30)
+    finally:
+        stop(worker)
+    assert worker.returncode == 0, log.read_text()[-3000:]
+    assert "recreating it at 0" in log.read_text()
+    assert events_by_run(settings)["flushed/after"] == expected_events(settings, "flushed/after")
+
+
+def test_a_worker_whose_subscriber_stopped_says_so_and_exits_non_zero(settings):
+    import asyncio
+
+    from services.metrics import Metrics
+    from services.worker.app import build_app
+
+    s = settings.model_copy(update={"metrics_port": 0})
+
+    async def go():
+        app, runtime = build_app(s, Metrics())
+        task = asyncio.create_task(app.run())
+        deadline = time.monotonic() + 30
+        while not (runtime.subscribers and all(sub.running for _, sub in runtime.subscribers)
+                   and runtime.housekeeper is not None):
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.05)
+        assert runtime.subscriber_health().ok
+        stream, sub = runtime.subscribers[0]
+        await sub.stop()  # a subscriber that stops for any reason but a shutdown
+        ready = runtime.housekeeper.readiness()
+        await asyncio.wait_for(task, timeout=30)
+        return stream, ready, runtime
+
+    stream, ready, runtime = asyncio.run(go())
+    assert not ready.ok and stream in ready.reason
+    assert runtime.exit_code == 1
+    assert stream in runtime.subscriber_health().reason and "status 1" in runtime.subscriber_health().reason
 
 
 def test_sigterm_finishes_the_batch_and_loses_nothing(settings, tmp_path):

@@ -15,6 +15,7 @@ from services.backfill.importer import (
     validate_namespace,
 )
 from services.backfill.sessions_db import SessionsDbError, list_sessions, open_readonly
+from services.broker.cluster import ensure_shard_count
 from services.broker.helpers import redact_url, sync_client_with_timeouts
 from services.settings import Settings
 from services.tap.spool import SpoolCorrupt, SpoolLocked
@@ -80,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
             client = sync_client_with_timeouts(settings, socket_timeout=30.0, connect_timeout=5.0)
             try:
                 client.ping()
+                # another shard count than the data's would put runs and checkpoints in other
+                # shards (ShardCountMismatch: one line, exit 2, from services/cli.py)
+                ensure_shard_count(client, settings.layout)
+            except (redis.AuthenticationError, redis.exceptions.NoPermissionError):
+                raise  # credentials or role: services/cli.py reports it as one line, exit 2
             except (redis.RedisError, OSError) as exc:
                 return _fail(f"broker unreachable at {redact_url(settings.redis_url)}: {exc}")
         elif not args.dry_run:
@@ -118,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
                     bar.update(counts.get(s.id, 0))
         except (SpoolLocked, SpoolCorrupt) as exc:
             return _fail(str(exc), 1)
+        except redis.exceptions.NoPermissionError:
+            raise  # the wrong role: one line naming it, exit 2 (services/cli.py)
         except redis.RedisError as exc:
             return _fail(f"broker error: {exc}", 1)
         finally:

@@ -38,7 +38,6 @@ from services.settings import Settings
 from services.tap.publisher import Publisher
 from services.tap.runkey import is_valid_run
 from services.tap.spool import LOG, Spool, SpoolLocked, spool_path
-from services.worker.batch import state_key
 
 NS_RE = re.compile(r"[A-Za-z0-9._:@-]+")
 SID_RE = re.compile(r"[A-Za-z0-9._:@-]+")
@@ -73,11 +72,11 @@ def validate_namespace(ns: str) -> str:
 
 
 def checkpoint_key(settings: Settings, base: str) -> str:
-    return settings.key("goose-ingest:import:" + base)
+    return settings.layout.import_checkpoint(base)
 
 
 def ids_key(settings: Settings, base: str) -> str:
-    return checkpoint_key(settings, base) + ":ids"
+    return checkpoint_key(settings, base) + ":ids"  # same hash tag as its checkpoint (one slot)
 
 
 def run_key(base: str, part: int) -> str:
@@ -153,7 +152,7 @@ def load_checkpoint(client: redis.Redis, settings: Settings, base: str) -> Check
         cp.reported = json.loads(h.get("reported") or "{}")
     cp.ids = {i.decode("utf-8", "surrogateescape") for i in ids}
     if cp.run and not cp.ended:
-        raw = client.hget(state_key(settings, cp.run), "s")
+        raw = client.hget(settings.layout.run_state(cp.run), "s")
         if raw is not None:
             try:
                 cp.worker_state = json.loads(raw).get("state")

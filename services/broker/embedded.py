@@ -80,7 +80,7 @@ def _port_is_open(host: str, port: int) -> bool:
         return False
 
 
-_live: "weakref.WeakSet[EmbeddedRedis]" = weakref.WeakSet()
+_live: weakref.WeakSet[EmbeddedRedis] = weakref.WeakSet()
 
 
 @atexit.register
@@ -127,7 +127,7 @@ class EmbeddedRedis:
         return f"EmbeddedRedis(url={self.url!r}, pid={self.pid}, running={self.running})"
 
     # --- lifecycle --------------------------------------------------------------
-    def start(self, timeout: float = 10.0) -> "EmbeddedRedis":
+    def start(self, timeout: float = 10.0) -> EmbeddedRedis:
         with self._lock:
             if self.running:
                 return self
@@ -166,7 +166,7 @@ class EmbeddedRedis:
                     raise TimeoutError(f"redis-server on port {self.port} did not answer within {timeout}s: {self._log_tail()}")
                 time.sleep(0.02)
 
-    def restart(self, timeout: float = 10.0) -> "EmbeddedRedis":
+    def restart(self, timeout: float = 10.0) -> EmbeddedRedis:
         """Start the server again on the same port (stopping it first if it runs). Data is not kept."""
         if self.running:
             self.stop()
@@ -218,7 +218,7 @@ class EmbeddedRedis:
             return "(no log)"
         return " | ".join(lines[-n:]) or "(empty log)"
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 
-from services.broker.connect import _kwargs, require_url
+from services.broker.connect import _cluster_error, _cluster_kwargs, _credentials, _kwargs, target
 from services.settings import Settings
 
 
@@ -24,9 +27,14 @@ def redact_url(url: str | None) -> str:
     return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
 
 
-def sync_client_with_timeouts(settings: Settings, socket_timeout: float | None, connect_timeout: float) -> redis.Redis:
+def sync_client_with_timeouts(settings: Settings, socket_timeout: float | None, connect_timeout: float) -> Any:
     """Like ``connect.sync_client`` but with explicit timeouts (for producers that must notice a hung broker)."""
-    kw = _kwargs(settings)
-    kw["socket_timeout"] = socket_timeout
-    kw["socket_connect_timeout"] = connect_timeout
-    return redis.Redis.from_url(require_url(settings), **kw)
+    t = target(settings)
+    timeouts = {"socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout}
+    if settings.redis_cluster:
+        nodes = [ClusterNode(s.host, s.port) for s in t.seeds]
+        try:
+            return RedisCluster(startup_nodes=nodes, **{**_cluster_kwargs(settings, t), **timeouts})
+        except RedisClusterException as exc:
+            raise _cluster_error(exc, t) from None
+    return redis.Redis.from_url(t.url_without_credentials, **{**_kwargs(settings), **_credentials(t), **timeouts})

@@ -27,6 +27,7 @@ RUN_STATE = "goose-ingest:run"
 ACTIVE_RUNS = "goose-ingest:active"
 IMPORT_CHECKPOINT = "goose-ingest:import"
 EXPORT_STATE = "goose-ingest:export"
+EXPORT_OPEN = "goose-ingest:export-open"  # sorted set run -> last activity ms of an exporter's open runs
 META = "goose-ingest:meta"  # deployment facts (the shard count the data was created with)
 
 
@@ -103,6 +104,13 @@ class KeyLayout:
             return self.key(f"{EXPORT_STATE}:{exporter}:{self.tag(self.shard_of(run))}:{run}")
         return self.key(f"{EXPORT_STATE}:{exporter}:{run}")
 
+    def export_open_runs(self, exporter: str, shard: int) -> str:
+        """Runs an exporter has open (e.g. a trace whose root is not out), in the shard's slot."""
+        return self.key(f"{EXPORT_OPEN}:{exporter}:{self.tag(shard)}") if self.cluster else self.key(f"{EXPORT_OPEN}:{exporter}")
+
+    def export_open_run_sets(self, exporter: str) -> list[str]:
+        return sorted(set(self.export_open_runs(exporter, i) for i in range(self.shards)))
+
     def meta(self) -> str:
         return self.key(META)
 
@@ -131,3 +139,10 @@ class KeyLayout:
 
     def deadletter_partitions(self) -> list[str]:
         return self._partitions(self.deadletter_stream)
+
+    def export_deadletter_partition(self, exporter: str, shard: int) -> str:
+        """Dead letters of an exporter (`<deadletter>.<exporter>`): exports a target refused."""
+        return self._partition(f"{self.deadletter_stream}.{exporter}", shard)
+
+    def export_deadletter_partitions(self, exporter: str) -> list[str]:
+        return self._partitions(f"{self.deadletter_stream}.{exporter}")

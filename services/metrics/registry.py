@@ -19,17 +19,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from contracts.events import EVENT_TYPES as _CONTRACT_EVENT_TYPES
 from contracts.events import TOOL_EVENT_TYPES as _CONTRACT_TOOL_EVENT_TYPES
+from contracts.raw import DEAD_LETTER_REASONS as DEAD_LETTER_REASONS  # one source: the contract
+from contracts.raw import RAW_OUTCOMES as RAW_OUTCOMES
+from contracts.runs import RUN_STATES as RUN_STATES
 
 OTHER = "other"
 
-RAW_OUTCOMES: tuple[str, ...] = ("processed", "duplicate", "buffered", "dead_lettered")
-DEAD_LETTER_REASONS: tuple[str, ...] = (
-    "invalid-entry",
-    "oversize",
-    "max-deliveries",
-    "after-end",
-    "out-of-window",
-)
 EVENT_TYPES: tuple[str, ...] = _CONTRACT_EVENT_TYPES
 TOOL_EVENT_TYPES: frozenset[str] = frozenset(_CONTRACT_TOOL_EVENT_TYPES)
 # The contract's base tool names (spec §3.5), matched case-insensitively.
@@ -49,7 +44,6 @@ TOOL_BASE_NAMES: tuple[str, ...] = (
 )
 TOOL_LABELS: tuple[str, ...] = TOOL_BASE_NAMES + ("mcp", OTHER)
 TOOL_OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown")
-RUN_STATES: tuple[str, ...] = ("started", "completed", "ended", "abandoned")
 TERMINAL_RUN_STATES: frozenset[str] = frozenset({"ended", "abandoned"})
 # record field -> `kind` label of goose_ingest_tokens_total
 TOKEN_FIELDS: tuple[tuple[str, str], ...] = (
@@ -194,6 +188,12 @@ class Metrics:
             ["shard"],
             registry=r,
         )
+        self.oldest_pending_age = Gauge(
+            "goose_ingest_oldest_pending_age_seconds",
+            "Age of the shard's oldest entry delivered but not acknowledged (0: nothing pending).",
+            ["shard"],
+            registry=r,
+        )
         self.worker_ready = Gauge(
             "goose_ingest_worker_ready",
             "1 while this worker is ready (connected, groups created, consuming), else 0.",
@@ -300,11 +300,14 @@ class Metrics:
             return OTHER
         return str(shard)
 
-    def set_backlog(self, shard: int, lag: int | None, pending: int) -> None:
+    def set_backlog(self, shard: int, lag: int | None, pending: int, oldest_pending_age_s: float | None = None) -> None:
         label = self._shard_label(shard)
         # lag None: Redis cannot compute it (e.g. entries deleted inside the group's window): NaN.
         self.consumer_lag.labels(label).set(float("nan") if lag is None else lag)
         self.pending_entries.labels(label).set(pending)
+        if oldest_pending_age_s is not None:
+            # Clock skew between Redis ids and now can make it negative: clamp to 0.
+            self.oldest_pending_age.labels(label).set(max(0.0, float(oldest_pending_age_s)) if pending else 0.0)
 
     def set_ready(self, ready: bool) -> None:
         self.worker_ready.set(1 if ready else 0)

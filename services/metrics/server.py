@@ -6,6 +6,7 @@ the worker is busy with a batch, and it never blocks process exit.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -15,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.metrics.registry import Metrics
+from services.settings import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +55,16 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/healthz":
             self._reply(200, b"ok\n")
         elif path == "/readyz":
+            reason = ""
             try:
-                ok = bool(self.server.ready())
+                status = self.server.ready()
+                ok = bool(status)
+                reason = str(getattr(status, "reason", "") or "")  # a Readiness says why it is not ready
             except Exception:  # a failing probe is "not ready", never a crashed server thread
                 log.exception("readiness callback failed")
                 ok = False
-            self._reply(200, b"ready\n") if ok else self._reply(503, b"not ready\n")
+            body = b"not ready: " + reason.encode() + b"\n" if reason else b"not ready\n"
+            self._reply(200, b"ready\n") if ok else self._reply(503, body)
         else:
             self._reply(404, b"not found\n")
 
@@ -84,17 +90,50 @@ class MetricsServer:
             self._thread.join(timeout=5)
         self._httpd.server_close()
 
-    def __enter__(self) -> "MetricsServer":
+    def __enter__(self) -> MetricsServer:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def serve(metrics: Metrics, host: str, port: int, ready: Callable[[], bool]) -> MetricsServer:
-    """Start serving ``metrics.registry`` on host:port (0: any free port) in a daemon thread."""
+class MetricsPortUnavailable(ConfigError):
+    """The metrics address cannot be bound (in use by another worker, not a local address, privileged)."""
+
+
+def bind_error(host: str, port: int, exc: OSError) -> MetricsPortUnavailable:
+    if exc.errno == errno.EADDRINUSE:
+        why = "is already in use (another worker or `up` on this host?)"
+    elif exc.errno == errno.EACCES:
+        why = "needs privileges this process does not have"
+    else:
+        why = f"cannot be bound ({exc.strerror or exc})"
+    return MetricsPortUnavailable(
+        f"metrics address {host}:{port} {why}: set GOOSE_INGEST_METRICS_PORT to a free port "
+        "(0: any free port) or GOOSE_INGEST_METRICS_HOST"
+    )
+
+
+def check_bindable(host: str, port: int) -> None:
+    """Raise MetricsPortUnavailable now when host:port cannot be served (port 0 always can)."""
     server_cls = _Server6 if ":" in host else _Server
-    httpd = server_cls((host, port), _Handler, metrics, ready)
+    try:
+        with socket.socket(server_cls.address_family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            probe.bind((host, port))
+    except OSError as exc:
+        raise bind_error(host, port, exc) from None
+
+
+def serve(metrics: Metrics, host: str, port: int, ready: Callable[[], bool]) -> MetricsServer:
+    """Start serving ``metrics.registry`` on host:port (0: any free port) in a daemon thread.
+
+    Raises MetricsPortUnavailable (a ConfigError: one line, exit 2 in the CLI) when it cannot bind."""
+    server_cls = _Server6 if ":" in host else _Server
+    try:
+        httpd = server_cls((host, port), _Handler, metrics, ready)
+    except OSError as exc:
+        raise bind_error(host, port, exc) from None
     thread = threading.Thread(
         target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name=f"metrics-http-{httpd.server_address[1]}", daemon=True
     )

@@ -1,4 +1,10 @@
-"""`goose-ingest normalize`: raw goose stream-json lines in, harness events (JSON lines) out."""
+"""`goose-ingest normalize`: an agent's raw stream lines in, harness events (JSON lines) out.
+
+Exit codes: 0 events written (also when stdout is closed early); 2 a usage error, an unreadable
+file, or input that is not a line stream at all (a SQLite database such as goose's sessions.db,
+or one multi-line JSON document such as `goose run --output-format json` prints): one line on
+stderr says what the input looks like and what to use instead, and nothing is written to stdout.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +12,44 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 import orjson
 
 from contracts.raw import RUN_KEY_PATTERN
-from services.normalizer.machine import Limits, RunNormalizer
+from services.normalizer import FORMATS, Limits, RunNormalizer
 from services.normalizer.timefmt import parse_ts
 
 _RUN_RE = re.compile(RUN_KEY_PATTERN)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/@-]")
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# A line stream never has a line that is only an opening bracket; a pretty-printed document does.
+_DOCUMENT_OPENERS = ("{", "[")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+class NotAStream(Exception):
+    """The input is something else than one record per line; the message says what to use."""
+
+
+def register(sub: Any) -> None:
     p = sub.add_parser(
         "normalize",
-        help="normalize goose stream-json lines from a file or stdin into harness events",
-        description="Reads lines as `goose run --output-format stream-json` prints them and writes one "
-        "harness event per line as compact JSON. End of input is the run's eof.",
+        help="normalize an agent's stream lines (goose, Claude Code or Codex) from a file or stdin into harness events",
+        description="Reads lines as `goose run --output-format stream-json`, `claude -p --output-format stream-json "
+        "--verbose` or `codex exec --json` print them and writes one harness event per line as compact JSON. "
+        "End of input is the run's eof. Exit 2: usage error, unreadable input, or input that is not a line "
+        "stream (a sessions.db, an --output-format json document); stderr says what to use instead.",
     )
     p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
-    p.add_argument("--run", help="run key (default: the file name without extension, or 'stdin')")
-    p.add_argument("--stderr", metavar="FILE", help="goose's stderr lines; they are taken before stdout's")
+    p.add_argument("--run", help="run key (default: the file name without its last extension, or 'stdin')")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="the input format (default: detected from the first JSON object, goose when unrecognised)",
+    )
+    p.add_argument("--stderr", metavar="FILE", help="the agent's stderr lines; they are taken before stdout's")
     p.add_argument("--epoch", help="give line n the time EPOCH + n ms (Unix ms or RFC 3339) for reproducible output")
     p.add_argument("--max-span-chars", type=int, default=Limits().max_span_chars)
     p.add_argument("--max-pending-tools", type=int, default=Limits().max_pending_tools)
@@ -44,15 +65,38 @@ def _open(name: str) -> BinaryIO:
     return sys.stdin.buffer if name == "-" else open(name, "rb")
 
 
-def _lines(stream: BinaryIO) -> Iterator[str]:
+def _label(name: str) -> str:
+    return "standard input" if name == "-" else name
+
+
+def _lines(stream: BinaryIO, name: str, check: bool) -> Iterator[str]:
+    """Decoded lines without their newline; `check`: refuse input that is not a line stream."""
+    if check:
+        head = stream.peek(len(SQLITE_MAGIC)) if hasattr(stream, "peek") else b""
+        if head.startswith(SQLITE_MAGIC):
+            raise NotAStream(
+                f"{_label(name)} is a SQLite database (goose's sessions.db?), not stream lines: "
+                f"import it with `goose-ingest import-sessions {name if name != '-' else 'PATH'} --namespace NS`"
+            )
+    looking = check
     for raw in stream:
-        yield raw.rstrip(b"\r\n").decode("utf-8", "replace")
+        text = raw.rstrip(b"\r\n").decode("utf-8", "replace")
+        if looking and text.strip():
+            looking = False
+            if text.strip() in _DOCUMENT_OPENERS:
+                raise NotAStream(
+                    f"{_label(name)} looks like one multi-line JSON document (`goose run --output-format json`?), "
+                    "not one JSON record per line: run the agent with `--output-format stream-json` "
+                    "(or import goose's sessions.db with `goose-ingest import-sessions`)"
+                )
+        yield text
 
 
 def default_run_key(name: str) -> str:
+    """The file name without its last extension (dots inside the name are kept)."""
     if name == "-":
         return "stdin"
-    stem = _UNSAFE.sub("_", Path(name).name.split(".")[0])[:200]
+    stem = _UNSAFE.sub("_", Path(name).stem)[:200]
     return stem or "run"
 
 
@@ -74,11 +118,13 @@ def run(args: argparse.Namespace) -> int:
     handles = []
     try:
         for name, stream_name in sources:
-            handles.append((_open(name), stream_name))
+            handles.append((_open(name), name, stream_name))
     except OSError as exc:
         return _fail(f"cannot read {exc.filename}: {exc.strerror}")
 
-    norm = RunNormalizer(run_key, Limits(args.max_span_chars, args.max_pending_tools))
+    norm = RunNormalizer(run_key, Limits(args.max_span_chars, args.max_pending_tools), args.format)
+    # Events are held until the input proved to be a line stream, so a refused input prints nothing.
+    held: list[bytes] | None = []
     out = sys.stdout.buffer
     dumps = orjson.dumps
     seq = 0
@@ -86,19 +132,37 @@ def run(args: argparse.Namespace) -> int:
     def now(n: int) -> int:
         return epoch + n if epoch is not None else time.time_ns() // 1_000_000
 
+    def write(events: list[dict[str, Any]]) -> None:
+        for event in events:
+            data = dumps(event) + b"\n"
+            if held is None:
+                out.write(data)
+            else:
+                held.append(data)
+
     try:
-        for handle, stream_name in handles:
-            for text in _lines(handle):
-                for event in norm.line(seq, now(seq), text, stream_name):
-                    out.write(dumps(event) + b"\n")
+        for handle, name, stream_name in handles:
+            check = stream_name == "stdout"
+            for text in _lines(handle, name, check):
+                write(norm.line(seq, now(seq), text, stream_name))
                 seq += 1
-        for event in norm.end(seq, now(seq)):
-            out.write(dumps(event) + b"\n")
+                if held is not None and (check and text.strip()):
+                    for data in held:
+                        out.write(data)
+                    held = None
+        write(norm.end(seq, now(seq)))
+        if held is not None:
+            for data in held:
+                out.write(data)
         out.flush()
-    except BrokenPipeError:
-        return 0
+    except NotAStream as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            return 0
+        return _fail(f"cannot read: {exc.strerror or exc}")
     finally:
-        for handle, _ in handles:
+        for handle, _, _ in handles:
             if handle is not sys.stdin.buffer:
                 handle.close()
     return 0

@@ -122,8 +122,9 @@ always get fresh dicts.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from functools import lru_cache
-from typing import Iterator
+from typing import Any, Literal
 
 __all__ = ["classify_shell"]
 
@@ -170,16 +171,22 @@ def _ansi_c(body: str) -> str:
     return _ANSI_ESC_RE.sub(lambda m: _ANSI_ESCAPES.get(m.group(1), m.group(0)), body)
 
 
+def _must(m: re.Match[str] | None) -> re.Match[str]:
+    """The match of a pattern that matches everywhere (it may match the empty string)."""
+    assert m is not None
+    return m
+
+
 def _skip_dq(s: str, j: int) -> int:
     """``s[j-1]`` is ``"``; return the index after the closing quote (or len)."""
-    m = _DQ_BODY_RE.match(s, j)
+    m = _must(_DQ_BODY_RE.match(s, j))
     e = m.end()
     return e + 1 if e < len(s) and s[e] == '"' else len(s)
 
 
 def _skip_bq(s: str, j: int) -> int:
     """``s[j-1]`` is a backquote; return the index after its closer (or len)."""
-    m = _BQ_BODY_RE.match(s, j)
+    m = _must(_BQ_BODY_RE.match(s, j))
     e = m.end()
     return e + 1 if e < len(s) and s[e] == "`" else len(s)
 
@@ -225,7 +232,7 @@ def _skip_dollar(s: str, i: int) -> int:
     return -1
 
 
-def _tokens(s: str) -> Iterator[tuple]:
+def _tokens(s: str) -> Iterator[tuple[Any, ...]]:
     """Lazily yield ``(_WORD, text, literal_prefix_len)`` / ``(_OP, op, fd)``.
 
     ``literal_prefix_len`` is how many leading characters of ``text`` came from
@@ -250,7 +257,7 @@ def _tokens(s: str) -> Iterator[tuple]:
             i = k
             continue
         if c in _OP_START:
-            m = _OP_RE.match(s, i)
+            m = _must(_OP_RE.match(s, i))
             i = m.end()
             yield (_OP, m.group(), None)
             continue
@@ -269,7 +276,7 @@ def _tokens(s: str) -> Iterator[tuple]:
                 if c in "<>" and in_word and quoted_at < 0:
                     word = "".join(parts)
                     if _DIGITS_RE.match(word):
-                        m = _OP_RE.match(s, i)
+                        m = _must(_OP_RE.match(s, i))
                         i = m.end()
                         fd_redirect = (_OP, m.group(), word)
                 break
@@ -315,7 +322,7 @@ def _tokens(s: str) -> Iterator[tuple]:
                     elif d == "`":
                         e = _skip_bq(s, i + 1)
                     else:
-                        e = _DQ_RUN_RE.match(s, i).end()
+                        e = _must(_DQ_RUN_RE.match(s, i)).end()
                     parts.append(s[i:e])
                     length += e - i
                     i = e
@@ -336,7 +343,7 @@ def _tokens(s: str) -> Iterator[tuple]:
             if c == "$":
                 nx = s[i + 1] if i + 1 < n else ""
                 if nx == "'":
-                    m = _SQ_ESC_BODY_RE.match(s, i + 2)
+                    m = _must(_SQ_ESC_BODY_RE.match(s, i + 2))
                     e = m.end()
                     piece = _ansi_c(s[i + 2:e])
                     i = e + 1 if e < n else n
@@ -365,7 +372,7 @@ def _tokens(s: str) -> Iterator[tuple]:
                 i = e
                 in_word = True
                 continue
-            m = _WORD_RUN_RE.match(s, i)
+            m = _must(_WORD_RUN_RE.match(s, i))
             e = m.end()
             parts.append(s[i:e])
             length += e - i
@@ -377,7 +384,7 @@ def _tokens(s: str) -> Iterator[tuple]:
             yield (_WORD, "".join(parts), length if quoted_at < 0 else quoted_at)
 
 
-def _first_simple_command(s: str):
+def _first_simple_command(s: str) -> tuple[list[tuple[str, int]], list[tuple[Any, ...]]] | None:
     """Return ``(words, redirects)`` of the first simple command, or None.
 
     ``words`` is a list of ``(text, literal_prefix_len)``; ``redirects`` a list
@@ -412,7 +419,7 @@ def _first_simple_command(s: str):
 # ---------------------------------------------------------------------------
 
 
-def _cat(args: list[str], redirects) -> tuple | None:
+def _cat(args: list[str], redirects: list[tuple[Any, ...]]) -> tuple[Any, ...] | None:
     operands: list[str] = []
     end_opts = False
     for w in args:
@@ -459,7 +466,7 @@ def _line_number(digits: str) -> int | None:
     return int(d)
 
 
-def _sed_addr(sc: str, pos: int):
+def _sed_addr(sc: str, pos: int) -> tuple[Any, ...] | None:
     """Parse one sed address at ``pos``: return ``(kind, value, new_pos)`` or None."""
     n = len(sc)
     if pos >= n:
@@ -504,7 +511,7 @@ def _skip_sed_blanks(sc: str, pos: int) -> int:
     return pos
 
 
-def _sed_range(script: str):
+def _sed_range(script: str) -> tuple[Any, ...] | Literal[False]:
     """Return ``(start, end)`` (either may be None) or False if not ``ADDR[,ADDR]p``."""
     sc = script.strip(" \t\n")
     a1 = _sed_addr(sc, 0)
@@ -536,7 +543,7 @@ def _sed_range(script: str):
     return (None, None)
 
 
-def _sed(args: list[str]) -> tuple | None:
+def _sed(args: list[str]) -> tuple[Any, ...] | None:
     saw_n = False
     scripts: list[str] = []
     operands: list[str] = []
@@ -586,7 +593,7 @@ def _sed(args: list[str]) -> tuple | None:
     if not files or not files[-1]:
         return None
     rng = _sed_range(script)
-    if rng is False:
+    if not isinstance(rng, tuple):
         return None
     op: list[tuple[str, object]] = [("type", "read"), ("path", files[-1])]
     if rng[0] is not None:
@@ -617,8 +624,8 @@ _RG_LONG_VALUE = frozenset({
 _RG_NO_PATTERN = frozenset({"--files", "--type-list"})
 
 
-def _search(args: list[str], short_value: frozenset, long_value: frozenset,
-            no_pattern: frozenset = frozenset()) -> tuple | None:
+def _search(args: list[str], short_value: frozenset[str], long_value: frozenset[str],
+            no_pattern: frozenset[str] = frozenset()) -> tuple[Any, ...] | None:
     e_query: str | None = None
     from_file = False
     operands: list[str] = []
@@ -700,7 +707,7 @@ _FIND_ONE_ARG = frozenset({
 _FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 
 
-def _find(args: list[str]) -> tuple | None:
+def _find(args: list[str]) -> tuple[Any, ...] | None:
     n = len(args)
     i = 0
     while i < n:
@@ -754,7 +761,7 @@ _LS_LONG_VALUE = frozenset({
 })
 
 
-def _ls(args: list[str]) -> tuple:
+def _ls(args: list[str]) -> tuple[Any, ...]:
     last: str | None = None
     end_opts = False
     i = 0
@@ -809,7 +816,7 @@ def _shell_script(args: list[str]) -> str | None:
     return args[i]
 
 
-def _classify(command: str, unwrap: bool = True) -> tuple | None:
+def _classify(command: str, unwrap: bool = True) -> tuple[Any, ...] | None:
     parsed = _first_simple_command(command)
     if parsed is None:
         return None
@@ -849,11 +856,11 @@ _CACHE_MAX_LEN = 8192
 
 
 @lru_cache(maxsize=4096)
-def _classify_cached(command: str) -> tuple | None:
+def _classify_cached(command: str) -> tuple[Any, ...] | None:
     return _classify(command)
 
 
-def classify_shell(command: str) -> list[dict] | None:
+def classify_shell(command: str) -> list[dict[str, Any]] | None:
     """None: the command is a plain `command` event (caller emits it with the original untouched string).
     Otherwise a non-empty list of file-operation dicts, in order, each one of:
       {"type": "read", "path": str, "startLine"?: int, "endLine"?: int}

@@ -1,12 +1,14 @@
-"""Tool classification (contract 3.5): a goose tool call becomes zero or more typed events.
+"""Tool classification (contract 3.5 and extension 5.3): a tool call becomes zero or more events.
 
-``classify_tool`` returns the kind fields of each event (with "type" first), ``[]`` when the
-call is consumed (extension ``todo``), or ``None`` when the call is unmapped (the caller
-emits ``unknown`` with the response block). Success and exit code are added by the caller.
+``classify_tool`` (goose, 3.5) and ``classify_extended`` (3.5 plus the C-T rows, used for Claude
+Code and Codex MCP calls) return the kind fields of each event (with "type" first), ``[]`` when
+the call is consumed (extension ``todo``, or a C-T7 name), or ``None`` when the call is unmapped
+(the caller emits ``unknown``). Success and exit code are added by the caller.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from services.normalizer.paths import normalize_path
@@ -23,12 +25,13 @@ LIST_PATH_KEYS = ("path", "dir", "directory")
 SKILL_NAME_KEYS = ("name", "skill", "skill_name", "skillName")
 SKILL_PATH_KEYS = ("path", "file_path", "filePath", "skillPath")
 DIR_KEYS = ("dir", "directory")
+NOTEBOOK_PATH_KEYS = ("notebook_path", "notebookPath", *PATH_KEYS)
 
 EDITOR_READ = frozenset(("view", "read"))
 EDITOR_WRITE = frozenset(("write", "create", "overwrite", "edit", "str_replace", "insert", "move", "rename", "delete"))
 
 
-def first_string(args: dict, keys: tuple[str, ...]) -> str | None:
+def first_string(args: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     """The first non-empty string among `keys` (an empty string counts as missing)."""
     for key in keys:
         value = args.get(key)
@@ -37,7 +40,7 @@ def first_string(args: dict, keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def _first_int(args: dict, keys: tuple[str, ...]) -> int | None:
+def _first_int(args: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     for key in keys:
         if key in args:
             value = args[key]
@@ -46,12 +49,12 @@ def _first_int(args: dict, keys: tuple[str, ...]) -> int | None:
     return None
 
 
-def _path(args: dict, keys: tuple[str, ...]) -> str | None:
+def _path(args: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     value = first_string(args, keys)
     return normalize_path(value) if value is not None else None
 
 
-def _read(args: dict) -> list[dict] | None:
+def _read(args: dict[str, Any]) -> list[dict[str, Any]] | None:
     path = _path(args, PATH_KEYS)
     if path is None:
         return None
@@ -72,12 +75,12 @@ def _read(args: dict) -> list[dict] | None:
     return [event]
 
 
-def _write(args: dict) -> list[dict] | None:
+def _write(args: dict[str, Any]) -> list[dict[str, Any]] | None:
     path = _path(args, PATH_KEYS)
     return None if path is None else [{"type": "write", "path": path}]
 
 
-def _text_editor(args: dict) -> list[dict] | None:
+def _text_editor(args: dict[str, Any]) -> list[dict[str, Any]] | None:
     command = args.get("command")
     if not isinstance(command, str):
         command = args.get("cmd")
@@ -90,7 +93,7 @@ def _text_editor(args: dict) -> list[dict] | None:
     return None
 
 
-def _shell(args: dict) -> list[dict] | None:
+def _shell(args: dict[str, Any]) -> list[dict[str, Any]] | None:
     command = first_string(args, SHELL_KEYS)
     if command is None:
         return None
@@ -100,7 +103,7 @@ def _shell(args: dict) -> list[dict] | None:
     return ops
 
 
-def _search(args: dict) -> list[dict] | None:
+def _search(args: dict[str, Any]) -> list[dict[str, Any]] | None:
     query = first_string(args, QUERY_KEYS)
     if query is None:
         return None
@@ -111,7 +114,7 @@ def _search(args: dict) -> list[dict] | None:
     return [event]
 
 
-def _list(args: dict) -> list[dict] | None:
+def _list(args: dict[str, Any]) -> list[dict[str, Any]] | None:
     event: dict[str, Any] = {"type": "list"}
     path = _path(args, LIST_PATH_KEYS)
     if path is not None:
@@ -119,7 +122,7 @@ def _list(args: dict) -> list[dict] | None:
     return [event]
 
 
-def _skill(args: dict) -> list[dict] | None:
+def _skill(args: dict[str, Any]) -> list[dict[str, Any]] | None:
     name = first_string(args, SKILL_NAME_KEYS)
     path = first_string(args, SKILL_PATH_KEYS)
     if path is None:
@@ -152,17 +155,74 @@ _BY_BASE = {
 }
 
 
+def _notebook_path(args: dict[str, Any]) -> str | None:
+    return _path(args, NOTEBOOK_PATH_KEYS)
+
+
+def _notebook_write(args: dict[str, Any]) -> list[dict[str, Any]] | None:
+    path = _notebook_path(args)
+    return None if path is None else [{"type": "write", "path": path}]
+
+
+def _notebook_read(args: dict[str, Any]) -> list[dict[str, Any]] | None:
+    # C-T4: the path as C-T3, the lines as a read's.
+    path = _notebook_path(args)
+    if path is None:
+        return None
+    return _read({**args, "path": path})
+
+
+def _powershell(args: dict[str, Any]) -> list[dict[str, Any]] | None:
+    # C-T6: never reclassified, the 3.6 shell rules are POSIX-only.
+    command = first_string(args, SHELL_KEYS)
+    return None if command is None else [{"type": "command", "command": command}]
+
+
+# Extension 5.3: the rows C-T1..C-T6 added to the 3.5 table.
+_BY_BASE_EXTENDED = {
+    **_BY_BASE,
+    "bash": _shell,
+    "multiedit": _write,
+    "notebookedit": _notebook_write,
+    "notebookread": _notebook_read,
+    "ls": _list,
+    "powershell": _powershell,
+}
+# C-T7: consumed when the name has no extension.
+CONSUMED_BASES = frozenset(
+    ("todowrite", "todoread", "taskcreate", "taskget", "taskupdate", "tasklist", "structuredoutput")
+)
+
+
 def split_name(name: str) -> tuple[str | None, str]:
     """(extension, base name): split at the first `__`; no `__` means no extension."""
     ext, sep, base = name.partition("__")
     return (ext, base) if sep else (None, name)
 
 
-def classify_tool(name: str, args: Any) -> list[dict] | None:
+def classify_tool(name: str, args: Any) -> list[dict[str, Any]] | None:
     ext, base = split_name(name)
     if ext == "todo":
         return []
-    handler = _BY_BASE.get(base.lower())
+    return _apply(_BY_BASE.get(base.lower()), args)
+
+
+def extended_consumed(name: str) -> bool:
+    """Consumed by 3.5 (extension `todo`) or C-T7 (a bare checklist/plumbing tool name)."""
+    ext, base = split_name(name)
+    return ext == "todo" or (ext is None and base.lower() in CONSUMED_BASES)
+
+
+def classify_extended(name: str, args: Any) -> list[dict[str, Any]] | None:
+    """3.5 with the C-T rows, for a name already stripped of a leading `mcp__`."""
+    ext, base = split_name(name)
+    lowered = base.lower()
+    if ext == "todo" or (ext is None and lowered in CONSUMED_BASES):
+        return []
+    return _apply(_BY_BASE_EXTENDED.get(lowered), args)
+
+
+def _apply(handler: Callable[[dict[str, Any]], list[dict[str, Any]] | None] | None, args: Any) -> list[dict[str, Any]] | None:
     if handler is None:
         return None
     # goose omits `arguments` when a call has none, and wraps non-object ones as {"value": ...}.

@@ -1,21 +1,30 @@
-"""Built-in secret-detection rules of the redactor.
+"""Built-in secret-detection rules of the redactor (text forms) and the secret key names
+(structural form).
 
 Every rule has a bounded, stable ``name`` (used in the ``[REDACTED:<name>]`` marker and as a
 metric label), a compiled ``pattern`` and the ``group`` whose text is replaced (0 = whole match;
 an int or a group name). ``triggers`` / ``itriggers`` are cheap literal pre-checks: a rule's regex
 only runs on a string that contains one of its case-sensitive ``triggers`` or (lower-cased) one of
 its ``itriggers``; a rule with neither always runs. ``check`` can veto a match (e.g. placeholders).
+Several rules may share a name (one family, several shapes); disabling the name disables them all.
 
 Rules run in the order of ``BUILTIN_RULES``: whole blocks first (private keys), then
-vendor-specific token shapes, then the contextual rules (bearer, URL passwords, assignments), so
-the most specific name wins and contextual rules see the vendor markers instead of the secrets.
+vendor-specific token shapes, then the contextual rules (headers, CLI forms, URL passwords,
+assignments), so the most specific name wins and contextual rules see the vendor markers instead
+of the secrets.
+
+Names that are not text rules but share the marker and metric label space:
+``secret-field`` (a JSON object key that names a secret: its value is replaced whole, see
+``is_secret_key``), ``truncated-tail`` (the trailing fragment of a text cut at the span cap) and
+``form-secret`` (values answered to secret form fields).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from functools import lru_cache
 
 MARKER_PREFIX = "[REDACTED:"
 NAME_RE = re.compile(r"[a-z0-9-]+")
@@ -23,6 +32,10 @@ NAME_RE = re.compile(r"[a-z0-9-]+")
 MARKER_RE = re.compile(r"\[REDACTED:[a-z0-9-]+\]")
 
 FORM_SECRET = "form-secret"
+SECRET_FIELD = "secret-field"
+TRUNCATED_TAIL = "truncated-tail"
+
+Match = re.Match[str]
 
 
 def marker(name: str) -> str:
@@ -32,15 +45,77 @@ def marker(name: str) -> str:
 @dataclass(frozen=True)
 class Rule:
     name: str
-    pattern: re.Pattern
+    pattern: re.Pattern[str]
     group: int | str = 0  # which group to replace (0 = whole match)
     triggers: tuple[str, ...] = ()  # case-sensitive literals, any of which must occur
     itriggers: tuple[str, ...] = ()  # lower-case literals searched in s.lower()
-    check: Callable[[re.Match], bool] | None = field(default=None, compare=False)
+    check: Callable[[Match], bool] | None = field(default=None, compare=False)
+    # characters a match needs before it that `check` looks for (e.g. the command of a flag),
+    # for the prefilter's shortest-match bound
+    context_chars: int = 0
 
     def __post_init__(self) -> None:
         if not NAME_RE.fullmatch(self.name):
             raise ValueError(f"invalid redaction rule name {self.name!r}: must match [a-z0-9-]+")
+
+
+# --- secret key names (structural redaction and the assignment rules) --------------------------
+
+# A key names a secret when, lower-cased with `_ - .` and spaces removed, it ends with one of these
+# words (DB_PASSWORD, client_secret, SecretAccessKey, x-api-key, _authToken, Set-Cookie) or is
+# exactly one of the short words (`pass`, `pw` would match far too much as suffixes).
+SECRET_KEY_SUFFIXES = (
+    "password", "passwd", "passphrase", "pwd", "secret", "secretkey", "token", "apikey", "accesskey",
+    "auth", "authorization", "cookie", "cookies", "privatekey", "credential", "credentials", "secretstring",
+)
+SECRET_KEY_EXACT = frozenset({"pass", "pw", "pin"})
+# Keys whose numeric values are secrets too (a password of digits); counters such as
+# max_token or tokens are numbers that are not.
+_NUMERIC_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "pwd", "secret", "pass", "pw", "pin")
+_KEY_SEPARATORS = str.maketrans("", "", "_-. ")
+
+
+@lru_cache(maxsize=8192)
+def secret_key_kind(key: str) -> int:
+    """0: the key names no secret; 1: its string values are secrets; 2: numbers too; 3: like 2,
+    but a value that looks like a path is not a secret (PWD)."""
+    k = key.translate(_KEY_SEPARATORS).lower()
+    if not k or len(k) > 80:
+        return 0
+    if k in SECRET_KEY_EXACT or k.endswith(SECRET_KEY_SUFFIXES):
+        if k.endswith("pwd"):
+            return 3  # PWD / OLDPWD hold directories; a value that is a path is not a secret
+        return 2 if (k in SECRET_KEY_EXACT or k.endswith(_NUMERIC_SECRET_SUFFIXES)) else 1
+    return 0
+
+
+def is_secret_key(key: object) -> bool:
+    return isinstance(key, str) and secret_key_kind(key) > 0
+
+
+# Values that are not secrets even under a secret key: type names, literals, auth scheme names.
+PLACEHOLDER_VALUES = frozenset(
+    {
+        "none", "null", "nil", "undefined", "true", "false", "string", "str", "bool", "int",
+        "required", "optional", "redacted", "empty", "basic", "bearer", "digest", "oauth", "oauth2",
+        "token", "apikey", "api_key", "password", "secret", "n/a", "na", "unset", "<none>",
+    }
+)
+ENV_REF_RE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|%[A-Za-z_][A-Za-z0-9_]*%|\{\{[^{}]*\}\}")
+_MASKED_CHARS = (frozenset("*"), frozenset("xX"), frozenset("•"), frozenset("#"))
+
+
+def is_placeholder(value: str) -> bool:
+    """A value that says nothing secret: a type name, a literal, a masked value, a reference."""
+    low = value.strip().lower()
+    if not low or low in PLACEHOLDER_VALUES:
+        return True
+    chars = frozenset(value)
+    if any(chars <= m for m in _MASKED_CHARS):
+        return True
+    if low[:1] == "<" and low[-1:] == ">":
+        return True  # <token>, <your-password>
+    return ENV_REF_RE.fullmatch(value) is not None
 
 
 # --- helpers for the contextual rules ---------------------------------------------------------
@@ -48,34 +123,29 @@ class Rule:
 # `key = value` separators: =, :, :=, =>  (spaces/tabs around, never a newline)
 _SEP = r"[ \t]*(?::=|=>|[:=])[ \t]*(?![=>])"
 
-_PLACEHOLDER_VALUES = frozenset(
-    {
-        "none", "null", "nil", "undefined", "true", "false", "string", "str", "bool", "int",
-        "required", "optional", "redacted", "empty",
-    }
-)
-
-_ENV_REF_RE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
 _TOKEN_KEY_RE = re.compile(r"(?i)token$")
-
-
+_HEX2_RE = re.compile(r"[0-9A-Fa-f]{2}")
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
-_KEY_PREFIX_RE = re.compile(r"(?:[A-Za-z0-9]+[_\-.])*")
-_CAMEL_PREFIX_RE = re.compile(r"(?:[A-Za-z0-9]+[_\-.])*[A-Za-z0-9]+")
+# The part of a key before the key word: leading separators (--password, _authToken), then
+# words each followed by a separator (DB_, client_, x-api-, config.)
+_KEY_PREFIX_RE = re.compile(r"[_\-.]*(?:[A-Za-z0-9]+[_\-.]+)*")
+_CAMEL_PREFIX_RE = re.compile(r"[_\-.]*(?:[A-Za-z0-9]+[_\-.]+)*[A-Za-z0-9]+")
 
 
-def _assignment_key(m: re.Match) -> str | None:
+def _assignment_key(m: Match) -> str | None:
     """The whole key ending in the matched key word, or None when the key word is only part of
     a longer word (mytoken, max_tokens) or a $reference. Keys are identifiers whose parts are
-    joined by `_`, `-` or `.`: DB_PASSWORD, client_secret, x-api-key, config.password."""
+    joined by `_`, `-` or `.`: DB_PASSWORD, client_secret, x-api-key, config.password, --token."""
     s = m.string
     start = m.start("kw")
     i = start
     while i > 0 and s[i - 1] in _KEY_CHARS:
         i -= 1
     prefix = s[i:start]
+    if i > 0 and s[i - 1] == "%" and _HEX2_RE.match(prefix):
+        prefix = prefix[2:]  # URL-encoded text: %3D, %26, %22 before the key end the word
     if prefix and not _KEY_PREFIX_RE.fullmatch(prefix):
-        # camelCase join: accessToken, clientSecret, nextPageToken (not mytoken)
+        # camelCase join: accessToken, clientSecret, SecretAccessKey (not mytoken)
         if not (m.group("kw")[:1].isupper() and (prefix[-1].islower() or prefix[-1].isdigit())
                 and _CAMEL_PREFIX_RE.fullmatch(prefix)):
             return None
@@ -84,38 +154,127 @@ def _assignment_key(m: re.Match) -> str | None:
     return prefix + m.group("kw")
 
 
-def _password_assignment_check(m: re.Match) -> bool:
+def _password_assignment_check(m: Match) -> bool:
     key = _assignment_key(m)
     if key is None:
         return False
     value = m.group("v")
-    low = value.strip().lower()
-    if low in _PLACEHOLDER_VALUES:
-        return False  # a type name or a literal such as None/null/true, not a secret
-    if set(value) <= {"*"} or set(value) <= {"x", "X"}:
-        return False  # already masked
-    if _ENV_REF_RE.fullmatch(value):
-        return False  # a reference ($VAR / ${VAR}), not the secret itself
+    if is_placeholder(value):
+        return False  # a type name, a literal such as None/null/true, a mask or a $reference
     if value.isdigit() and _TOKEN_KEY_RE.search(key):
         return False  # counters such as max_token=4096, token: 5000
-    if key.lower() == "pwd" and value[:1] in ("/", "~", "."):
+    if key.lower().endswith("pwd") and value[:1] in ("/", "~", "."):
         return False  # PWD=/home/dev/project is the working directory, not a password
+    kw = m.group("kw").lower()
+    if kw in ("auth", "cookie"):
+        # `auth: required` is prose; only `_auth=...`, `"auth": "..."` and `--cookie=...` count
+        between = _between(m)
+        if "=" not in between and '"' not in between and "'" not in between:
+            return False
     return True
 
 
-def _casings(words: list[str]) -> str:
-    """lower, Title and UPPER forms of the key words, longest first, as one alternation. A
-    case-sensitive alternation is ~10x faster than (?i) in Python's re (first-char prefilter)."""
-    forms: set[str] = set()
-    for w in words:
-        forms.update({w, w[:1].upper() + w[1:], w.upper()})
-    return "|".join(re.escape(f) for f in sorted(forms, key=lambda f: (-len(f), f)))
+def _between(m: Match) -> str:
+    """The text between the key word and the value (quotes and separator)."""
+    return m.string[m.end("kw"):m.start("v")]
 
 
-_KEYWORDS = _casings(
-    ["password", "passwd", "passphrase", "pwd", "secret_key", "secret-key", "secretkey", "secretKey",
-     "secret", "token", "api_key", "api-key", "apikey", "apiKey"]
+def _flag_check(m: Match) -> bool:
+    value = m.group("v")
+    if m.group("key").startswith("no-"):
+        return False  # --no-password takes no value
+    inner = value[1:-1] if value[:1] in "\"'" and len(value) >= 2 else value
+    return not (inner.startswith("-") or is_placeholder(inner))
+
+
+def _value_check(m: Match) -> bool:
+    value = m.group("v")
+    inner = value[1:-1] if value[:1] in "\"'" and len(value) >= 2 else value
+    return not is_placeholder(inner)
+
+
+# How far back a flag looks for the command it belongs to (bounded: the regex anchors at the flag,
+# so a line with thousands of `curl` words stays linear).
+_COMMAND_LOOKBACK = 256
+
+
+def _after_command(tool: str, between: str = r"[^\r\n|;&]*") -> Callable[[Match], bool]:
+    """A check: the flag belongs to a command whose name matches ``tool``, earlier in the same
+    command segment (not past a newline, `|`, `;` or `&`) and at most ``_COMMAND_LOOKBACK``
+    characters back; ``between``: what may separate the command name from the flag. One
+    end-anchored search of a bounded window, so a line of many flags stays linear-ish."""
+    tool_re = re.compile(r"(?<![A-Za-z0-9_\-])" + tool + r"(?![A-Za-z0-9_\-])" + between + r"\Z")
+
+    def check(m: Match) -> bool:
+        end = m.start()
+        seg = m.string[max(0, end - _COMMAND_LOOKBACK):end]
+        cut = max(seg.rfind("\n"), seg.rfind("\r"), seg.rfind("|"), seg.rfind(";"), seg.rfind("&"))
+        if cut >= 0:
+            seg = seg[cut + 1:]
+        return tool_re.search(seg) is not None and _value_check(m)
+
+    return check
+
+
+def pattern_min_chars(pattern: str | re.Pattern[str]) -> int:
+    """The fewest characters a match of ``pattern`` can span (0 when unknown)."""
+    if isinstance(pattern, str):
+        return _min_chars(pattern, 0)
+    return _min_chars(pattern.pattern, pattern.flags)
+
+
+@lru_cache(maxsize=1024)
+def _min_chars(pattern: str, flags: int) -> int:
+    import re._parser as sre_parse  # Python >= 3.11
+
+    try:
+        return int(sre_parse.parse(pattern, flags).getwidth()[0])
+    except Exception:  # noqa: BLE001 - any doubt disables the prefilter for this rule
+        return 0
+
+
+def _command_chars(tool: str) -> int:
+    """What an `_after_command` check needs before the flag: the command name and a blank."""
+    return pattern_min_chars(tool) + 1
+
+
+def _alternation(words: list[str]) -> str:
+    return "|".join(re.escape(w) for w in sorted(set(words), key=lambda w: (-len(w), w)))
+
+
+# Key words of `key = value` assignments (case-insensitive; the key may extend to the left).
+_KEYWORDS = _alternation(
+    ["password", "passwd", "passphrase", "pwd", "secret_key", "secret-key", "secretkey", "secret", "token",
+     "api_key", "api-key", "apikey", "access_key", "access-key", "accesskey", "private_key", "private-key",
+     "privatekey", "auth", "cookie"]
 )
+# Their first letters, both cases: a leading `(?=[...])` lets the regex engine skip to candidate
+# positions (a bare `(?i:...)` alternation is tried at every position, several times slower).
+_KEY_FIRST = "".join(sorted({c for w in _KEYWORDS.split("|") for c in (w[0].lower(), w[0].upper())}))
+# Key words of `--flag value` (separated by blanks; `--flag=value` is an assignment).
+_FLAG_WORDS = _alternation(
+    ["password", "passwd", "passphrase", "token", "secret", "api-key", "apikey", "access-key", "secret-key",
+     "private-key", "cookie", "auth"]
+)
+# A shell word: a quoted string or a run of characters that ends a word in a command line.
+_WORD = r"""(?:"[^"\r\n]*"|'[^'\r\n]*'|[^\s"'`;&|<>()]+)"""
+# Commands whose flags carry a password (regexes of the command name, see `_after_command`).
+_CURL = r"curl"
+_SSHPASS = r"sshpass"
+_SSHPASS_OPTIONS = r"(?:[ \t]+-(?:[fdP][ \t]*[^\s]+|[evhV]))*[ \t]+"  # what may come before its -p
+# `-p<value>` glued means the password (`-p` alone prompts, `-p db` names a database).
+_MYSQL_TOOLS = r"(?:mysql(?:dump|admin|import|show|check|pump|binlog|sh)?|mariadb(?:-dump|-admin|dump|admin)?)"
+# `-p value` or `-pvalue`.
+_LOGIN_TOOLS = (r"(?:(?:docker|podman|nerdctl|buildah|skopeo|oras)[ \t]+login|helm[ \t]+registry[ \t]+login"
+                r"|mongo|mongosh)")
+# redis-cli -a value; sqlcmd/bcp -P value.
+_REDIS_CLI = r"redis-cli"
+_SQLCMD = r"(?:sqlcmd|bcp)"
+
+
+# Header lines inside a PEM (RFC 1421: Proc-Type, DEK-Info) or SSH2 (RFC 4716: Comment, Subject,
+# x-...) key block: hyphenated names or the known ones ("error: ..." is not a header).
+KEY_HEADER = r"(?:Proc-Type|DEK-Info|Comment|Subject|[A-Za-z0-9]+(?:-[A-Za-z0-9]+)+)"
 
 
 def _build() -> tuple[Rule, ...]:
@@ -125,9 +284,11 @@ def _build() -> tuple[Rule, ...]:
             "private-key",
             R(
                 r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
-                r"(?:.*?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
-                # no END (truncated output): the base64 body that follows
-                r"|(?:[A-Za-z0-9+/=\s]|\\[nrt])*)",
+                # the body: base64, blanks, escaped newlines, header lines; then the END line if
+                # it follows (without it: output cut short, or a block split over lines). The body
+                # has no `-`, so each BEGIN scans only its own body (linear on any input).
+                r"(?:(?:(?<=\n)|(?<=\\n))" + KEY_HEADER + r":[^\n\\]*|[A-Za-z0-9+/=\s]|\\[nrt])*"
+                r"(?:-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----)?",
                 re.DOTALL,
             ),
             triggers=("PRIVATE KEY",),
@@ -139,8 +300,9 @@ def _build() -> tuple[Rule, ...]:
         ),
         Rule(
             "aws-secret-access-key",
+            # aws_secret_access_key = ..., AWS_SECRET_ACCESS_KEY=..., "SecretAccessKey": "..." (AWS CLI JSON)
             R(
-                r"(?i)(?<![a-z0-9])aws[_\-.]?secret[_\-.]?access[_\-.]?key(?![a-z0-9_\-])"
+                r"(?=[aAsS])(?<![A-Za-z0-9])(?i:(?:aws[_\-.]?)?secret[_\-.]?access[_\-.]?key)(?![A-Za-z0-9_\-])"
                 r"(?:\\?[\"'])?" + _SEP + r"(?:\\?[\"'])?"
                 r"([A-Za-z0-9/+=]{16,})(?![A-Za-z0-9/+=])"
             ),
@@ -199,7 +361,12 @@ def _build() -> tuple[Rule, ...]:
         ),
         Rule(
             "jwt",
-            R(r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{8,}(?![A-Za-z0-9_\-])"),
+            # signed (three segments) or unsigned (alg "none": header.payload. with an empty
+            # signature, both segments base64url JSON objects)
+            R(
+                r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{10,}\."
+                r"(?:[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{8,}|eyJ[A-Za-z0-9_\-]{2,}\.)(?![A-Za-z0-9_\-.])"
+            ),
             triggers=("eyJ",),
         ),
         Rule(
@@ -207,12 +374,46 @@ def _build() -> tuple[Rule, ...]:
             # "Authorization: Bearer <token>" (any token >= 16 chars) or a bare "Bearer <token>"
             # whose token (>= 16 chars) contains a digit ("the bearer responsibilities" stays)
             R(
-                r"(?:(?i:authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?(?i:bearer)[ \t]+"
+                r"(?=[aAbB])(?:(?i:authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?(?i:bearer)[ \t]+"
                 r"|(?<![A-Za-z0-9_])(?i:bearer)[ \t]+(?=[A-Za-z\-._~+/]*[0-9]))"
                 r"([A-Za-z0-9\-._~+/]{16,}=*)(?![A-Za-z0-9\-._~+/=])"
             ),
             group=1,
             itriggers=("bearer",),
+        ),
+        Rule(
+            "authorization",
+            # Authorization / Proxy-Authorization headers with any other scheme (Basic, token,
+            # Digest, ...) or a bare credential; a Bearer token too short for the bearer rule
+            R(
+                r"(?=[pPaA])(?<![A-Za-z0-9_\-])(?i:(?:proxy-)?authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?"
+                r"(?:(?i:basic|bearer|token|digest|negotiate|ntlm|apikey|api-key|sso-key|aws4-hmac-sha256)[ \t]+"
+                r"(?P<v>(?!\[REDACTED:)[^\s\"'\\]{4,}))"
+            ),
+            group="v",
+            itriggers=("authorization",),
+            check=_value_check,
+        ),
+        Rule(
+            "authorization",
+            R(
+                r"(?=[pPaA])(?<![A-Za-z0-9_\-])(?i:(?:proxy-)?authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?"
+                r"(?P<v>(?!\[REDACTED:)(?!(?i:basic|bearer|token|digest|negotiate|ntlm|apikey|api-key|sso-key)[ \t])"
+                r"(?=[^\s\"'\\]*[0-9])[^\s\"'\\]{8,})"
+            ),
+            group="v",
+            itriggers=("authorization",),
+            check=_value_check,
+        ),
+        Rule(
+            "cookie",
+            # Cookie: / Set-Cookie: headers: the whole value (name=value pairs and attributes)
+            R(
+                r"(?=[sScC])(?<![A-Za-z0-9_\-])(?i:set-cookie|cookie)(?:\\?[\"'])?[ \t]*:[ \t]*(?:\\?[\"'])?"
+                r"(?P<v>(?!\[REDACTED:)[^\s=;\"'\\]+=[^\r\n\"'\\]*)"
+            ),
+            group="v",
+            itriggers=("cookie",),
         ),
         Rule(
             "basic-auth-url",
@@ -226,11 +427,101 @@ def _build() -> tuple[Rule, ...]:
             triggers=("://",),
         ),
         Rule(
-            "password-assignment",
-            # The regex starts at the key word (fast); the rest of the key (DB_, client_, x-api-,
-            # config.) is checked by walking back in _password_assignment_check.
+            "cli-password",
+            # curl -u user:pw / --user user:pw / -U (proxy): the part after the first colon
             R(
-                r"(?P<kw>" + _KEYWORDS + r")"
+                r"(?<=[ \t])(?:-u|-U|--user|--proxy-user)(?:[ \t]+|=|(?=[^\s-]))"
+                r"[^\s\"':]*:(?P<v>(?!\[REDACTED:)[^\s\"'`;&|<>()]+)"
+            ),
+            group="v",
+            triggers=("curl",),
+            check=_after_command(_CURL),
+            context_chars=_command_chars(_CURL),
+        ),
+        Rule(
+            "cli-password",
+            R(
+                r"(?<=[ \t])(?:-u|-U|--user|--proxy-user)(?:[ \t]+|=|(?=[^\s-]))"
+                r"[\"'][^\"'\r\n:]*:(?P<v>(?!\[REDACTED:)[^\"'\r\n]+)"
+            ),
+            group="v",
+            triggers=("curl",),
+            check=_after_command(_CURL),
+            context_chars=_command_chars(_CURL),
+        ),
+        Rule(
+            "cli-password",
+            # sshpass [-f F|-d N|-P P|-e|-v] -p PASSWORD (glued or not)
+            R(r"(?<=[ \t])-p[ \t]*(?P<v>(?!\[REDACTED:)(?!-)" + _WORD + ")"),
+            group="v",
+            triggers=("sshpass",),
+            check=_after_command(_SSHPASS, _SSHPASS_OPTIONS),
+            context_chars=_command_chars(_SSHPASS),
+        ),
+        Rule(
+            "cli-password",
+            # mysql -u root -pSECRET (glued; `-p` alone prompts, `-p db` names a database)
+            R(r"(?<=[ \t])-p(?P<v>(?!\[REDACTED:)" + _WORD + ")"),
+            group="v",
+            triggers=("mysql", "mariadb"),
+            check=_after_command(_MYSQL_TOOLS),
+            context_chars=_command_chars(_MYSQL_TOOLS),
+        ),
+        Rule(
+            "cli-password",
+            # docker/podman/helm registry login -p X, mongo/mongosh -p X (blank-separated or glued)
+            R(r"(?<=[ \t])-p[ \t]*(?P<v>(?!\[REDACTED:)(?!-)" + _WORD + ")"),
+            group="v",
+            triggers=("login", "mongo"),
+            check=_after_command(_LOGIN_TOOLS),
+            context_chars=_command_chars(_LOGIN_TOOLS),
+        ),
+        Rule(
+            "cli-password",
+            # redis-cli -a X
+            R(r"(?<=[ \t])-a[ \t]*(?P<v>(?!\[REDACTED:)(?!-)" + _WORD + ")"),
+            group="v",
+            triggers=("redis-cli",),
+            check=_after_command(_REDIS_CLI),
+            context_chars=_command_chars(_REDIS_CLI),
+        ),
+        Rule(
+            "cli-password",
+            # sqlcmd/bcp -P X
+            R(r"(?<=[ \t])-P[ \t]*(?P<v>(?!\[REDACTED:)(?!-)" + _WORD + ")"),
+            group="v",
+            triggers=("sqlcmd", "bcp"),
+            check=_after_command(_SQLCMD),
+            context_chars=_command_chars(_SQLCMD),
+        ),
+        Rule(
+            "cli-password",
+            # --password VALUE, --api-key VALUE, --token VALUE (blank-separated; =VALUE is an assignment)
+            R(
+                r"(?<![A-Za-z0-9_\-])--(?P<key>(?:[a-z0-9]+-)*(?:" + _FLAG_WORDS + r"))[ \t]+"
+                r"(?P<v>(?!\[REDACTED:)" + _WORD + ")"
+            ),
+            group="v",
+            itriggers=("--",),
+            check=_flag_check,
+        ),
+        Rule(
+            "netrc",
+            # .netrc: machine HOST login USER password SECRET (one line or several)
+            R(
+                r"(?<![A-Za-z0-9_\-])(?:machine[ \t]+\S+|default|login[ \t]+\S+)"
+                r"(?:\s+(?:login|account)\s+\S+){0,3}\s+password\s+(?P<v>(?!\[REDACTED:)\S+)"
+            ),
+            group="v",
+            triggers=("password",),
+            check=_value_check,
+        ),
+        Rule(
+            "password-assignment",
+            # The regex starts at the key word; the rest of the key (DB_, client_, x-api-, --,
+            # _auth, config.) is checked by walking back in _password_assignment_check.
+            R(
+                r"(?=[" + _KEY_FIRST + r"])(?P<kw>(?i:" + _KEYWORDS + r"))"
                 r"(?![A-Za-z0-9_\-])(?:\\?[\"'])?" + _SEP + r"(?!\[REDACTED:)"
                 r"(?:(?P<dq>\\?\")|(?P<sq>'))?"
                 r"(?P<v>(?(dq)(?:(?!\[REDACTED:)[^\"\\\r\n]){4,}"
@@ -238,7 +529,20 @@ def _build() -> tuple[Rule, ...]:
                 r"|[^\s\"'`,;&|<>(){}\[\]\\]{4,})))"
             ),
             group="v",
-            itriggers=("pass", "pwd", "secret", "token", "apikey", "api_key", "api-key"),
+            itriggers=("pass", "pwd", "secret", "token", "apikey", "api_key", "api-key", "access", "private", "auth",
+                       "cookie"),
+            check=_password_assignment_check,
+        ),
+        Rule(
+            "password-assignment",
+            # URL-encoded: password%3Dhunter2%26next%3D..., "password"%3A%22...%22
+            R(
+                r"(?=[" + _KEY_FIRST + r"])(?P<kw>(?i:" + _KEYWORDS + r"))"
+                r"(?![A-Za-z0-9_\-])(?:%22)?(?:%3[Dd]|%3[Aa])(?:%20)*(?:%22)?"
+                r"(?P<v>(?!\[REDACTED:)(?:[A-Za-z0-9._~!*+\-]|%(?!26|22|2[Cc]|3[Bb])[0-9A-Fa-f]{2}){4,})"
+            ),
+            group="v",
+            triggers=("%3D", "%3d", "%3A", "%3a"),
             check=_password_assignment_check,
         ),
     ]
@@ -246,4 +550,6 @@ def _build() -> tuple[Rule, ...]:
 
 
 BUILTIN_RULES: tuple[Rule, ...] = _build()
-BUILTIN_RULE_NAMES: tuple[str, ...] = tuple(r.name for r in BUILTIN_RULES)
+BUILTIN_RULE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(r.name for r in BUILTIN_RULES))
+# Names the redactor itself uses beyond the text rules (structural values, truncated tails).
+STRUCTURAL_RULE_NAMES: tuple[str, ...] = (SECRET_FIELD, TRUNCATED_TAIL)

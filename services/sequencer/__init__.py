@@ -4,7 +4,8 @@ Sits between the raw log and the normaliser; the worker, ``replay`` and tests al
 the same ``RunSequencer`` so that live processing and replay cannot disagree.
 """
 
-from services.sequencer.entries import Entry, EntryError, parse_fields
-from services.sequencer.run import Outcome, RunSequencer, plan_abandon
+from services.sequencer.entries import Entry, EntryError, EntryIdentity, entry_identity, parse_fields
+from services.sequencer.run import Disposition, HeldChanges, Outcome, RunSequencer, missing_ranges, plan_abandon
 
-__all__ = ["Entry", "EntryError", "parse_fields", "Outcome", "RunSequencer", "plan_abandon"]
+__all__ = ["Disposition", "Entry", "EntryError", "EntryIdentity", "entry_identity", "HeldChanges", "Outcome", "RunSequencer", "missing_ranges", "parse_fields",
+           "plan_abandon"]

@@ -1,4 +1,9 @@
-"""Validation of raw entries as they arrive on a stream (plain field maps of bytes)."""
+"""Raw entries as they arrive on a stream (plain field maps of bytes): validation and encoding.
+
+`Entry.from_fields` (= `parse_fields`) is total: any field map either gives an Entry or raises
+`EntryError` with a reason that names the field, never anything else. `Entry.to_fields` is its
+inverse, used by everything that writes raw or control entries (tap, worker, importer, bench).
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,34 @@ from typing import NamedTuple
 
 import orjson
 
-from contracts.raw import RUN_KEY_PATTERN
-from services.normalizer.timefmt import parse_ts
+from contracts.raw import ABANDON, EOF, LINE, RUN_KEY_PATTERN, stream_id_ms
+from services.normalizer.timefmt import MAX_MS, MIN_MS, parse_ts
 
 _RUN_RE = re.compile(RUN_KEY_PATTERN.encode())
+# An optional sign and at most 19 digits (a 64-bit integer): never int() of thousands of digits.
+_INT_RE = re.compile(rb"\s*(-?[0-9]{1,19})\s*")
 MAX_SEQ = 2**53  # beyond what a JSON number holds exactly in every consumer language
+MIN_EXIT, MAX_EXIT = -(2**31), 2**31 - 1  # exit codes and signal numbers fit in a C int
+MAX_LABEL_CHARS = 64  # `format` is a short label (goose | claude-code | codex | ...)
+MAX_MISSING_RANGES = 100_000  # a marker names at most this many gaps (a run holds at most 10k entries)
+MAX_MISSING_BYTES = 2_000_000
+STDOUT, STDERR = "stdout", "stderr"
 _RUN_KEYS: dict[bytes, str] = {}  # run keys already validated (bounded: cleared when full)
+
+SeqRange = tuple[int, int]
 
 
 class EntryError(ValueError):
-    """A raw entry that can never be processed; the message is the dead-letter reason detail."""
+    """A raw entry that can never be processed; the message is the dead-letter reason detail.
+
+    `run` and `seq` are set when they were valid before another field failed: the run then knows
+    that this seq will never arrive, and reports it as missing.
+    """
+
+    def __init__(self, reason: str, run: str | None = None, seq: int | None = None) -> None:
+        super().__init__(reason)
+        self.run = run
+        self.seq = seq
 
 
 class Entry(NamedTuple):
@@ -32,18 +55,43 @@ class Entry(NamedTuple):
     sid: str  # stream entry id, for dead letters and latency
     # abandon markers only: the last seq the run consists of, and ranges that never arrived
     through: int = -1
-    missing: tuple = ()
+    missing: tuple[SeqRange, ...] = ()
     parent: str | None = None  # run key of the parent run (subagent sessions), a label like host
     continues: str | None = None  # run key this run continues (a later part of an imported session)
+    format: str | None = None  # the agent's output format label (goose | claude-code | codex | ...)
 
-    def to_list(self) -> list:
+    # ------------------------------------------------------------------ serialized state
+    def to_list(self) -> list[object]:
         return list(self)
 
     @classmethod
-    def from_list(cls, values: list) -> "Entry":
-        values = list(values)
-        values[11] = tuple(tuple(r) for r in values[11])
-        return cls(*values)
+    def from_list(cls, values: list[object]) -> Entry:
+        items = list(values)
+        items[11] = tuple((int(r[0]), int(r[1])) for r in items[11])  # type: ignore[attr-defined]
+        return cls(*items)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ stream fields
+    def to_fields(self) -> dict[bytes, bytes]:
+        """The entry as stream fields, in the documented order (docs/raw-entries.md)."""
+        out: dict[bytes, bytes] = {b"run": self.run.encode(), b"seq": str(self.seq).encode(),
+                                   b"ts": str(self.ts).encode(), b"kind": self.kind.encode()}
+        if self.kind == LINE:
+            out[b"stream"] = self.stream.encode()
+            out[b"line"] = self.line.encode("utf-8", "surrogatepass")
+        elif self.kind == ABANDON:
+            out[b"through"] = str(self.through).encode()
+            out[b"missing"] = orjson.dumps([list(r) for r in self.missing])
+        if self.exit is not None:
+            out[b"exit"] = str(self.exit).encode()
+        for name, value in ((b"host", self.host), (b"agent", self.agent), (b"format", self.format),
+                            (b"parent", self.parent), (b"continues", self.continues)):
+            if value:
+                out[name] = value.encode("utf-8", "surrogatepass")
+        return out
+
+    @classmethod
+    def from_fields(cls, fields: dict[bytes, bytes], sid: str, control: bool = False) -> Entry:
+        return parse_fields(fields, sid, control)
 
 
 def _text(value: bytes | None, field: str) -> str | None:
@@ -58,10 +106,32 @@ def _text(value: bytes | None, field: str) -> str | None:
 def _int(value: bytes | None, field: str) -> int:
     if value is None:
         raise EntryError(f"missing {field!r}")
-    text = value.strip()
-    if not text or not text.lstrip(b"-").isdigit():
-        raise EntryError(f"{field!r} is not an integer")
-    return int(text)
+    m = _INT_RE.fullmatch(value)
+    if m is None:
+        raise EntryError(f"{field!r} is not an integer (at most 19 ASCII digits)")
+    return int(m.group(1))
+
+
+def _ts(value: bytes | None, sid: str) -> int:
+    if value is None:
+        return stream_id_ms(sid)
+    if value.isdigit() and len(value) <= 14:  # the taps' form: Unix ms (14 digits stay in range)
+        return int(value)
+    if len(value) > 64:
+        raise EntryError("'ts' is neither Unix ms nor an RFC 3339 time")
+    m = _INT_RE.fullmatch(value)
+    if m is not None:
+        ms = int(m.group(1))
+        if MIN_MS <= ms <= MAX_MS:
+            return ms
+        raise EntryError("'ts' is out of range (years 1..9999)")
+    try:
+        parsed = parse_ts(value)
+    except (ValueError, OverflowError, TypeError):  # exotic digits or dates parse_ts lets through
+        parsed = None
+    if parsed is None:
+        raise EntryError("'ts' is neither Unix ms nor an RFC 3339 time")
+    return parsed
 
 
 def _label_run(value: bytes | None) -> str | None:
@@ -69,63 +139,120 @@ def _label_run(value: bytes | None) -> str | None:
     return value.decode("ascii") if value is not None and _RUN_RE.fullmatch(value) else None
 
 
-def parse_fields(fields: dict[bytes, bytes], sid: str) -> Entry:
+def _missing(value: bytes | None, through: int) -> tuple[SeqRange, ...]:
+    bad = EntryError("'missing' is not a JSON list of ascending [first, last] ranges within 0..through")
+    if value is None:
+        return ()
+    if len(value) > MAX_MISSING_BYTES:
+        raise bad
+    try:
+        ranges = orjson.loads(value)
+    except orjson.JSONDecodeError:  # also orjson's own recursion limit
+        raise bad from None
+    if not isinstance(ranges, list) or len(ranges) > MAX_MISSING_RANGES:
+        raise bad
+    out: list[SeqRange] = []
+    last = -1
+    for r in ranges:
+        if not (isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)):
+            raise bad
+        a, b = r
+        if not (last < a <= b <= through):
+            raise bad
+        out.append((a, b))
+        last = b
+    return tuple(out)
+
+
+def _run_key(value: bytes | None) -> str:
+    if value is None:
+        raise EntryError("missing 'run'")
+    run = _RUN_KEYS.get(value)
+    if run is None:
+        if not _RUN_RE.fullmatch(value):
+            raise EntryError("'run' is not a run key (1-200 chars of [A-Za-z0-9._:/@-])")
+        run = value.decode("ascii")
+        if len(_RUN_KEYS) >= 65_536:
+            _RUN_KEYS.clear()
+        _RUN_KEYS[value] = run
+    return run
+
+
+def parse_fields(fields: dict[bytes, bytes], sid: str, control: bool = False) -> Entry:
     """An Entry from a stream entry's field map, or EntryError with the reason.
+
+    `control`: the entry comes from a worker-only control stream, where only `kind=abandon` is
+    valid; on a raw stream `kind=abandon` is a forgery and rejected.
 
     A `line` that is not valid UTF-8 is decoded with U+FFFD replacements (the raw log keeps
     the bytes): losing the line would leave a gap, and goose's output is UTF-8 by design.
     A missing `ts` takes the stream id's millisecond part, which is in the log and replays alike.
     """
-    run_b = fields.get(b"run")
-    if run_b is None:
-        raise EntryError("missing 'run'")
-    run = _RUN_KEYS.get(run_b)
-    if run is None:
-        if not _RUN_RE.fullmatch(run_b):
-            raise EntryError("'run' is not a run key (1-200 chars of [A-Za-z0-9._:/@-])")
-        run = run_b.decode("ascii")
-        if len(_RUN_KEYS) >= 65_536:
-            _RUN_KEYS.clear()
-        _RUN_KEYS[run_b] = run
+    if not control and fields.get(b"kind") == b"abandon":
+        # A forgery (or a misrouted control entry): it must not even mark a seq of the run lost.
+        raise EntryError("kind=abandon on a raw stream (only workers write abandon markers, on the control stream)")
+    run = _run_key(fields.get(b"run"))
     seq = _int(fields.get(b"seq"), "seq")
     if seq < 0:
         raise EntryError("'seq' is negative")
     if seq > MAX_SEQ:
         raise EntryError("'seq' is too large")
-    ts_b = fields.get(b"ts")
-    if ts_b is None:
-        ts = int(sid.split("-", 1)[0])
-    elif ts_b.isdigit() and len(ts_b) <= 14:  # the taps' form: Unix ms (14 digits stay in range)
-        ts = int(ts_b)
-    else:
-        parsed = parse_ts(ts_b)
-        if parsed is None:
-            raise EntryError("'ts' is neither Unix ms nor an RFC 3339 time")
-        ts = parsed
+    try:
+        return _parse_rest(fields, sid, control, run, seq)
+    except EntryError as exc:
+        raise EntryError(str(exc), run, seq) from None
+
+
+def _parse_rest(fields: dict[bytes, bytes], sid: str, control: bool, run: str, seq: int) -> Entry:
+    ts = _ts(fields.get(b"ts"), sid)
     kind_b = fields.get(b"kind", b"line")
+    if control:
+        if kind_b != b"abandon":
+            raise EntryError("a control stream holds only kind=abandon")
     stream_b = fields.get(b"stream", b"stdout")
     if stream_b not in (b"stdout", b"stderr"):
         raise EntryError("'stream' is neither stdout nor stderr")
     host = _text(fields.get(b"host"), "host")
     agent = _text(fields.get(b"agent"), "agent")
+    fmt = _text(fields.get(b"format"), "format")
+    if fmt is not None and (not fmt or len(fmt) > MAX_LABEL_CHARS or not fmt.isprintable()):
+        raise EntryError(f"'format' is not a short printable label (1-{MAX_LABEL_CHARS} chars)")
     parent = _label_run(fields.get(b"parent"))
     continues = _label_run(fields.get(b"continues"))
+    stream = STDERR if stream_b == b"stderr" else STDOUT
     if kind_b == b"line":
         line_b = fields.get(b"line")
         if line_b is None:
             raise EntryError("kind=line without 'line'")
-        return Entry(run, seq, ts, "line", stream_b.decode(), line_b.decode("utf-8", "replace"), None, host, agent, sid,
-                     parent=parent, continues=continues)
+        return Entry(run, seq, ts, LINE, stream, line_b.decode("utf-8", "replace"), None, host, agent, sid,
+                     parent=parent, continues=continues, format=fmt)
     if kind_b == b"eof":
         exit_b = fields.get(b"exit")
         exit_code = _int(exit_b, "exit") if exit_b not in (None, b"") else None
-        return Entry(run, seq, ts, "eof", stream_b.decode(), "", exit_code, host, agent, sid,
-                     parent=parent, continues=continues)
+        if exit_code is not None and not MIN_EXIT <= exit_code <= MAX_EXIT:
+            raise EntryError("'exit' is out of range (a 32-bit exit code)")
+        return Entry(run, seq, ts, EOF, stream, "", exit_code, host, agent, sid,
+                     parent=parent, continues=continues, format=fmt)
     if kind_b == b"abandon":
         through = _int(fields.get(b"through"), "through")
-        try:
-            missing = tuple(tuple(int(x) for x in r) for r in orjson.loads(fields.get(b"missing", b"[]")))
-        except (orjson.JSONDecodeError, TypeError, ValueError):
-            raise EntryError("'missing' is not a JSON list of [first, last] ranges") from None
-        return Entry(run, seq, ts, "abandon", "stdout", "", None, host, agent, sid, through, missing)
+        if not -1 <= through <= MAX_SEQ:
+            raise EntryError("'through' is out of range (-1 .. 2**53)")
+        missing = _missing(fields.get(b"missing"), through)
+        return Entry(run, seq, ts, ABANDON, STDOUT, "", None, host, agent, sid, through, missing)
     raise EntryError("'kind' is not line, eof or abandon")
+
+
+class EntryIdentity(NamedTuple):
+    run: str
+    seq: int
+
+
+def entry_identity(fields: dict[bytes, bytes]) -> EntryIdentity | None:
+    """The run and seq of an entry that cannot be processed (oversize, too many deliveries), when
+    both are valid: the run then reports the seq missing instead of waiting for it."""
+    try:
+        run = _run_key(fields.get(b"run"))
+        seq = _int(fields.get(b"seq"), "seq")
+    except EntryError:
+        return None
+    return EntryIdentity(run, seq) if 0 <= seq <= MAX_SEQ else None

@@ -4,87 +4,180 @@ Rules (each replays identically because it depends only on the run's entries):
 - entries are processed in `seq` order; an entry ahead of the next expected seq is held
   (``buffered``) until the gap fills; one already seen is a ``duplicate``;
 - an entry more than ``max_buffered`` seqs ahead is dead-lettered (``out-of-window``), which
-  also bounds how many entries a run can hold;
+  also bounds how many entries a run can hold; one that would make the held entries exceed
+  ``max_held_bytes`` is dead-lettered (``hold-limit``);
+- a seq the run will never get (its entry was dead-lettered: out-of-window, hold-limit, invalid,
+  oversize, too many deliveries, a processing error) is *lost*: when the run reaches it, it is
+  skipped and reported as a ``warning`` (code ``missing-entries``) and in the final record's
+  ``missing``;
 - ``eof`` ends the run (``ended``); anything after the end is dead-lettered (``after-end``);
-- an ``abandon`` marker (written into the raw log by the worker that decides a run is idle)
-  names the last seq the run consists of and the ranges that never arrived: held entries up
-  to it are processed in order, each gap is reported as a ``warning`` (code
+- an ``abandon`` marker (written by the worker that decides a run is idle, on the control
+  stream) names the last seq the run consists of and the ranges that never arrived: held
+  entries up to it are processed in order, each gap is reported as a ``warning`` (code
   ``missing-entries``), and the run ends as ``abandoned`` (or ``ended`` if an eof was held).
+
+In *guarded* mode (``guarded=True``, the shell's retry after a processing exception) every
+entry is processed against a snapshot: an entry whose normalizing or redaction raises is
+dead-lettered ``processing-error`` (detail: the exception class, never its message) and
+lost, and the run goes on. Unguarded and guarded runs give the same output for entries that
+do not raise.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from services.normalizer.machine import Limits, RunNormalizer
+import orjson
+
+from contracts.raw import (
+    ABANDON,
+    AFTER_END,
+    BUFFERED,
+    DEAD,
+    DUPLICATE,
+    EOF,
+    HOLD_LIMIT,
+    OUT_OF_WINDOW,
+    PROCESSED,
+    PROCESSING_ERROR,
+)
+from contracts.runs import RUN_STATES
+from services.normalizer import Limits, RunNormalizer
 from services.normalizer.timefmt import format_ms
-from services.sequencer.entries import Entry
+from services.sequencer.entries import Entry, SeqRange
 
 STATE_VERSION = 1
+DEFAULT_MAX_BUFFERED = 10_000
+DEFAULT_LIMITS = Limits()
+DEFAULT_MAX_HELD_BYTES = 64 * 1024 * 1024
+HELD_ENTRY_OVERHEAD = 64  # bytes counted per held entry besides its line (fields, seq, labels)
 
-PROCESSED = "processed"
-DUPLICATE = "duplicate"
-BUFFERED = "buffered"
-DEAD = "dead_lettered"
+# Lifecycle of a run: `new` until its first entry, then the record states of contracts.runs.
+NEW = "new"
+
+
+def _run_state(name: str) -> str:
+    if name not in RUN_STATES:
+        raise AssertionError(f"{name!r} is not a run state of contracts.runs")
+    return name
+
+
+STARTED, COMPLETED, ENDED, ABANDONED = (_run_state(n) for n in ("started", "completed", "ended", "abandoned"))
+RUNNING = "running"
+MISSING_ENTRIES = "missing-entries"  # code of the warning for seqs that never arrive
+
+__all__ = [
+    "BUFFERED", "DEAD", "DUPLICATE", "PROCESSED", "Disposition", "HeldChanges", "Outcome", "RunSequencer",
+    "plan_abandon", "DEFAULT_MAX_BUFFERED", "DEFAULT_MAX_HELD_BYTES", "MISSING_ENTRIES",
+]
+
+
+class Disposition(NamedTuple):
+    """What happened to one entry: its outcome, and for dead letters the reason and a detail."""
+
+    entry: Entry
+    outcome: str
+    reason: str | None = None
+    detail: str | None = None
+
+
+class HeldChanges(NamedTuple):
+    """Held entries added and removed since the last `take_held_changes` (for incremental storage)."""
+
+    added: list[Entry]
+    removed: list[int]
+
+
+class _Mark(NamedTuple):
+    events: int
+    records: int
+    dispositions: int
 
 
 @dataclass
 class Outcome:
-    events: list[dict] = field(default_factory=list)
-    records: list[dict] = field(default_factory=list)
-    # (entry, outcome, dead-letter reason or None)
-    dispositions: list[tuple[Entry, str, str | None]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    dispositions: list[Disposition] = field(default_factory=list)
     redactions: dict[str, int] = field(default_factory=dict)  # rule -> replacements
+    redacted: int = 0  # events[:redacted] are already redacted (by guarded steps)
 
-    def extend(self, other: "Outcome") -> None:
+    def extend(self, other: Outcome) -> None:
         self.events.extend(other.events)
         self.records.extend(other.records)
         self.dispositions.extend(other.dispositions)
         for rule, n in other.redactions.items():
             self.redactions[rule] = self.redactions.get(rule, 0) + n
 
+    def mark(self) -> _Mark:
+        return _Mark(len(self.events), len(self.records), len(self.dispositions))
 
-def _ranges(seqs: list[int]) -> list[list[int]]:
-    out: list[list[int]] = []
-    for s in seqs:
-        if out and out[-1][1] == s - 1:
-            out[-1][1] = s
-        else:
-            out.append([s, s])
-    return out
+    def truncate(self, mark: _Mark) -> None:
+        del self.events[mark.events:]
+        del self.records[mark.records:]
+        del self.dispositions[mark.dispositions:]
+        self.redacted = min(self.redacted, mark.events)
+
+
+def _held_size(entry: Entry) -> int:
+    return len(entry.line.encode("utf-8", "surrogatepass")) + HELD_ENTRY_OVERHEAD
+
+
+def _in_ranges(seq: int, ranges: Any) -> bool:
+    return any(a <= seq <= b for a, b in ranges)
 
 
 class RunSequencer:
     """One run's ordering and lifecycle. With a `redactor`, every event is redacted before it
     leaves (secret form fields are tracked in the run's state, so redaction replays alike)."""
 
-    def __init__(self, run: str, limits: Limits = Limits(), max_buffered: int = 10_000, redactor: Any = None) -> None:
+    def __init__(
+        self,
+        run: str,
+        limits: Limits = DEFAULT_LIMITS,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        redactor: Any = None,
+        max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
+    ) -> None:
         self.run = run
         self.redactor = redactor
         self.secrets: Any = None  # SecretFieldTracker, created on first use
         self.limits = limits
         self.max_buffered = max_buffered
+        self.max_held_bytes = max_held_bytes
+        self.guarded = False
         self.norm = RunNormalizer(run, limits)
         self.next = 0
         self.buffer: dict[int, Entry] = {}
-        self.state = "new"  # new | running | ended | abandoned
+        self.held_bytes = 0
+        self.lost: dict[int, int] = {}  # seq -> ts of entries ahead of `next` that will never arrive
+        self.lost_max = -1  # the highest seq known lost (also beyond the window)
+        self.state = NEW  # new | running | ended | abandoned
         self.through = -1  # last seq of an ended run
-        self.missing: list[list[int]] = []  # ranges that never arrived, of an ended run
+        self.missing: list[list[int]] = []  # ranges that never arrived
         self.k = 0  # index of the next lifecycle record
         self.host: str | None = None
         self.agent: str | None = None
         self.parent: str | None = None
         self.continues: str | None = None
+        self._held_added: dict[int, Entry] = {}
+        self._held_removed: set[int] = set()
 
     # ------------------------------------------------------------------ state
-    def to_state(self) -> dict:
+    def to_state(self, include_held: bool = True) -> dict[str, Any]:
+        """The run as JSON-able data. `include_held=False` leaves the held entries out (the worker
+        stores them one by one beside the state; `from_state(..., held=...)` puts them back)."""
         return {
             "v": STATE_VERSION,
             "run": self.run,
             "norm": self.norm.to_state(),
             "next": self.next,
-            "buffer": [e.to_list() for _, e in sorted(self.buffer.items())],
+            "buffer": [e.to_list() for _, e in sorted(self.buffer.items())] if include_held else None,
+            "heldBytes": self.held_bytes,
+            "lost": sorted([s, t] for s, t in self.lost.items()),
+            "lostMax": self.lost_max,
             "state": self.state,
             "through": self.through,
             "missing": self.missing,
@@ -98,14 +191,28 @@ class RunSequencer:
 
     @classmethod
     def from_state(
-        cls, st: dict, limits: Limits = Limits(), max_buffered: int = 10_000, redactor: Any = None
-    ) -> "RunSequencer":
+        cls,
+        st: dict[str, Any],
+        limits: Limits = DEFAULT_LIMITS,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        redactor: Any = None,
+        max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
+        held: dict[int, Entry] | None = None,
+    ) -> RunSequencer:
         if st.get("v") != STATE_VERSION:
             raise ValueError(f"run state version {st.get('v')!r} is not {STATE_VERSION}")
-        self = cls(st["run"], limits, max_buffered, redactor)
+        self = cls(st["run"], limits, max_buffered, redactor, max_held_bytes)
         self.norm = RunNormalizer.from_state(st["norm"], limits)
         self.next = st["next"]
-        self.buffer = {e[1]: Entry.from_list(e) for e in st["buffer"]}
+        if st.get("buffer") is not None:
+            self.buffer = {e[1]: Entry.from_list(e) for e in st["buffer"]}
+            if held is not None:  # stored whole by an older worker: store them one by one from now on
+                self._held_added = dict(self.buffer)
+        else:
+            self.buffer = dict(held or {})
+        self.held_bytes = st.get("heldBytes", sum(map(_held_size, self.buffer.values())))
+        self.lost = {int(s): int(t) for s, t in st.get("lost", ())}
+        self.lost_max = st.get("lostMax", -1)
         self.state = st["state"]
         self.through = st["through"]
         self.missing = st["missing"]
@@ -120,12 +227,33 @@ class RunSequencer:
             self.secrets = SecretFieldTracker.from_dict(st["secrets"])
         return self
 
+    def take_held_changes(self) -> HeldChanges:
+        """Held entries added/removed since the last call (or since the state was loaded)."""
+        changes = HeldChanges(list(self._held_added.values()), sorted(self._held_removed))
+        self._held_added = {}
+        self._held_removed = set()
+        return changes
+
     @property
     def ended(self) -> bool:
-        return self.state in ("ended", "abandoned")
+        return self.state in (ENDED, ABANDONED)
 
     def _in_missing(self, seq: int) -> bool:
-        return any(a <= seq <= b for a, b in self.missing)
+        return _in_ranges(seq, self.missing)
+
+    # ------------------------------------------------------------------ held entries
+    def _hold(self, entry: Entry) -> None:
+        self.buffer[entry.seq] = entry
+        self.held_bytes += _held_size(entry)
+        self._held_added[entry.seq] = entry
+        self._held_removed.discard(entry.seq)
+
+    def _unhold(self, seq: int) -> Entry:
+        entry = self.buffer.pop(seq)
+        self.held_bytes -= _held_size(entry)
+        if self._held_added.pop(seq, None) is None:
+            self._held_removed.add(seq)
+        return entry
 
     # ------------------------------------------------------------------ input
     def accept(self, entry: Entry, out: Outcome | None = None) -> Outcome:
@@ -135,8 +263,35 @@ class RunSequencer:
         first = len(out.events)
         self._accept(entry, out)
         if self.redactor is not None and len(out.events) > first:
-            self._redact(out, first)
+            self._redact_new(out, first)
         return out
+
+    def lose(self, seq: int, ts: int, out: Outcome | None = None) -> Outcome:
+        """A seq of this run whose entry was dead-lettered outside the sequencer (invalid, oversize,
+        too many deliveries, a failed commit): it will never arrive, so the run skips it and reports
+        it missing instead of waiting for it. `ts` dates the warning (the entry's stream id time)."""
+        if out is None:
+            out = Outcome()
+        first = len(out.events)
+        if not (self.ended or seq < self.next or seq in self.buffer or seq in self.lost):
+            self._mark_lost(seq, ts)
+            # A run that has not started yet skips it with its first entry (junk alone starts no run).
+            if seq == self.next and self.state != NEW:
+                self._drain_buffer(out)
+        if self.redactor is not None and len(out.events) > first:
+            self._redact_new(out, first)
+        return out
+
+    def _mark_lost(self, seq: int, ts: int) -> None:
+        self.lost_max = max(self.lost_max, seq)
+        if seq - self.next <= self.max_buffered:  # beyond the window only lost_max remembers it
+            self.lost[seq] = ts
+
+    def _redact_new(self, out: Outcome, first: int) -> None:
+        # Events produced by guarded steps are already redacted (inside their guard).
+        start = max(first, out.redacted)
+        if len(out.events) > start:
+            self._redact(out, start)
 
     def _redact(self, out: Outcome, first: int) -> None:
         if self.secrets is None:
@@ -154,40 +309,112 @@ class RunSequencer:
                 out.redactions[rule] = out.redactions.get(rule, 0) + n
 
     def _accept(self, entry: Entry, out: Outcome) -> None:
-        if entry.kind == "abandon":
+        if entry.kind == ABANDON:
             self._abandon(entry, out)
             return
         if self.ended:
             if entry.seq <= self.through and not self._in_missing(entry.seq):
-                out.dispositions.append((entry, DUPLICATE, None))
+                out.dispositions.append(Disposition(entry, DUPLICATE))
             else:
-                out.dispositions.append((entry, DEAD, "after-end"))
+                out.dispositions.append(Disposition(entry, DEAD, AFTER_END))
             return
-        if entry.seq < self.next or entry.seq in self.buffer:
-            out.dispositions.append((entry, DUPLICATE, None))
+        if entry.seq < self.next or entry.seq in self.buffer or entry.seq in self.lost:
+            out.dispositions.append(Disposition(entry, DUPLICATE))
             return
         if entry.seq > self.next:
             # Held entries lie in (next, next + max_buffered], so the window also bounds the hold.
             if entry.seq - self.next > self.max_buffered:
-                out.dispositions.append((entry, DEAD, "out-of-window"))
+                out.dispositions.append(Disposition(entry, DEAD, OUT_OF_WINDOW))
+                self._mark_lost(entry.seq, entry.ts)
+            elif self.held_bytes + _held_size(entry) > self.max_held_bytes:
+                out.dispositions.append(Disposition(entry, DEAD, HOLD_LIMIT))
+                self._mark_lost(entry.seq, entry.ts)
             else:
-                self.buffer[entry.seq] = entry
-                out.dispositions.append((entry, BUFFERED, None))
+                self._hold(entry)
+                out.dispositions.append(Disposition(entry, BUFFERED))
+                if self.next in self.lost:
+                    self._drain_buffer(out)
             return
-        self._process(entry, out)
-        out.dispositions.append((entry, PROCESSED, None))
+        if self._step(entry, out):
+            out.dispositions.append(Disposition(entry, PROCESSED))
         self._drain_buffer(out)
 
     def _drain_buffer(self, out: Outcome) -> None:
-        while not self.ended and self.next in self.buffer:
-            self._process(self.buffer.pop(self.next), out)
+        while not self.ended:
+            if self.next in self.buffer:
+                self._step(self._unhold(self.next), out)
+            elif self.next in self.lost:
+                last = self.next
+                while last + 1 in self.lost:
+                    last += 1
+                self._skip(self.next, last, self.lost[self.next], out)
+            else:
+                break
         if self.ended:
             self._drop_buffer(out)
 
     def _drop_buffer(self, out: Outcome) -> None:
-        for _, held in sorted(self.buffer.items()):
-            out.dispositions.append((held, DEAD, "after-end"))
-        self.buffer.clear()
+        for seq in sorted(self.buffer):
+            out.dispositions.append(Disposition(self._unhold(seq), DEAD, AFTER_END))
+        self.lost.clear()
+
+    def _gap(self, first: int, last: int, ts: int, out: Outcome) -> None:
+        """Report seqs first..last as never arriving (a warning, and the record's `missing`)."""
+        out.events.extend(self._guard_events(lambda: self.norm.warn(
+            last, ts, f"raw entries {first}..{last} of this run never arrived", MISSING_ENTRIES, (first, last))))
+        if self.missing and self.missing[-1][1] == first - 1:
+            self.missing[-1][1] = last
+        else:
+            self.missing.append([first, last])
+        for s in [s for s in self.lost if first <= s <= last]:
+            del self.lost[s]
+
+    def _skip(self, first: int, last: int, ts: int, out: Outcome) -> None:
+        self._gap(first, last, ts, out)
+        self.next = last + 1
+
+    def _step(self, entry: Entry, out: Outcome) -> bool:
+        """Process one in-order entry. Guarded: an exception costs only this entry (restored state,
+        dead letter, seq lost and skipped). True when it was processed."""
+        if not self.guarded:
+            self._process(entry, out)
+            return True
+        snapshot = self._snapshot()
+        mark = out.mark()
+        try:
+            self._process(entry, out)
+            if self.redactor is not None:
+                self._redact_new(out, mark.events)
+                out.redacted = len(out.events)
+        except Exception as exc:  # the class name only: a message may quote the entry's data
+            self._restore(snapshot)
+            out.truncate(mark)
+            out.dispositions.append(Disposition(entry, DEAD, PROCESSING_ERROR, type(exc).__name__))
+            self._skip(entry.seq, entry.seq, entry.ts, out)
+            return False
+        return True
+
+    def _guard_events(self, produce: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Events of a service-side step (warning, end flush); guarded, a failure yields none."""
+        if not self.guarded:
+            return produce()
+        try:
+            return produce()
+        except Exception:
+            return []
+
+    def _snapshot(self) -> tuple[bytes, dict[int, Entry], dict[int, Entry], set[int]]:
+        return (orjson.dumps(self.to_state(include_held=False)), dict(self.buffer), dict(self._held_added),
+                set(self._held_removed))
+
+    def _restore(self, snapshot: tuple[bytes, dict[int, Entry], dict[int, Entry], set[int]]) -> None:
+        state, buffer, added, removed = snapshot
+        again = RunSequencer.from_state(orjson.loads(state), self.limits, self.max_buffered, self.redactor,
+                                        self.max_held_bytes, held=buffer)
+        guarded = self.guarded
+        self.__dict__.update(again.__dict__)
+        self.guarded = guarded
+        self._held_added, self._held_removed = added, removed
 
     def _process(self, entry: Entry, out: Outcome) -> None:
         if self.host is None and entry.host:
@@ -198,64 +425,55 @@ class RunSequencer:
             self.parent = entry.parent
         if self.continues is None and entry.continues:
             self.continues = entry.continues
-        if self.state == "new":
-            self.state = "running"
-            self._record(out, "started", entry.ts, entry.seq)
+        if self.state == NEW:
+            self.state = RUNNING
+            self._record(out, STARTED, entry.ts, entry.seq)
         self.next = entry.seq + 1
         norm = self.norm
-        if entry.kind == "eof":
+        if entry.kind == EOF:
             out.events.extend(norm.end(entry.seq, entry.ts, entry.exit))
-            self.state = "ended"
+            self.state = ENDED
             self.through = entry.seq
             extra: dict[str, Any] = {}
             if entry.exit is not None:
                 extra["exitCode"] = entry.exit
             if self.missing:
                 extra["missing"] = self.missing
-            self._record(out, "ended", entry.ts, entry.seq, usage=True, **extra)
+            self._record(out, ENDED, entry.ts, entry.seq, usage=True, **extra)
             return
         usage_before = norm.usage
         out.events.extend(norm.line(entry.seq, entry.ts, entry.line, entry.stream))
         if norm.usage is not usage_before:
-            self._record(out, "completed", entry.ts, entry.seq, usage=True)
+            self._record(out, COMPLETED, entry.ts, entry.seq, usage=True)
 
     def _abandon(self, marker: Entry, out: Outcome) -> None:
         if self.ended:
-            out.dispositions.append((marker, DUPLICATE, None))
+            out.dispositions.append(Disposition(marker, DUPLICATE))
             return
         # Entries the marker does not name are not part of the run.
         for seq in sorted(self.buffer):
-            if seq > marker.through or any(a <= seq <= b for a, b in marker.missing):
-                out.dispositions.append((self.buffer.pop(seq), DEAD, "after-end"))
-        missing: list[list[int]] = []
+            if seq > marker.through or _in_ranges(seq, marker.missing):
+                out.dispositions.append(Disposition(self._unhold(seq), DEAD, AFTER_END))
         for seq in sorted(self.buffer):
+            if seq not in self.buffer:  # a guarded step may have dropped it already
+                continue
             if seq > self.next:
-                missing.append([self.next, seq - 1])
-                out.events.extend(
-                    self.norm.warn(
-                        seq,
-                        marker.ts,
-                        f"raw entries {self.next}..{seq - 1} of this run never arrived",
-                        "missing-entries",
-                        (self.next, seq - 1),
-                    )
-                )
-            self.missing = missing
-            self._process(self.buffer.pop(seq), out)
+                self._skip(self.next, seq - 1, marker.ts, out)
+            self._step(self._unhold(seq), out)
             if self.ended:
                 self._drop_buffer(out)
-                out.dispositions.append((marker, PROCESSED, None))
+                out.dispositions.append(Disposition(marker, PROCESSED))
                 return
         if marker.through >= self.next:
-            # The run's last entries never arrived and nothing after them did either.
-            missing.append([self.next, marker.through])
-        self.missing = missing
-        out.events.extend(self.norm.end(max(self.next - 1, 0), marker.ts))
-        self.state = "abandoned"
+            # The run's last entries never arrived (or were lost) and nothing after them did either.
+            self._gap(self.next, marker.through, marker.ts, out)
+        self.lost.clear()
+        out.events.extend(self._guard_events(lambda: self.norm.end(max(self.next - 1, 0), marker.ts)))
+        self.state = ABANDONED
         self.through = max(marker.through, self.next - 1)
-        extra: dict[str, Any] = {"missing": missing} if missing else {}
-        self._record(out, "abandoned", marker.ts, max(self.next - 1, 0), usage=True, **extra)
-        out.dispositions.append((marker, PROCESSED, None))
+        extra: dict[str, Any] = {"missing": self.missing} if self.missing else {}
+        self._record(out, ABANDONED, marker.ts, max(self.next - 1, 0), usage=True, **extra)
+        out.dispositions.append(Disposition(marker, PROCESSED))
 
     # ---------------------------------------------------------------- records
     def _record(self, out: Outcome, state: str, ts: int, seq: int, usage: bool = False, **extra: Any) -> None:
@@ -282,9 +500,23 @@ class RunSequencer:
         out.records.append(record)
 
 
-def plan_abandon(seq: RunSequencer) -> tuple[int, list[list[int]]]:
-    """What an abandon marker for this run names now: (through, missing ranges)."""
-    held = sorted(seq.buffer)
-    through = held[-1] if held else seq.next - 1
-    gaps = [s for s in range(seq.next, through + 1) if s not in seq.buffer] if held else []
-    return through, _ranges(gaps)
+def plan_abandon(sequencer: RunSequencer) -> tuple[int, list[list[int]]]:
+    """What an abandon marker for this run names now: (through, missing ranges).
+
+    `through` covers held entries and lost seqs (dead-lettered entries the run will never get),
+    so every seq up to the last one the run is known to have had is either taken or missing."""
+    held = sorted(sequencer.buffer)
+    through = max(held[-1] if held else -1, sequencer.lost_max, sequencer.next - 1)
+    gaps: list[list[int]] = []
+    first = sequencer.next
+    for seq in held:  # never a range() over seqs: a lost seq may lie far beyond the window
+        if seq > first:
+            gaps.append([first, seq - 1])
+        first = seq + 1
+    if through >= first:
+        gaps.append([first, through])
+    return through, gaps
+
+
+def missing_ranges(ranges: list[list[int]]) -> tuple[SeqRange, ...]:
+    return tuple((a, b) for a, b in ranges)

@@ -1,66 +1,194 @@
-"""`goose-ingest tail [--type TYPE] [--run RUN]`: follow harness events (and run records)."""
+"""`goose-ingest tail [--type TYPE] [--run RUN]`: follow harness events (and run records) for a human.
+
+Events and run records live on different streams (and, on a cluster, on one partition per shard).
+They are printed merged in the order they were committed: runs interleave by stream-id time, and
+each run's own entries are in the run's order -- stream ids of two streams are not comparable
+within a commit (a script's XADDs may straddle a millisecond). An event's `seq` is its index in the
+run; a record's `counts` say how many events the run had when it was written, so a record goes right
+before the event with that index (STARTED first, ENDED after the exit error it caused). A page that
+came back full may have more of the same commit behind it, so entries near or after the oldest
+"full" point wait for the next read.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 import orjson
 
 from contracts.events import EVENT_TYPES
 from services.broker.connect import sync_client
-from services.settings import Settings
+from services.settings import ConfigError, Settings
 from services.tail.format import event_line, record_line
+
+PAGE = 500  # entries per stream per read
+FOLLOW_BLOCK_MS = 1000  # one stream group: how long a read waits for news
+POLL_INTERVAL_S = 0.2  # several groups (cluster partitions): pause between rounds of non-blocking reads
+RECORD_RANK, EVENT_RANK = 0, 1  # a record written when the run had N events comes before event N
+HOLD_MARGIN_MS = 1000  # entries this close to an unfinished page wait for it (a commit takes far less)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tail", help="follow harness events and run records, printed for a human")
+    p = sub.add_parser(
+        "tail",
+        help="follow harness events and run records, printed for a human",
+        description="Print harness events and run lifecycle records as they are published (one line each, "
+        "with date and time), merged in commit order. --no-follow prints what the topics hold now and exits; "
+        "--from-start prints the history first and then follows.",
+    )
     p.add_argument("--type", choices=EVENT_TYPES, help="only this event type (reads its own topic)")
     p.add_argument("--run", help="only this run key")
     p.add_argument("--from-start", action="store_true", help="print what the topics already hold first")
-    p.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    p.add_argument("--json", action="store_true", help="print the events and records as JSON lines")
     p.add_argument("--no-runs", action="store_true", help="leave out run lifecycle records")
     p.add_argument("--count", type=int, help="stop after this many lines")
     p.add_argument("--no-follow", action="store_true", help="print what the topics hold now and exit")
     p.set_defaults(func=run)
 
 
-def follow(settings: Settings, args: argparse.Namespace, out=sys.stdout) -> int:
+@dataclass(frozen=True)
+class TopicEntry:
+    stream: str
+    sid: str
+    is_record: bool
+    data: dict[str, Any]
+
+    @property
+    def ms(self) -> int:
+        return int(self.sid.partition("-")[0])
+
+    @property
+    def time_order(self) -> tuple[int, int]:
+        ms, _, n = self.sid.partition("-")
+        return int(ms), int(n or 0)
+
+    @property
+    def run_order(self) -> tuple[float, int, int, int]:
+        """Position inside its run: by event index, a record before the event it preceded."""
+        ms, _, n = self.sid.partition("-")
+        position: float
+        if self.is_record:
+            counts = self.data.get("counts")
+            if isinstance(counts, dict):
+                position = sum(v for v in counts.values() if isinstance(v, int))
+            else:  # not a contract record: STARTED first, anything else after the run's events
+                position = 0 if self.data.get("state") == "started" else float("inf")
+            rank = RECORD_RANK
+        else:
+            seq = self.data.get("seq")
+            position = seq if isinstance(seq, int) else float("inf")
+            rank = EVENT_RANK
+        return position, rank, int(ms), int(n or 0)
+
+    @property
+    def run(self) -> str:
+        return str(self.data.get("runId", ""))
+
+
+def commit_order(entries: list[TopicEntry]) -> list[TopicEntry]:
+    """Entries by stream-id time, each run's entries then put in run order within the slots it holds."""
+    by_time = sorted(entries, key=lambda e: e.time_order)
+    slots: dict[str, list[int]] = {}
+    for i, entry in enumerate(by_time):
+        slots.setdefault(entry.run, []).append(i)
+    ordered = list(by_time)
+    for indexes in slots.values():
+        for i, entry in zip(indexes, sorted((by_time[i] for i in indexes), key=lambda e: e.run_order), strict=True):
+            ordered[i] = entry
+    return ordered
+
+
+def stream_groups(settings: Settings, args: argparse.Namespace) -> list[tuple[list[str], set[str]]]:
+    """(streams one XREAD may read together, which of them carry run records), per hash slot group.
+
+    A single node has one group of every stream; a cluster one group per shard (a multi-stream read
+    must stay in one slot). `--run` reads only the run's own partition."""
+    layout = settings.layout
+    shards = [layout.shard_of(args.run)] if args.run else list(range(layout.shards))
+    groups: dict[str, tuple[list[str], set[str]]] = {}
+    for s in shards:
+        tag = layout.tag(s)  # "" on a single node: everything in one group
+        streams, records = groups.setdefault(tag, ([], set()))
+        topic = layout.type_partition(args.type, s) if args.type else layout.events_partition(s)
+        wanted = [topic]
+        if not args.no_runs and not args.type:
+            wanted.append(layout.runs_partition(s))
+            records.add(layout.runs_partition(s))
+        for name in wanted:
+            if name not in streams:
+                streams.append(name)
+    return list(groups.values())
+
+
+def _last_id(client: Any, stream: str) -> str:
+    newest = client.xrevrange(stream, count=1)
+    return newest[0][0].decode() if newest else "0-0"
+
+
+def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     client = sync_client(settings)
-    topic = settings.topic_for(args.type) if args.type else settings.all_events_topic()
-    streams = {topic: "0-0" if args.from_start else "$"}
-    if not args.no_runs and not args.type:
-        streams[settings.runs_stream()] = "0-0" if args.from_start else "$"
+    groups = stream_groups(settings, args)
+    from_start = args.from_start or args.no_follow
+    # Resolve "now" to concrete ids once: re-sending `$` with every read would skip what arrives in between.
+    last = {s: "0-0" if from_start else _last_id(client, s) for streams, _ in groups for s in streams}
+    records = set().union(*(r for _, r in groups))
+    pending: list[TopicEntry] = []
     printed = 0
+    block = None if args.no_follow or len(groups) > 1 else FOLLOW_BLOCK_MS
     while True:
-        reply = client.xread(streams, block=None if args.no_follow else 1000, count=500)
-        if not reply and args.no_follow:
-            return 0
-        for stream, entries in reply or []:
-            name = stream.decode()
-            for sid, fields in entries:
-                streams[name] = sid.decode()
-                if args.run and fields.get(b"runId", b"").decode() != args.run:
-                    continue
-                data = orjson.loads(fields[b"data"])
-                if args.json:
-                    line = orjson.dumps(data).decode()
-                elif name == settings.runs_stream():
-                    line = record_line(data)
-                else:
-                    line = event_line(data)
-                print(line, file=out, flush=True)
-                printed += 1
-                if args.count and printed >= args.count:
-                    return 0
+        horizon: int | None = None  # entries from this ms on may have more of their commit unread
+        got = 0
+        woken = False  # a blocking read returned: Redis (< 7.2) answers with the one stream that woke it
+        for streams, _ in groups:
+            wait = None if pending else block
+            reply = client.xread({s: last[s] for s in streams}, count=PAGE, block=wait)
+            woken = woken or (wait is not None and bool(reply))
+            for raw_stream, entries in reply or []:
+                stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
+                got += len(entries)
+                for sid, fields in entries:
+                    sid_text = sid.decode()
+                    last[stream] = sid_text
+                    if args.run and fields.get(b"runId", b"").decode() != args.run:
+                        continue
+                    pending.append(TopicEntry(stream, sid_text, stream in records, orjson.loads(fields[b"data"])))
+                if len(entries) == PAGE:
+                    ms = int(last[stream].partition("-")[0])
+                    horizon = ms if horizon is None else min(horizon, ms)
+        if woken and pending:
+            continue  # the rest of that commit is on the other streams: read them (without waiting) first
+        cut = None if horizon is None else horizon - HOLD_MARGIN_MS
+        ready = [e for e in pending if cut is None or e.ms < cut]
+        pending = [e for e in pending if not (cut is None or e.ms < cut)]
+        for entry in commit_order(ready):
+            if args.json:
+                line = orjson.dumps(entry.data).decode()
+            else:
+                line = record_line(entry.data) if entry.is_record else event_line(entry.data)
+            print(line, file=out, flush=True)
+            printed += 1
+            if args.count and printed >= args.count:
+                return 0
+        if got == 0 and not pending:
+            if args.no_follow:
+                return 0
+            if block is None:
+                time.sleep(POLL_INTERVAL_S)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings()
     if not settings.redis_url:
-        print("goose-ingest tail: set GOOSE_INGEST_REDIS_URL (as `goose-ingest up` prints)", file=sys.stderr)
-        return 2
+        raise ConfigError("no broker configured: set GOOSE_INGEST_REDIS_URL (as `goose-ingest up` prints)")
+    if args.count is not None and args.count < 1:
+        raise ConfigError("--count must be at least 1")
     try:
         return follow(settings, args)
     except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `tail | head`: the reader is gone, which is not an error
         return 0

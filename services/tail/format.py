@@ -40,13 +40,19 @@ def summary(event: dict) -> str:
     return f"<{kind}>{tool}"
 
 
+def when(item: dict) -> str:
+    """`2026-12-01 05:02:42.674` from the contract's ISO timestamp (date included: runs outlive a day)."""
+    ts = str(item.get("timestamp", ""))
+    return f"{ts[:10]} {ts[11:23]}" if len(ts) >= 23 else ts
+
+
 def event_line(event: dict) -> str:
-    ts = str(event.get("timestamp", ""))[11:23]
+    ts = when(event)
     return f"{ts} {event.get('runId', '')}#{event.get('seq', '')} {event.get('type', ''):<9} {summary(event)}"
 
 
 def record_line(record: dict) -> str:
-    ts = str(record.get("timestamp", ""))[11:23]
+    ts = when(record)
     counts = record.get("counts") or {}
     nonzero = " ".join(f"{k}={v}" for k, v in counts.items() if v)
     extra = ""

@@ -18,15 +18,19 @@ from pathlib import Path
 
 import redis
 
+from contracts.raw import EOF, LINE
+from services.broker.cluster import xadd_batch
 from services.broker.helpers import redact_url, sync_client_with_timeouts
-from services.broker.keys import shard_of
+from services.sequencer.entries import MAX_LABEL_CHARS, Entry
 from services.settings import Settings
 from services.tap.runkey import validate_run
 from services.tap.spool import Spool, decode_record, encode_record, spool_path
 
 log = logging.getLogger("goose_ingest.tap")
 
-RESERVED_FIELDS = frozenset({"run", "seq", "ts", "kind", "stream", "line", "exit", "line_b64", "_src"})
+RESERVED_FIELDS = frozenset({"run", "seq", "ts", "kind", "stream", "line", "exit", "line_b64", "_src", "through",
+                             "missing"})
+ENTRY_LABELS = ("host", "agent", "format", "parent", "continues")  # labels the Entry type carries
 STREAMS = ("stdout", "stderr")
 BACKOFF_START_S = 0.05
 BACKOFF_CAP_S = 2.0
@@ -67,11 +71,20 @@ class Publisher:
         client: redis.Redis | None = None,
         max_delay_s: float = 0.05,
         spool_dir: str | Path | None = None,
+        format: str | None = None,
     ) -> None:
         self.settings = settings
         self.run = validate_run(run)
-        self.labels = {k: v for k, v in _check_fields(labels, "label").items() if v}
-        self.stream_key = settings.raw_stream(shard_of(run, settings.shards))
+        labels = {k: v for k, v in _check_fields(labels, "label").items() if v}
+        if format is not None:
+            if not format or len(format) > MAX_LABEL_CHARS or not format.isprintable():
+                raise ValueError(f"format must be a short printable label (1-{MAX_LABEL_CHARS} chars), not {format!r}")
+            labels["format"] = format
+        # Labels the entry type knows are encoded by Entry.to_fields; any others follow them.
+        self._entry_labels = {k: labels[k] for k in ENTRY_LABELS if k in labels}
+        self._other_labels = {k: v for k, v in labels.items() if k not in ENTRY_LABELS}
+        self.labels = labels
+        self.stream_key = settings.layout.raw_stream(settings.layout.shard_of(run))
         self.batch = settings.publish_batch
         self.max_delay_s = max_delay_s
         # the client first: a bad URL must not leave a spool behind (creating it does not connect)
@@ -147,9 +160,8 @@ class Publisher:
         with self._cv:
             self._check_open()
             seq = self._next
-            fields: dict = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": "line", "stream": stream,
-                            "line": bytes(line)}
-            fields.update(self.labels)
+            # The line goes out as the exact bytes read; the Entry carries a placeholder for it.
+            fields = self._fields(self._entry(seq, ts, LINE, stream), line=bytes(line))
             if fields_extra:
                 fields.update(fields_extra)
             self._spool.append(encode_record(fields, source), source)
@@ -166,10 +178,7 @@ class Publisher:
         with self._cv:
             self._check_open()
             seq = self._next
-            fields: dict = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": "eof"}
-            if exit_code is not None:
-                fields["exit"] = str(int(exit_code))
-            fields.update(self.labels)
+            fields = self._fields(self._entry(seq, ts, EOF, "stdout", None if exit_code is None else int(exit_code)))
             if fields_extra:
                 fields.update(fields_extra)
             self._spool.append(encode_record(fields))
@@ -178,6 +187,21 @@ class Publisher:
             self._flush_req += 1
             self._cv.notify_all()
             return seq
+
+    def _entry(self, seq: int, ts: int, kind: str, stream: str, exit_code: int | None = None) -> Entry:
+        labels: dict[str, str | None] = dict.fromkeys(ENTRY_LABELS)
+        labels.update(self._entry_labels)
+        return Entry(run=self.run, seq=seq, ts=ts, kind=kind, stream=stream, line="", exit=exit_code, sid="",
+                     **labels)  # type: ignore[arg-type]
+
+    def _fields(self, entry: Entry, line: bytes | None = None) -> dict[str, str | bytes]:
+        """The spool record of an entry: Entry.to_fields (the one encoder), then the other labels."""
+        fields: dict[str, str | bytes] = {k.decode(): v.decode("utf-8", "surrogateescape")
+                                          for k, v in entry.to_fields().items()}
+        if line is not None:
+            fields["line"] = line
+        fields.update(self._other_labels)
+        return fields
 
     def _check_open(self) -> None:
         if self._closed or self._closing:
@@ -238,7 +262,7 @@ class Publisher:
                 pass
         return ok
 
-    def __enter__(self) -> "Publisher":
+    def __enter__(self) -> Publisher:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -281,10 +305,9 @@ class Publisher:
                     pass
                 batch = [decode_record(r) for r in raws]
             try:
-                pipe = self._client.pipeline(transaction=False)
-                for fields in batch:
-                    pipe.xadd(self.stream_key, fields)
-                pipe.execute()
+                # One pipeline; with REDIS_WAIT_REPLICAS it also WAITs for replicas (services/broker/cluster.py).
+                xadd_batch(self._client, self.stream_key, batch, self.settings.redis_wait_replicas,
+                           self.settings.redis_wait_timeout_ms)
             except (redis.RedisError, OSError) as exc:
                 if self.broker_up is not False:
                     log.warning(

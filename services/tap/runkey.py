@@ -8,7 +8,9 @@ import secrets
 import socket
 import time
 
-RUN_KEY_RE = re.compile(r"[A-Za-z0-9._:/@-]{1,200}")
+from contracts.raw import RUN_KEY_PATTERN  # the one definition of a run key
+
+RUN_KEY_RE = re.compile(RUN_KEY_PATTERN)
 RUN_KEY_RULE = "1-200 characters of A-Z a-z 0-9 . _ : / @ -"
 _HOST_BAD = re.compile(r"[^A-Za-z0-9._:@-]+")  # no '/' inside the host part
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"

@@ -1,4 +1,11 @@
-"""The FastStream application: one batch subscriber per raw shard, plus housekeeping."""
+"""The FastStream application: one batch subscriber per raw shard, plus housekeeping.
+
+A Redis that comes back empty (restarted without persistence, flushed) has lost the consumer
+groups. FastStream 0.7.8 treats a missing group as terminal (it stops the subscriber and exits
+the app with status 0), so every subscriber's read is guarded: on NOGROUP it recreates the group
+at id 0 (as at startup) and reads again; the same process carries on. A subscriber that stops for
+any other reason makes /readyz say so and the worker exit with status 1 for its supervisor.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +15,29 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from faststream import Context, FastStream
 from faststream.middlewares import AckPolicy
-from faststream.redis import RedisBroker, StreamSub
+from faststream.redis import StreamSub
 from faststream.redis.message import RedisBatchStreamMessage
+from redis.exceptions import ResponseError
 
-from services.broker.connect import async_client, connection_kwargs, require_url
+from services.broker.cluster import BrokerGate, make_broker
+from services.broker.connect import async_client
+from services.broker.groups import create_group, ensure_groups
 from services.metrics import Metrics, serve
+from services.metrics.server import MetricsServer
 from services.settings import Settings
-from services.broker.groups import ensure_groups
-from services.worker.batch import BatchProcessor
+from services.worker.housekeeping import Housekeeper, Readiness
+from services.worker.processor import BatchProcessor
 from services.worker.reporting import record_result
-from services.worker.housekeeping import Housekeeper
 
 log = logging.getLogger("goose_ingest.worker")
+
+WATCH_INTERVAL_S = 0.5  # how often the subscribers' liveness is checked
 
 
 def consumer_name() -> str:
@@ -31,36 +45,87 @@ def consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastStream, dict]:
-    """The worker app and a dict of its live parts (client, processor, housekeeper) for tests."""
-    url = require_url(settings)
+@dataclass
+class WorkerRuntime:
+    """The live parts of one worker process (created at startup; tests reach them through this)."""
+
+    settings: Settings
+    consumer: str
+    subscribers: list[Any] = field(default_factory=list)  # (stream, FastStream subscriber)
+    client: Any = None
+    processor: BatchProcessor | None = None
+    housekeeper: Housekeeper | None = None
+    server: MetricsServer | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    stopped: dict[str, str] = field(default_factory=dict)  # stream -> why its subscriber stopped
+    groups_recreated: int = 0
+    shutting_down: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a requested shutdown; 1 when a subscriber stopped on its own (a supervisor restarts us)."""
+        return 1 if self.stopped else 0
+
+    def subscriber_health(self) -> Readiness:
+        dead = [stream for stream, sub in self.subscribers if not sub.running]
+        if self.stopped or (dead and not self.shutting_down):
+            names = sorted(set(self.stopped) | set(dead))
+            return Readiness(False, f"subscriber stopped on {', '.join(names)}: exiting with status 1 for a restart")
+        if not self.subscribers or dead:
+            return Readiness(False, "subscribers not running")
+        return Readiness(True, "")
+
+
+def _guard_missing_group(runtime: WorkerRuntime, sub: Any, stream: str) -> None:
+    """Wrap the subscriber's XREADGROUP: NOGROUP (Redis lost the group) recreates it at 0 instead of
+    stopping the subscriber. FastStream has no hook for this; the wrapped method is its read call."""
+    read: Callable[..., Awaitable[Any]] = sub._xreadgroup
+
+    async def guarded(**kwargs: Any) -> Any:
+        try:
+            return await read(**kwargs)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc) or runtime.client is None:
+                raise
+            log.warning("consumer group missing on %s (Redis restarted empty or flushed): recreating it at 0", stream)
+            await create_group(runtime.client, stream, runtime.settings.group)
+            runtime.groups_recreated += 1
+            return ()
+
+    sub._xreadgroup = guarded
+
+
+def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastStream, WorkerRuntime]:
+    """The worker app and its runtime (client, processor, housekeeper, subscribers)."""
     # Per-batch log lines only at DEBUG: at INFO they cost ~15% (measured here).
-    broker = RedisBroker(url, **connection_kwargs(settings), log_level=logging.DEBUG)
+    broker = make_broker(settings, log_level=logging.DEBUG)  # RedisClusterBroker in cluster mode
     app = FastStream(broker, logger=log)
-    consumer = consumer_name()
-    parts: dict[str, Any] = {"consumer": consumer}
+    runtime = WorkerRuntime(settings, consumer_name())
+    layout = settings.layout
+    shard_of_stream = {stream: shard for shard, stream in enumerate(layout.raw_streams())}
 
     async def parse(raw: Any) -> RedisBatchStreamMessage:
         # The raw entries are plain fields, not FastStream envelopes: hand them over untouched
         # instead of letting FastStream JSON-decode and re-encode every entry.
-        return RedisBatchStreamMessage(raw_message=raw, body=b"", consumer=consumer, group=settings.group)
+        return RedisBatchStreamMessage(raw_message=raw, body=b"", consumer=runtime.consumer, group=settings.group)
 
     async def decode(msg: Any) -> None:
         return None
 
-    async def handle(message: RedisBatchStreamMessage = Context("message")) -> None:
+    async def handle(message: RedisBatchStreamMessage = Context("message")) -> None:  # noqa: B008 (FastStream DI)
         raw = message.raw_message
-        processor: BatchProcessor = parts["processor"]
+        processor = runtime.processor
+        assert processor is not None, "handlers run after startup"
         started = time.perf_counter()
-        result = await processor.process(raw["channel"], raw["message_ids"], raw["data"])
+        result = await processor.process(shard_of_stream[raw["channel"]], raw["message_ids"], raw["data"])
         record_result(metrics, result, time.perf_counter() - started, len(raw["message_ids"]))
 
-    for stream in settings.raw_streams():
+    for stream in layout.raw_streams():
         sub = broker.subscriber(
             stream=StreamSub(
                 stream,
                 group=settings.group,
-                consumer=consumer,
+                consumer=runtime.consumer,
                 batch=True,
                 max_records=settings.batch_size,
                 polling_interval=settings.block_ms,
@@ -70,32 +135,56 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
             ack_policy=AckPolicy.MANUAL,  # the commit script acknowledges, atomically with its outputs
         )
         sub(handle)
+        _guard_missing_group(runtime, sub, stream)
+        runtime.subscribers.append((stream, sub))
+
+    async def watch() -> None:
+        """A subscriber that stopped on its own (not at shutdown) ends the worker with status 1."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            if runtime.shutting_down:
+                return
+            dead = [stream for stream, sub in runtime.subscribers if not sub.running]
+            if dead:
+                for stream in dead:
+                    runtime.stopped[stream] = "stopped"
+                log.error("subscriber stopped on %s: exiting with status 1", ", ".join(dead))
+                app.exit()
+                return
+
+    gate = BrokerGate(settings)  # readiness while a cluster cannot serve every slot (services/broker/cluster.py)
 
     @app.on_startup
     async def _startup() -> None:
         client = async_client(settings)
-        parts["client"] = client
+        runtime.client = client
+        if metrics is not None:  # serving /healthz before waiting: a cluster outage is "not ready", not a crash loop
+            runtime.server = serve(metrics, settings.metrics_host, settings.metrics_port, gate.readiness)
+        await gate.open(client)  # cluster: until every slot is served; then the shard-count check
         await ensure_groups(client, settings)
-        parts["processor"] = BatchProcessor(settings, client)
-        if metrics is not None and parts["processor"].redactor is not None:
-            metrics.known_rules = parts["processor"].redactor.rule_names
-        housekeeper = Housekeeper(settings, client, parts["processor"], consumer, metrics)
-        parts["housekeeper"] = housekeeper
-        if metrics is not None:
-            parts["server"] = serve(metrics, settings.metrics_host, settings.metrics_port, housekeeper.is_ready)
+        processor = runtime.processor = BatchProcessor(settings, client)
+        if metrics is not None and processor.redactor is not None:
+            metrics.known_rules = processor.redactor.rule_names
+        housekeeper = runtime.housekeeper = Housekeeper(settings, client, processor, runtime.consumer, metrics,
+                                                        subscribers=runtime.subscriber_health)
+        gate.then(housekeeper.readiness)
 
     @app.after_startup
     async def _after() -> None:
-        parts["task"] = asyncio.create_task(parts["housekeeper"].run())
-        parts["housekeeper"].subscribers_running = True
+        assert runtime.housekeeper is not None
+        runtime.tasks.append(asyncio.create_task(runtime.housekeeper.run()))
+        runtime.tasks.append(asyncio.create_task(watch()))
+        if settings.redis_cluster:
+            runtime.tasks.append(asyncio.create_task(gate.watch(runtime.client, settings.sweep_interval_s)))
 
     @app.on_shutdown
     async def _shutdown() -> None:
-        housekeeper = parts.get("housekeeper")
-        if housekeeper is not None:
-            housekeeper.subscribers_running = False
-        task = parts.get("task")
-        if task is not None:
+        # Subscribers still running here: a requested shutdown. Stopped already: they died on their own.
+        for stream, sub in runtime.subscribers:
+            if not sub.running and stream not in runtime.stopped:
+                runtime.stopped[stream] = "stopped before shutdown"
+        runtime.shutting_down = True
+        for task in runtime.tasks:
             task.cancel()
             try:
                 await task
@@ -104,11 +193,9 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
 
     @app.after_shutdown
     async def _closed() -> None:
-        server = parts.get("server")
-        if server is not None:
-            server.close()
-        client = parts.get("client")
-        if client is not None:
-            await client.aclose()
+        if runtime.server is not None:
+            runtime.server.close()
+        if runtime.client is not None:
+            await runtime.client.aclose()
 
-    return app, parts
+    return app, runtime

@@ -1,4 +1,8 @@
-"""`goose-ingest worker`: run one worker process (FastStream app + metrics endpoint)."""
+"""`goose-ingest worker`: run one worker process (FastStream app + metrics endpoint).
+
+Logs go to stderr, never stdout (the worker promises nothing on stdout), in one plain format
+without ANSI colour: FastStream's own loggers are re-pointed at our handler.
+"""
 
 from __future__ import annotations
 
@@ -7,36 +11,66 @@ import asyncio
 import logging
 import sys
 
-from services.settings import Settings
+from services.settings import ConfigError, Settings
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_FASTSTREAM_LOGGERS = ("faststream", "faststream.access.redis")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("worker", help="consume raw goose lines and publish harness events (needs a broker)")
+    p = sub.add_parser(
+        "worker",
+        help="consume raw goose lines and publish harness events (needs a broker)",
+        description="Run one worker process: consume the raw shard streams in a consumer group, normalize and "
+        "redact every run, commit events, run records and dead letters atomically, serve /metrics, /healthz "
+        "and /readyz. Needs GOOSE_INGEST_REDIS_URL; logs go to stderr. Stop it with SIGTERM or Ctrl-C.",
+    )
     p.add_argument("--metrics-port", type=int, help="override GOOSE_INGEST_METRICS_PORT (0: any free port)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
     p.set_defaults(func=run)
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """Everything on stderr in one plain format (no ANSI colour), FastStream's loggers included."""
+    numeric = getattr(logging, level.upper(), logging.INFO)
+    logging.basicConfig(level=numeric, format=LOG_FORMAT, stream=sys.stderr)
+    formatter = logging.Formatter(LOG_FORMAT)
+    # FastStream logs INFO lines per message and per shutdown task ("callback for Task-N is being
+    # executed"): only its warnings are news, unless we are debugging.
+    threshold = logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING
+    for name in _FASTSTREAM_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(formatter)
+        handler.addFilter(lambda record, t=threshold: record.levelno >= t)
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def stdout_to_stderr() -> None:
+    """Make this process's `sys.stdout` its stderr: a worker promises nothing on stdout.
+
+    FastStream creates its per-broker logger with a coloured handler on `sys.stdout` unless that
+    logger already has a handler on `sys.stdout`; with stdout being stderr, the plain handler
+    `configure_logging` installed counts as that one, so nothing (coloured or not) reaches stdout."""
+    sys.stdout.flush()
+    sys.stdout = sys.stderr
 
 
 def run(args: argparse.Namespace) -> int:
+    stdout_to_stderr()
     configure_logging(args.log_level)
     settings = Settings()
     if args.metrics_port is not None:
+        if not 0 <= args.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port {args.metrics_port}: must be 0..65535")
         settings = settings.model_copy(update={"metrics_port": args.metrics_port})
     if not settings.redis_url:
-        print(
-            "goose-ingest worker: no broker configured (GOOSE_INGEST_REDIS_URL); "
-            "`goose-ingest up` starts an embedded one with a worker",
-            file=sys.stderr,
-        )
-        return 2
+        raise ConfigError("no broker configured (GOOSE_INGEST_REDIS_URL); `goose-ingest up` starts an embedded "
+                          "redis-server with a worker")
     try:
         return asyncio.run(serve_worker(settings))
     except KeyboardInterrupt:
@@ -45,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def wait_for_broker(settings: Settings, log: logging.Logger) -> None:
     """Wait until the broker answers, instead of crashing: a worker usually starts before Redis."""
+    from redis.exceptions import AuthenticationError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -57,6 +92,8 @@ async def wait_for_broker(settings: Settings, log: logging.Logger) -> None:
         try:
             await client.ping()
             return
+        except AuthenticationError:
+            raise  # a ConnectionError in redis-py, but waiting will not fix credentials: one line, exit 2
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             log.warning("broker %s unreachable (%s); retrying in %.1fs", redact_url(settings.redis_url),
                         type(exc).__name__, delay)
@@ -68,21 +105,21 @@ async def wait_for_broker(settings: Settings, log: logging.Logger) -> None:
 
 async def serve_worker(settings: Settings) -> int:
     from services.metrics import Metrics
+    from services.metrics.server import check_bindable
     from services.worker.app import build_app
 
     log = logging.getLogger("goose_ingest.worker")
+    # A second worker on the same host fails here, before it touches the broker (serve() checks again).
+    check_bindable(settings.metrics_host, settings.metrics_port)
     await wait_for_broker(settings, log)
     app, parts = build_app(settings, Metrics())
 
     @app.after_startup
     async def _announce() -> None:
-        server = parts.get("server")
-        log.info(
-            "worker %s consuming %d shards; metrics on port %s",
-            parts["consumer"],
-            settings.shards,
-            server.port if server else "-",
-        )
+        server = parts.get("server") if isinstance(parts, dict) else getattr(parts, "server", None)
+        consumer = parts["consumer"] if isinstance(parts, dict) else getattr(parts, "consumer", "?")
+        log.info("worker %s consuming %d shards; metrics on port %s", consumer, settings.shards,
+                 server.port if server else "-")
 
     await app.run()
-    return 0
+    return parts.exit_code  # 1 when a subscriber stopped on its own (services/worker/app.py)

@@ -1,29 +1,68 @@
--- Commits one batch atomically: run states (with a version check per run), the
--- acknowledgement of its raw entries, and every output entry (topics, runs, dead letters).
--- Either all of it happens or none of it: a worker killed before this call leaves its
--- entries pending for another worker; after it, everything is durable together.
+-- Commits one batch atomically: run states (with a version check per run), their held
+-- (out-of-order) entries one by one, the acknowledgement of its raw entries, and every output
+-- entry (topics, runs, dead letters, control entries). Either all of it happens or none of it:
+-- a worker killed before this call leaves its entries pending for another worker; after it,
+-- everything is durable together. Python half: services/worker/commit.py.
 --
--- ARGV: raw stream, group, active-runs zset, ended-state TTL ms, and one msgpack blob
+-- KEYS[1]: the shard's raw stream (every key below lives in its slot in cluster mode).
+-- ARGV: group, the shard's active-runs zset, ended-state TTL ms, and one msgpack blob
 --   [runs, acks, outputs] (one argument instead of thousands: building and sending each
 --   argument separately cost the worker a fifth of its time):
---   runs:    {state key, expected version, state, ended (0/1), run key, last activity ms}, ...
+--   runs:    {state key, expected version, state, ended (0/1), run key, last activity ms,
+--             {held field, entry, ...} to write, {held field, ...} to delete}, ...
 --   acks:    raw entry ids
 --   outputs: {{stream, ...}, {field, value, ...}}, ... (an event goes to two topics, one copy)
 -- Returns {1} on success, or {0, i, j, ...}: the 1-based indexes of runs whose version moved.
-local raw, group, active, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local batch = cmsgpack.unpack(ARGV[5])
+local raw = KEYS[1]
+local group, active, ttl = ARGV[1], ARGV[2], ARGV[3]
+local batch = cmsgpack.unpack(ARGV[4])
 local runs, acks, outputs = batch[1], batch[2], batch[3]
+local CHUNK = 500  -- arguments per command (unpack of thousands overflows Lua's C stack)
 
+-- Redis does not roll a script back when a command fails halfway, so everything that could make
+-- a write fail is checked first: versions, and the type of every key written.
 local conflicts = {0}
 for r = 1, #runs do
-  local current = redis.call('HGET', runs[r][1], 'v') or '0'
+  local current = redis.call('HGET', runs[r][1], 'v') or '0'  -- a key of another type fails here
   if current ~= runs[r][2] then conflicts[#conflicts + 1] = r end
+  if tonumber(runs[r][2]) == nil then return redis.error_reply('ERR run ' .. r .. ': version is not a number') end
 end
 if #conflicts > 1 then return conflicts end
+
+local function expect(key, kind)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= kind then return redis.error_reply('ERR ' .. key .. ' is a ' .. t .. ', not a ' .. kind) end
+  return nil
+end
+local err = expect(raw, 'stream') or expect(active, 'zset')
+if err then return err end
+local checked = {}
+for o = 1, #outputs do
+  local streams = outputs[o][1]
+  for s = 1, #streams do
+    if not checked[streams[s]] then
+      checked[streams[s]] = true
+      err = expect(streams[s], 'stream')
+      if err then return err end
+    end
+  end
+end
+
+local function chunked(cmd, key, items, step)
+  local n = #items
+  local i = 1
+  while i <= n do
+    local last = math.min(i + step - 1, n)
+    redis.call(cmd, key, unpack(items, i, last))
+    i = last + 1
+  end
+end
 
 for r = 1, #runs do
   local run = runs[r]
   redis.call('HSET', run[1], 'v', tostring(tonumber(run[2]) + 1), 's', run[3])
+  if #run[8] > 0 then chunked('HDEL', run[1], run[8], CHUNK) end
+  if #run[7] > 0 then chunked('HSET', run[1], run[7], CHUNK) end  -- CHUNK is even: pairs stay whole
   if run[4] == 1 then
     redis.call('PEXPIRE', run[1], ttl)
     redis.call('ZREM', active, run[5])
@@ -36,7 +75,7 @@ end
 local n = #acks
 local i = 1
 while i <= n do
-  local last = math.min(i + 499, n)
+  local last = math.min(i + CHUNK - 1, n)
   redis.call('XACK', raw, group, unpack(acks, i, last))
   i = last + 1
 end

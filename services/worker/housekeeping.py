@@ -9,23 +9,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-import orjson
 from redis.exceptions import RedisError, ResponseError
 
 from contracts.events import EVENT_TYPES
+from contracts.raw import ABANDON, stream_id_ms
 from services.broker.groups import ensure_groups
-from services.broker.keys import shard_of
 from services.metrics import Metrics
-from services.sequencer import Entry, RunSequencer, plan_abandon
+from services.sequencer import Entry, missing_ranges, plan_abandon
+from services.sequencer.entries import STDOUT
 from services.settings import Settings
-from services.worker.batch import BatchProcessor, CommitConflict, active_key, state_key
+from services.worker.commit import CommitFailed
+from services.worker.processor import BatchProcessor, CommitConflict
 from services.worker.reporting import record_result
 
 log = logging.getLogger("goose_ingest.worker")
 
 RETENTION_EVERY_S = 60.0
+
+
+class Readiness(NamedTuple):
+    """/readyz's answer: ok, or one line saying why not."""
+
+    ok: bool
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.ok
 
 
 class Housekeeper:
@@ -36,20 +48,28 @@ class Housekeeper:
         processor: BatchProcessor,
         consumer: str,
         metrics: Metrics | None = None,
+        subscribers: Callable[[], Readiness] | None = None,
     ) -> None:
         self.settings = settings
         self.client = client
         self.processor = processor
         self.consumer = consumer
         self.metrics = metrics
-        self.subscribers_running = False
+        self.subscribers = subscribers or (lambda: Readiness(True, ""))
         self.last_ok = 0.0
         self._last_retention = 0.0
         self._idle_shards: set[int] = set()
 
+    def readiness(self) -> Readiness:
+        health = self.subscribers()
+        if not health.ok:
+            return health
+        if time.monotonic() - self.last_ok >= max(3 * self.settings.sweep_interval_s, 15.0):
+            return Readiness(False, "housekeeping has not reached the broker recently")
+        return Readiness(True, "")
+
     def is_ready(self) -> bool:
-        fresh = time.monotonic() - self.last_ok < max(3 * self.settings.sweep_interval_s, 15.0)
-        return self.subscribers_running and fresh
+        return self.readiness().ok
 
     async def run(self) -> None:
         while True:
@@ -79,7 +99,7 @@ class Housekeeper:
     # ------------------------------------------------------------------ lag
     async def gauge_backlog(self) -> None:
         idle: set[int] = set()
-        for shard, stream in enumerate(self.settings.raw_streams()):
+        for shard, stream in enumerate(self.settings.layout.raw_streams()):
             try:
                 groups = await self.client.xinfo_groups(stream)
             except ResponseError:
@@ -93,16 +113,25 @@ class Housekeeper:
             lag = group.get("lag")
             pending = int(group.get("pending") or 0)
             if self.metrics is not None:
-                self.metrics.set_backlog(shard, None if lag is None else int(lag), pending)
+                oldest_age_s = await self._oldest_pending_age_s(stream) if pending else 0.0
+                self.metrics.set_backlog(shard, None if lag is None else int(lag), pending, oldest_age_s)
             if lag is not None and int(lag) == 0 and pending == 0:
                 idle.add(shard)
         self._idle_shards = idle
+
+    async def _oldest_pending_age_s(self, stream: str) -> float:
+        """Seconds since the shard's oldest unacknowledged entry was published (alert: stuck entries)."""
+        summary = await self.client.xpending(stream, self.settings.group)
+        oldest = summary.get("min") if isinstance(summary, dict) else None
+        if not oldest:
+            return 0.0
+        return max(0.0, time.time() - stream_id_ms(oldest) / 1000)
 
     # -------------------------------------------------------------- reclaim
     async def reclaim(self, shard: int) -> int:
         """Take over entries another consumer read but never committed (e.g. it was killed)."""
         s = self.settings
-        stream = s.raw_stream(shard)
+        stream = s.layout.raw_stream(shard)
         start = "0-0"
         total = 0
         while True:
@@ -118,7 +147,7 @@ class Housekeeper:
                 )
                 deliveries = {p["message_id"].decode(): int(p["times_delivered"]) for p in pending}
                 started = time.perf_counter()
-                result = await self.processor.process(stream, ids, [f for _, f in entries], deliveries=deliveries)
+                result = await self.processor.process(shard, ids, [f for _, f in entries], deliveries=deliveries)
 
                 record_result(self.metrics, result, time.perf_counter() - started, len(ids))
                 total += len(ids)
@@ -128,40 +157,40 @@ class Housekeeper:
     # -------------------------------------------------------------- abandon
     async def abandon_idle_runs(self, limit: int = 100) -> int:
         s = self.settings
+        layout = s.layout
         now_ms = await self._redis_ms()
         cutoff = now_ms - int(s.run_idle_timeout_s * 1000)
-        runs = await self.client.zrangebyscore(active_key(s), "-inf", cutoff, start=0, num=limit)
         done = 0
-        for run_b in runs:
-            run = run_b.decode()
-            shard = shard_of(run, s.shards)
-            if shard not in self._idle_shards:
-                continue  # entries may still be waiting in the stream: not idle yet
-            try:
-                if await self.abandon(run, now_ms):
-                    done += 1
-            except CommitConflict:
-                continue
+        for active in layout.active_run_sets():  # one per shard in cluster mode, one on a single node
+            runs = await self.client.zrangebyscore(active, "-inf", cutoff, start=0, num=limit)
+            for run_b in runs:
+                run = run_b.decode()
+                if layout.shard_of(run) not in self._idle_shards:
+                    continue  # entries may still be waiting in the stream: not idle yet
+                try:
+                    if await self.abandon(run, now_ms):
+                        done += 1
+                except (CommitConflict, CommitFailed) as exc:
+                    log.warning("abandoning run %s failed (%s); trying again next sweep", run, type(exc).__name__)
         return done
 
     async def abandon(self, run: str, now_ms: int) -> bool:
-        """Write an abandon marker for `run` into the raw log and apply it, in one commit."""
-        s = self.settings
-        state = await self.client.hget(state_key(s, run), "s")
-        if state is None:
-            await self.client.zrem(active_key(s), run)
+        """Write an abandon marker for `run` on its shard's control stream and apply it, in one commit."""
+        layout = self.settings.layout
+        active = layout.active_runs(layout.shard_of(run))
+        loaded = (await self.processor.load([run]))[run]
+        if isinstance(loaded, Exception):
+            log.warning("cannot abandon run %s: its state is unusable (%s)", run, type(loaded).__name__)
+            await self.client.zrem(active, run)  # its entries are dead-lettered as they come
             return False
-        seq = RunSequencer.from_state(orjson.loads(state), self.processor.limits, s.max_buffered_entries)
-        if seq.ended:
-            await self.client.zrem(active_key(s), run)
+        version, sequencer = loaded
+        if version == "0" or sequencer.ended:  # no state (expired, flushed) or already ended
+            await self.client.zrem(active, run)
             return False
-        through, missing = plan_abandon(seq)
-        stream = s.raw_stream(shard_of(run, s.shards))
-        marker = Entry(run, max(through, 0), now_ms, "abandon", "stdout", "", None, None, None, "0-0",
-                       through, tuple(tuple(r) for r in missing))
-        fields = (stream, b"run", run, b"seq", str(max(through, 0)), b"ts", str(now_ms), b"kind", b"abandon",
-                  b"through", str(through), b"missing", orjson.dumps(missing))
-        result = await self.processor.process(stream, [], [], extra_entries=[marker], extra_adds=[fields])
+        through, missing = plan_abandon(sequencer)
+        marker = Entry(run=run, seq=max(through, 0), ts=now_ms, kind=ABANDON, stream=STDOUT, line="",
+                       exit=None, host=None, agent=None, sid="0-0", through=through, missing=missing_ranges(missing))
+        result = await self.processor.abandon(run, marker)
 
         record_result(self.metrics, result, 0.0, 0)
         log.info("abandoned idle run %s (through seq %d, %d missing ranges)", run, through, len(missing))
@@ -177,7 +206,8 @@ class Housekeeper:
         s = self.settings
         now_ms = await self._redis_ms()
         raw_cutoff = now_ms - int(s.raw_retention_hours * 3_600_000)
-        for stream in s.raw_streams():
+        layout = s.layout
+        for shard, stream in enumerate(layout.raw_streams()):
             try:
                 groups = await self.client.xinfo_groups(stream)
             except ResponseError:
@@ -185,20 +215,21 @@ class Housekeeper:
             group = next((g for g in groups if g["name"].decode() == s.group), None)
             if group is None:
                 continue
-            frontier = _id_ms(group["last-delivered-id"])
+            frontier = stream_id_ms(group["last-delivered-id"])
             summary = await self.client.xpending(stream, s.group)
             if summary and summary.get("pending"):
-                frontier = min(frontier, _id_ms(summary["min"]))
+                frontier = min(frontier, stream_id_ms(summary["min"]))
             # Entries not yet delivered (lag) sit above last-delivered-id, so they are never below it.
             cutoff = min(raw_cutoff, frontier)
             if cutoff > 0:
                 await self.client.xtrim(stream, minid=f"{cutoff}-0", approximate=True)
+                # The shard's control entries (abandon markers) are part of the same log: same cutoff,
+                # so replay never meets a run's raw entries without the marker that ended it.
+                await self.client.xtrim(layout.control_stream(shard), minid=f"{cutoff}-0", approximate=True)
         topic_cutoff = now_ms - int(s.topic_retention_hours * 3_600_000)
-        for stream in [s.all_events_topic(), s.runs_stream(), s.deadletters(), *(s.topic_for(t) for t in EVENT_TYPES)]:
+        topics = [*layout.events_partitions(), *layout.runs_partitions(), *layout.deadletter_partitions(),
+                  *(p for t in EVENT_TYPES for p in layout.type_partitions(t))]
+        for stream in topics:
             if topic_cutoff > 0:
                 await self.client.xtrim(stream, minid=f"{topic_cutoff}-0", approximate=True)
 
-
-def _id_ms(sid: bytes | str) -> int:
-    text = sid.decode() if isinstance(sid, bytes) else sid
-    return int(text.split("-", 1)[0])

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from contracts.raw import DEAD
 from services.metrics import Metrics
-from services.worker.batch import BatchResult
+from services.worker.processor import BatchResult
 
 LATENCY_SAMPLES_PER_BATCH = 50
 
@@ -12,10 +13,10 @@ def record_result(metrics: Metrics | None, result: BatchResult, seconds: float, 
     if metrics is None:
         return
     for outcome, n in result.outcomes.items():
-        if outcome != "dead_lettered":
+        if outcome != DEAD:
             metrics.raw(outcome, n)
     for reason, n in result.dead.items():
-        metrics.raw("dead_lettered", n, reason=reason)
+        metrics.raw(DEAD, n, reason=reason)
     metrics.events(result.events)
     for record in result.records:
         metrics.run_record(record)

@@ -139,5 +139,7 @@ def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
     })
     if settings.host_label:
         env["GOOSE_INGEST_HOST_LABEL"] = settings.host_label
+    if settings.redis_cluster:
+        env["GOOSE_INGEST_REDIS_CLUSTER"] = "true"
     env.update(extra)
     return env

@@ -40,12 +40,12 @@ app.kubernetes.io/part-of: goose-ingest
 {{- end -}}
 
 {{/* Defaults mirror services/settings.py. */}}
-{{- define "goose-ingest.shards" -}}{{ int (default 4 .Values.settings.shards) }}{{- end -}}
+{{- define "goose-ingest.shards" -}}{{ int (default (ternary 16 4 (.Values.settings.redis_cluster | default false)) .Values.settings.shards) }}{{- end -}}
 {{- define "goose-ingest.group" -}}{{ default "goose-ingest" .Values.settings.group }}{{- end -}}
 
-{{/* Raw shard stream name i: [<namespace>:]<raw_stream_prefix>.<i> (Settings.raw_stream). */}}
+{{/* Raw shard stream name i: [<namespace>:]<raw_stream_prefix>.<i>, or .{s<i>} in cluster mode (KeyLayout.raw_stream). */}}
 {{- define "goose-ingest.rawStream" -}}
 {{- $prefix := default "goose.raw" .root.Values.settings.raw_stream_prefix -}}
-{{- $name := printf "%s.%d" $prefix (int .shard) -}}
+{{- $name := ternary (printf "%s.{s%d}" $prefix (int .shard)) (printf "%s.%d" $prefix (int .shard)) (.root.Values.settings.redis_cluster | default false) -}}
 {{- if .root.Values.settings.namespace -}}{{ printf "%s:%s" .root.Values.settings.namespace $name }}{{- else -}}{{ $name }}{{- end -}}
 {{- end -}}

@@ -1,4 +1,10 @@
-"""`goose-ingest tap` and `goose-ingest publish`: publish goose output lines as raw entries."""
+"""`goose-ingest tap` and `goose-ingest publish`: publish an agent's output lines as raw entries.
+
+Both label every entry with the run's input `format` (goose | claude-code | codex) when it is known:
+given with --format, or, for `tap`, recognised from the command it wraps (`goose`, `claude`, `codex`,
+also behind launchers such as `env`, `npx`, `nohup`). Without a label the workers detect the format
+from the first JSON line (harness-events-more-formats.md section 1).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import threading
 import time
 from typing import BinaryIO
 
+from contracts.events import FORMATS
 from services.broker.helpers import redact_url
 from services.settings import Settings
 from services.tap.publisher import Publisher, RunFinished, now_ms
@@ -22,6 +29,64 @@ from services.tap.spool import SpoolCorrupt, SpoolLocked
 log = logging.getLogger("goose_ingest.tap")
 PROG = "goose-ingest"
 READER_GRACE_S = 5.0  # after the child exits, how long to wait for its pipes to close (grandchildren)
+CREDENTIAL_CHECK_TIMEOUT_S = 2.0  # one PING before the command starts; a slow broker only delays the check
+
+# Executables (basename) of the agent CLIs and the npm packages they ship in -> the run's format.
+AGENT_COMMANDS = {"goose": "goose", "claude": "claude-code", "codex": "codex"}
+AGENT_PACKAGES = {"@anthropic-ai/claude-code": "claude-code", "@openai/codex": "codex"}
+# Launchers that run their argument as a command: name -> options that take a value.
+LAUNCHERS: dict[str, frozenset[str]] = {
+    "env": frozenset({"-u", "--unset", "-C", "--chdir", "-S", "--split-string"}),
+    "npx": frozenset({"-p", "--package", "-c", "--call"}),
+    "bunx": frozenset({"-p", "--package"}),
+    "pnpx": frozenset(),
+    "nohup": frozenset(),
+    "nice": frozenset({"-n", "--adjustment"}),
+    "exec": frozenset(),
+    "command": frozenset(),
+    "stdbuf": frozenset({"-i", "-o", "-e"}),
+}
+TWO_WORD_LAUNCHERS = {("pnpm", "dlx"), ("yarn", "dlx"), ("npm", "exec"), ("bun", "x")}
+
+
+def format_of_command(command: list[str]) -> str | None:
+    """The input format of the agent CLI `command` runs, or None when it is not one we know.
+
+    Looks through launchers (`env [-i] [VAR=value ...]`, `npx [-y] @anthropic-ai/claude-code`,
+    `pnpm dlx`, `nohup`, `nice -n 5`, ...) to the command they start; never guesses from arguments."""
+    args = list(command)
+    while args:
+        name = os.path.basename(args[0])
+        if tuple(os.path.basename(a) for a in args[:2]) in TWO_WORD_LAUNCHERS:
+            args, name = args[1:], "npx"
+        if name in AGENT_COMMANDS:
+            return AGENT_COMMANDS[name]
+        package = _package_name(args[0])
+        if package in AGENT_PACKAGES:
+            return AGENT_PACKAGES[package]
+        if name not in LAUNCHERS:
+            return None
+        takes_value = LAUNCHERS[name]
+        rest = args[1:]
+        while rest:
+            head = rest[0]
+            if head == "--":
+                rest = rest[1:]
+                break
+            if head in takes_value:
+                rest = rest[2:]
+            elif head.startswith("-") or (name == "env" and "=" in head):
+                rest = rest[1:]
+            else:
+                break
+        args = rest
+    return None
+
+
+def _package_name(arg: str) -> str:
+    """`@openai/codex@0.46.0` -> `@openai/codex`; `claude@latest` -> `claude`."""
+    at = arg.rfind("@")
+    return arg[:at] if at > 0 else arg
 
 
 def register(subparsers) -> None:
@@ -33,7 +98,10 @@ def register(subparsers) -> None:
     )
     tap.add_argument("--run", help=f"run key ({RUN_KEY_RULE}); default <host>/<ULID>")
     tap.add_argument("--quiet", "-q", action="store_true", help="do not echo the command's output")
-    tap.add_argument("--agent", help="`agent` label on every entry (default: 'goose' when the command is goose)")
+    tap.add_argument("--agent", help="`agent` label on every entry (default: the agent CLI when recognised)")
+    tap.add_argument("--format", choices=FORMATS,
+                     help="input format label on every entry (default: recognised from COMMAND -- goose, claude, "
+                     "codex, also behind env/npx/nohup; otherwise none and the workers detect it)")
     tap.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
                      help="after the command ends, wait at most this long for an unreachable broker "
                      "(default: wait until delivered); undelivered entries stay in the spool")
@@ -53,6 +121,8 @@ def register(subparsers) -> None:
                      help="when resuming a spooled run, do not skip the lines already taken from this input")
     pub.add_argument("--drain", action="store_true", help="only deliver the run's spooled entries; read no input")
     pub.add_argument("--agent", help="`agent` label on every entry")
+    pub.add_argument("--format", choices=FORMATS,
+                     help="input format label on every entry (default: none, the workers detect it)")
     pub.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
                      help="wait at most this long for an unreachable broker at the end (default: until delivered)")
     pub.set_defaults(func=cmd_publish)
@@ -88,12 +158,13 @@ def _strip_newline(raw: bytes) -> bytes:
     return raw
 
 
-def _open_publisher(settings: Settings, run: str, labels: dict[str, str]) -> Publisher | int:
+def _open_publisher(settings: Settings, run: str, labels: dict[str, str], input_format: str | None) -> Publisher | int:
     if not settings.redis_url:
         _err("no broker configured: set GOOSE_INGEST_REDIS_URL (e.g. redis://127.0.0.1:6379/0)")
         return 2
+    _check_credentials(settings, run)
     try:
-        pub = Publisher(settings, run, labels)
+        pub = Publisher(settings, run, labels, format=input_format)
     except (SpoolLocked, SpoolCorrupt) as exc:
         _err(str(exc))
         return 1
@@ -107,6 +178,40 @@ def _open_publisher(settings: Settings, run: str, labels: dict[str, str]) -> Pub
         log.info("resuming run %s from its spool %s: next seq %d, %d entries not yet confirmed",
                  run, pub.spool_dir, pub.next_seq, pub.pending)
     return pub
+
+
+def _check_credentials(settings: Settings, run: str) -> None:
+    """Refuse to start when the broker answers but rejects our credentials or role (config errors: exit 2).
+
+    An unreachable broker is no reason to stop -- that is what the spool is for -- but entries spooled
+    under credentials the broker refuses would never be delivered. The role is probed with an XADD of
+    id 0-0 to the run's shard: Redis checks the ACL first (NOPERM) and then refuses the id without
+    writing anything."""
+    from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
+
+    from services.broker.cluster import ensure_shard_count
+    from services.broker.helpers import sync_client_with_timeouts
+
+    try:
+        client = sync_client_with_timeouts(settings, socket_timeout=CREDENTIAL_CHECK_TIMEOUT_S,
+                                           connect_timeout=CREDENTIAL_CHECK_TIMEOUT_S)
+        try:
+            client.ping()
+            # another shard count than the data's would route this run elsewhere: one line, exit 2
+            ensure_shard_count(client, settings.layout)
+            try:
+                client.execute_command("XADD", settings.layout.raw_stream(settings.layout.shard_of(run)),
+                                       "0-0", "probe", "1")
+            except NoPermissionError:
+                raise
+            except RedisError:
+                pass  # "must be greater than 0-0": allowed, and nothing was written
+        finally:
+            client.close()
+    except (AuthenticationError, NoPermissionError):
+        raise  # services/cli.py prints it as one line naming the settings
+    except (RedisError, OSError):
+        pass  # down or unreachable: spool and deliver later
 
 
 def _drain(pub: Publisher, timeout: float | None, abort: threading.Event) -> bool:
@@ -142,8 +247,10 @@ def cmd_tap(args: argparse.Namespace) -> int:
         return 2
     run = args.run or new_run_key(settings.host_label)
     _setup_logging()
-    agent = args.agent or ("goose" if os.path.basename(command[0]) == "goose" else None)
-    pub = _open_publisher(settings, run, _labels(settings, agent))
+    recognised = format_of_command(command)
+    input_format = args.format or recognised
+    agent = args.agent or recognised
+    pub = _open_publisher(settings, run, _labels(settings, agent), input_format)
     if isinstance(pub, int):
         return pub
     _err(f"run {run}")
@@ -242,7 +349,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
                 return 2
             source = "file:" + os.path.realpath(args.file)
     _setup_logging()
-    pub = _open_publisher(settings, args.run, _labels(settings, args.agent))
+    pub = _open_publisher(settings, args.run, _labels(settings, args.agent), args.format)
     if isinstance(pub, int):
         return pub
     abort = threading.Event()

@@ -1,0 +1,222 @@
+"""Redis ACL users of goose-ingest, one per role, each the least it needs (docs/architecture.md).
+
+Key patterns come from the names of `services/broker/keys.py` (`KeyLayout`: namespace prefix,
+raw and control stream prefixes, topic names, key families), and cover the single-node and the
+cluster layout alike (``goose.raw.*`` matches ``goose.raw.3`` and ``goose.raw.{s3}``), so one
+file serves both; on a cluster every node loads it. `deploy/redis/users.acl` is `render()` of the
+default settings (a test keeps them equal); `goose-ingest acl` renders it for the current
+settings, with passwords.
+
+Selectors (Redis >= 7.0) keep a command to the keys it is meant for: the exporter may XADD to the
+dead-letter stream but not to a topic, and may delete its own state but not a topic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.broker.keys import ACTIVE_RUNS, EXPORT_OPEN, EXPORT_STATE, IMPORT_CHECKPOINT, META, RUN_STATE, KeyLayout
+
+# What every client needs to connect and find its way: handshake, liveness, client name
+# (redis-py announces itself), and cluster topology discovery. Nothing here reads or writes data.
+CONNECTION = (
+    "+auth", "+hello", "+ping", "+echo", "+select", "+command", "+time",
+    # CLIENT SETINFO (Redis >= 7.2) is left out so the file loads on 7.0; redis-py ignores its refusal.
+    "+client|setname", "+client|getname", "+client|id",
+    "+readonly", "+readwrite", "+asking",
+    "+cluster|slots", "+cluster|shards", "+cluster|nodes", "+cluster|info", "+cluster|myid",
+    "+multi", "+exec", "+discard",
+)
+# Reading a topic by id or through a consumer group of one's own. Deliberately absent: XADD, XDEL,
+# XTRIM, XSETID, XGROUP DESTROY / SETID (one consumer must not rewind or drop another's group).
+STREAM_CONSUMER = (
+    "+xread", "+xrange", "+xrevrange", "+xlen", "+xinfo|stream", "+xinfo|groups", "+xinfo|consumers",
+    "+xreadgroup", "+xack", "+xclaim", "+xautoclaim", "+xpending",
+    "+xgroup|create", "+xgroup|createconsumer", "+xgroup|delconsumer",
+)
+HASH_RW = ("+hget", "+hmget", "+hgetall", "+hexists", "+hlen", "+hset", "+hsetnx", "+hdel", "+hincrby")
+STRING_RW = ("+get", "+mget", "+set", "+setnx", "+incr", "+incrby")
+KEY_LIFECYCLE = ("+exists", "+type", "+del", "+unlink", "+expire", "+pexpire", "+persist", "+ttl", "+pttl")
+SCRIPTS = ("+eval", "+evalsha", "+eval_ro", "+evalsha_ro", "+script|load", "+script|exists")
+META_READ = ("+get", "+hget", "+hgetall", "+exists", "+type")
+# The first command of a deployment records its shard count (services/broker/cluster.py:
+# ensure_shard_count); HSETNX only ever adds a missing field, it cannot change a recorded one.
+META_RECORD = ("+hsetnx",)
+SET_RW = ("+sadd", "+srem", "+smembers", "+sismember", "+smismember", "+scard")
+ZSET_RW = ("+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zcard", "+zcount")
+# The exporters (services/export/*): each may dead-letter only into its own `<deadletter>.<name>` stream.
+EXPORTERS = ("otlp", "postgres")
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    purpose: str
+    rules: tuple[str, ...]  # ACL rules after `reset on <password>`: commands, key patterns, selectors
+
+
+def glob_escape(name: str) -> str:
+    """`name` as a literal inside a Redis glob pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in name)
+
+
+@dataclass(frozen=True)
+class KeyPatterns:
+    """Glob patterns of every key family of a layout (both layouts: single node and cluster)."""
+
+    raw: str
+    control: str
+    topics: tuple[str, ...]  # harness.events[.*], harness.runs[.*]
+    deadletter: tuple[str, ...]
+    run_state: str
+    active_runs: str
+    import_checkpoint: str
+    export_state: str
+    export_open: str
+    export_deadletter: tuple[str, ...]
+    meta: str
+    everything: str
+
+    @classmethod
+    def of(cls, layout: KeyLayout) -> KeyPatterns:
+        def family(name: str) -> str:  # `<ns>:<name>:*`: per-run / per-shard keys of a family
+            return glob_escape(layout.key(name + ":")) + "*"
+
+        def topic(base: str) -> tuple[str, str]:  # the stream itself and its `.type` / `.{s3}` partitions
+            return glob_escape(layout.key(base)), glob_escape(layout.key(base + ".")) + "*"
+
+        return cls(
+            raw=glob_escape(layout.key(layout.raw_prefix + ".")) + "*",
+            control=glob_escape(layout.key(layout.control_prefix + ".")) + "*",
+            topics=topic(layout.events_topic) + topic(layout.runs_topic),
+            deadletter=topic(layout.deadletter_stream),
+            run_state=family(RUN_STATE),
+            # `goose-ingest:active` on a single node, `goose-ingest:active:{s3}` on a cluster
+            active_runs=glob_escape(layout.key(ACTIVE_RUNS)) + "*",
+            import_checkpoint=family(IMPORT_CHECKPOINT),
+            export_state=family(EXPORT_STATE),
+            export_open=family(EXPORT_OPEN),
+            export_deadletter=tuple(p for name in EXPORTERS for p in topic(f"{layout.deadletter_stream}.{name}")),
+            meta=glob_escape(layout.key(META)),
+            everything=glob_escape(layout.key("")) + "*" if layout.namespace else "*",
+        )
+
+
+def _keys(mode: str, *patterns: str) -> tuple[str, ...]:
+    return tuple(f"{mode}~{p}" for p in patterns)
+
+
+def _selector(*rules: str) -> str:
+    return "(" + " ".join(rules) + ")"
+
+
+def roles(layout: KeyLayout) -> list[Role]:
+    k = KeyPatterns.of(layout)
+    return [
+        Role(
+            "tap",
+            "`tap`, `publish`: append to the raw shards, nothing else (no control stream, no topic, no reads)",
+            (*CONNECTION, "+xadd", *_keys("%W", k.raw),
+             _selector(*META_READ, *_keys("%R", k.meta)), _selector(*META_RECORD, *_keys("", k.meta))),
+        ),
+        Role(
+            "importer",
+            "`import-sessions`: a tap that also keeps its import checkpoints and reads run states",
+            (*CONNECTION, "+xadd", *_keys("%W", k.raw),
+             _selector(*HASH_RW, *SET_RW, *KEY_LIFECYCLE, *_keys("", k.import_checkpoint)),
+             _selector(*META_READ, "+hmget", *_keys("%R", k.run_state, k.meta)),
+             _selector(*META_RECORD, *_keys("", k.meta))),
+        ),
+        Role(
+            "worker",
+            "`worker`, `up`: consume the raw shards, keep run state, commit to topics, control and dead letters",
+            (*CONNECTION, *STREAM_CONSUMER, "+xadd", "+xtrim", *HASH_RW, *STRING_RW, *KEY_LIFECYCLE,
+             *ZSET_RW, *SCRIPTS,
+             *_keys("", k.raw, k.control, *k.topics, *k.deadletter, k.run_state, k.active_runs, k.meta)),
+        ),
+        Role(
+            "consumer",
+            "`tail`, dashboards, analytics: read the (redacted) topics, own consumer groups; no raw log, no dead letters",
+            (*CONNECTION, *STREAM_CONSUMER, *_keys("", *k.topics)),
+        ),
+        Role(
+            "exporter",
+            "`export otlp|postgres`: a consumer that also keeps per-run export state and open-run sets, and "
+            "dead-letters what a backend rejects into its own dead-letter stream",
+            (*CONNECTION, *STREAM_CONSUMER, *_keys("", *k.topics),
+             _selector(*HASH_RW, *STRING_RW, *ZSET_RW, *KEY_LIFECYCLE, *SCRIPTS,
+                       *_keys("", k.export_state, k.export_open)),
+             _selector("+xadd", *_keys("%W", *k.export_deadletter))),
+        ),
+        Role(
+            "admin",
+            "operators: `replay`, inspection and repair of groups and keys of this namespace; nothing that "
+            "wipes or reconfigures the server",
+            ("+@all", "-@dangerous", "+info", "+slowlog|get", "+latency|latest",
+             "-script|flush", "-script|kill", "-function|flush", "-function|delete", "-function|restore",
+             *CONNECTION, *_keys("", k.everything)),
+        ),
+    ]
+
+
+ROLE_NAMES = ("tap", "importer", "worker", "consumer", "exporter", "admin")
+
+
+def user_name(role: str, namespace: str = "") -> str:
+    """The ACL user of a role: `goose-<role>`, or `<namespace>-<role>` for a namespaced deployment."""
+    return f"{namespace}-{role}" if namespace else f"goose-{role}"
+
+
+def password_hash(password: str) -> str:
+    return hashlib.sha256(password.encode("utf-8")).hexdigest()
+
+
+def render(layout: KeyLayout, passwords: Mapping[str, str] | None = None) -> str:
+    """The users.acl text. A role with a password is `on` (stored as its SHA-256); without, `off`."""
+    passwords = passwords or {}
+    ns = layout.namespace
+    # An ACL file has no comments: the roles are explained in docs/architecture.md and deploy/redis/README.md.
+    lines = ["user default reset"]  # off, no password, no permissions: every client authenticates as its role
+    for role in roles(layout):
+        pw = passwords.get(role.name)
+        auth = f"on #{password_hash(pw)}" if pw else "off"
+        lines.append(f"user {user_name(role.name, ns)} reset {auth} " + " ".join(role.rules))
+    return "\n".join(lines) + "\n"
+
+
+# --- `goose-ingest acl` --------------------------------------------------------------------------
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "acl",
+        help="print the Redis ACL users (one per role) for the configured namespace and names",
+        description="Print a users.acl for Redis (aclfile) with one user per role -- tap, importer, worker, "
+        "consumer, exporter, admin -- each limited to the commands and keys it needs (docs/architecture.md). "
+        "Roles given a password are on; the others are off.",
+    )
+    p.add_argument("--password-file", action="append", default=[], metavar="ROLE=PATH",
+                   help="read ROLE's password from the first line of PATH (repeatable)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.settings import ConfigError, Settings
+
+    passwords: dict[str, str] = {}
+    for item in args.password_file:
+        role, sep, path = item.partition("=")
+        if not sep or role not in ROLE_NAMES:
+            raise ConfigError(f"--password-file {item!r}: expected ROLE=PATH with ROLE one of {', '.join(ROLE_NAMES)}")
+        try:
+            text = Path(path).read_text("utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"--password-file {role}: cannot read {path}: {exc.strerror or exc}") from None
+        if not text or not text[0]:
+            raise ConfigError(f"--password-file {role}: {path} has no password on its first line")
+        passwords[role] = text[0]
+    sys.stdout.write(render(Settings().layout, passwords))
+    return 0

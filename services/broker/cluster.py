@@ -1,0 +1,286 @@
+"""Cluster-aware pieces every command shares: the FastStream broker, readiness, the shard-count check.
+
+FastStream 0.7.8 ships `RedisClusterBroker` (an async redis-py `RedisCluster` underneath): its
+stream subscribers issue XGROUP CREATE / XREADGROUP / XAUTOCLAIM on one stream each, which a
+cluster client routes by that stream's slot and re-routes on MOVED / failover. So the worker's
+raw-shard subscribers stay plain FastStream batch subscribers in both modes; `make_broker`
+chooses the class. See docs/architecture.md ("Redis Cluster").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redis.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
+
+from services.broker.connect import BrokerConfigError, connection_kwargs, target
+from services.broker.keys import KeyLayout
+from services.settings import Settings
+
+log = logging.getLogger("goose_ingest.broker")
+
+CLUSTER_SLOTS = 16384
+META_SHARDS = "shards"
+META_LAYOUT = "layout"
+
+
+class ShardCountMismatch(BrokerConfigError):
+    """The command's shard count (or layout) differs from the one the deployment's data was created with."""
+
+
+def make_broker(settings: Settings, **options: Any) -> Any:
+    """The worker's FastStream broker: RedisClusterBroker over all seeds, or RedisBroker on one node.
+
+    Credentials travel as options, never inside the URL given to FastStream, so the
+    GOOSE_INGEST_REDIS_USERNAME / _PASSWORD override holds here too.
+    """
+    # Imported here: taps and other commands use this module without loading FastStream.
+    from faststream.redis import RedisBroker, RedisClusterBroker
+
+    t = target(settings)
+    creds = connection_kwargs(settings)
+    if not settings.redis_cluster:
+        return RedisBroker(t.url_without_credentials, **creds, **options)
+    first, *_rest = t.seeds
+    return RedisClusterBroker(
+        f"redis://{first}",
+        startup_nodes=[(s.host, s.port) for s in t.seeds],
+        # Missing slots must surface as not-ready (cluster_health), not as a crash at start.
+        require_full_coverage=False,  # passed through to redis-py's RedisCluster (not in FastStream's TypedDict)
+        **creds,
+        **options,
+    )
+
+
+# ---------------------------------------------------------------------------------- readiness
+@dataclass(frozen=True)
+class ClusterHealth:
+    ok: bool
+    reason: str  # "" when ok; one line otherwise (shown by /readyz and logged)
+
+    def __bool__(self) -> bool:  # /readyz takes any object whose truth is "ready" and that has a reason
+        return self.ok
+
+
+def parse_cluster_info(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.strip().partition(":")
+        if sep:
+            out[name] = value
+    return out
+
+
+def judge_cluster_info(info: dict[str, str]) -> ClusterHealth:
+    """Pure: is a node's CLUSTER INFO a cluster that can serve every shard?"""
+    if info.get("cluster_state") != "ok":
+        return ClusterHealth(False, f"cluster_state={info.get('cluster_state', 'unknown')}")
+    served = int(info.get("cluster_slots_ok", "0") or 0)
+    if served < CLUSTER_SLOTS:
+        return ClusterHealth(False, f"{CLUSTER_SLOTS - served} of {CLUSTER_SLOTS} slots not served")
+    return ClusterHealth(True, "")
+
+
+async def cluster_health(client: Any) -> ClusterHealth:
+    """Readiness of the broker: on a cluster, the primaries' view must be ok with every slot served.
+
+    Each primary is asked on its own: one that does not answer (killed, failover in progress) is
+    skipped, its replica's promotion shows in the others' view; no answer at all is not ready.
+    """
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    if not isinstance(client, AsyncRedisCluster):
+        return ClusterHealth(True, "")
+    try:
+        await client.initialize()
+        nodes = client.get_primaries()
+    except RedisError as exc:
+        return ClusterHealth(False, f"cluster discovery failed ({type(exc).__name__})")
+    answered = 0
+    for node in nodes:
+        try:
+            info = await client.execute_command("CLUSTER INFO", target_nodes=node)
+        except RedisError:
+            continue
+        answered += 1
+        if isinstance(info, bytes):
+            info = parse_cluster_info(info.decode())
+        health = judge_cluster_info({str(k): str(v) for k, v in dict(info).items()})
+        if not health.ok:
+            return health
+    if not answered:
+        return ClusterHealth(False, "no primary answered CLUSTER INFO")
+    return ClusterHealth(True, "")
+
+
+class BrokerGate:
+    """The worker's readiness before its parts exist, and while the cluster cannot serve every shard.
+
+    A worker must not crash-loop on a cluster with slots missing (a primary and its replica both
+    gone): it starts its metrics server first (liveness stays green, /readyz says why not),
+    waits in `open` until every slot is served, checks the shard count, and once running keeps
+    watching (`watch`), so /readyz turns red again during an outage and green after it.
+    """
+
+    def __init__(self, settings: Settings, poll_s: float = 1.0) -> None:
+        self.settings = settings
+        self.poll_s = poll_s
+        self.health = ClusterHealth(False, "starting: connecting to the broker")
+        self._after: Any = None  # the running worker's own readiness, once it exists
+
+    def readiness(self) -> Any:
+        if not self.health.ok or self._after is None:
+            return self.health if not self.health.ok else ClusterHealth(False, "starting")
+        return self._after()
+
+    def then(self, readiness: Any) -> None:
+        self._after = readiness
+
+    async def _check(self, client: Any) -> ClusterHealth:
+        health = await cluster_health(client)
+        if health.ok:
+            return health
+        return ClusterHealth(False, f"Redis Cluster not serving: {health.reason}")
+
+    async def open(self, client: Any) -> None:
+        """Wait until the cluster serves every slot (at once on a single node), then check the shard count."""
+        while True:
+            health = await self._check(client)
+            if health.ok:
+                break
+            if health != self.health:
+                log.warning("%s; waiting (readiness fails meanwhile)", health.reason)
+            self.health = health
+            await asyncio.sleep(self.poll_s)
+        await ensure_shard_count_async(client, self.settings.layout)
+        self.health = ClusterHealth(True, "")
+
+    async def watch(self, client: Any, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            health = await self._check(client)
+            if health.ok != self.health.ok:
+                log.warning("%s", "Redis Cluster serving every slot again" if health.ok else health.reason)
+            self.health = health
+
+
+# ---------------------------------------------------------------------------------- durable sends
+class ReplicationShortfall(RedisError):
+    """Fewer replicas than REDIS_WAIT_REPLICAS acknowledged a batch in time: it counts as not sent."""
+
+
+_TOPOLOGY_ERRORS = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY")
+
+
+def xadd_batch(client: Any, stream: str, entries: list[Mapping[Any, Any]], wait_replicas: int = 0,
+               wait_timeout_ms: int = 1000) -> None:
+    """XADD `entries` to `stream` in one pipeline; with `wait_replicas`, also WAIT for that many replicas.
+
+    WAIT counts the writes of the connection it runs on, so it must follow the XADDs on the same
+    connection: the whole batch goes through one pipeline of one node (on a cluster, the node that
+    owns the stream's slot). Raises ReplicationShortfall when the replicas did not confirm in time
+    (the caller re-sends; the workers drop duplicates by (run, seq)). After a MOVED or a dead node
+    the cluster client's slot map is refreshed, so the caller's retry goes to the new primary.
+    """
+    conn = client
+    if isinstance(client, RedisCluster):
+        # The owning node's own client: one connection (needed by WAIT), and no per-command
+        # routing in redis-py's ClusterPipeline (which costs more than the XADDs themselves).
+        conn = client.get_node_from_key(stream).redis_connection
+    pipe = conn.pipeline(transaction=False)
+    for fields in entries:
+        pipe.xadd(stream, fields)
+    if wait_replicas:
+        pipe.execute_command("WAIT", wait_replicas, wait_timeout_ms)
+    try:
+        replies = pipe.execute()
+    except (RedisConnectionError, ResponseError) as exc:
+        if conn is not client and (isinstance(exc, RedisConnectionError)
+                                   or str(exc).startswith(_TOPOLOGY_ERRORS)):
+            _refresh_slots(client)
+        raise
+    if wait_replicas and int(replies[-1]) < wait_replicas:
+        raise ReplicationShortfall(
+            f"{replies[-1]} of {wait_replicas} replicas acknowledged within {wait_timeout_ms} ms"
+        )
+
+
+def _refresh_slots(client: Any) -> None:
+    try:
+        client.nodes_manager.initialize()
+    except RedisError as exc:  # a failover in progress: the next attempt refreshes again
+        log.debug("slot map refresh failed (%s)", type(exc).__name__)
+
+
+# ---------------------------------------------------------------------------------- shard count
+def _layout_name(layout: KeyLayout) -> str:
+    return "cluster" if layout.cluster else "single"
+
+
+def judge_meta(layout: KeyLayout, stored: dict[bytes, bytes] | dict[str, str]) -> None:
+    """Pure: raise ShardCountMismatch when the stored deployment facts differ from `layout`."""
+    facts = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+             for k, v in stored.items()}
+    shards = facts.get(META_SHARDS)
+    if shards is not None and shards != str(layout.shards):
+        raise ShardCountMismatch(
+            f"GOOSE_INGEST_SHARDS={layout.shards} but this deployment's data was created with {shards} shards "
+            f"(key {layout.meta()}): set GOOSE_INGEST_SHARDS={shards}"
+        )
+    kind = facts.get(META_LAYOUT)
+    if kind is not None and kind != _layout_name(layout):
+        raise ShardCountMismatch(
+            f"this deployment's data uses the {kind} key layout (key {layout.meta()}) but "
+            f"GOOSE_INGEST_REDIS_CLUSTER is {'true' if layout.cluster else 'false'}"
+        )
+
+
+def ensure_shard_count(client: Any, layout: KeyLayout) -> None:
+    """Record the shard count on first use (HSETNX), then refuse a different one (sync clients).
+
+    Every worker, tap, publish and import calls this before it writes: in cluster mode a changed
+    count would move runs' states to other slots mid-run.
+    """
+    facts = client.hgetall(layout.meta())
+    judge_meta(layout, facts)
+    if len(facts) < 2:  # first use: record (HSETNX: whoever comes first wins), then check the winner
+        try:
+            client.hsetnx(layout.meta(), META_SHARDS, str(layout.shards))
+            client.hsetnx(layout.meta(), META_LAYOUT, _layout_name(layout))
+        except NoPermissionError:
+            return  # tap and import roles only read the facts (deploy/redis/users.acl); workers record them
+        judge_meta(layout, client.hgetall(layout.meta()))
+
+
+async def ensure_shard_count_async(client: Any, layout: KeyLayout) -> None:
+    """`ensure_shard_count` for asyncio clients (the worker)."""
+    facts = await client.hgetall(layout.meta())
+    judge_meta(layout, facts)
+    if len(facts) < 2:
+        try:
+            await client.hsetnx(layout.meta(), META_SHARDS, str(layout.shards))
+            await client.hsetnx(layout.meta(), META_LAYOUT, _layout_name(layout))
+        except NoPermissionError:
+            return  # see ensure_shard_count
+        judge_meta(layout, await client.hgetall(layout.meta()))
+
+
+__all__ = [
+    "BrokerGate",
+    "ClusterHealth",
+    "ShardCountMismatch",
+    "cluster_health",
+    "ensure_shard_count",
+    "ensure_shard_count_async",
+    "judge_cluster_info",
+    "judge_meta",
+    "make_broker",
+    "ReplicationShortfall",
+    "xadd_batch",
+]

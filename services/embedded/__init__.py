@@ -1,1 +1,0 @@
-"""The embedded default: a real redis-server started by goose-ingest itself, plus a worker."""

@@ -1,0 +1,1 @@
+"""Every run as an OpenTelemetry trace: `goose-ingest export otlp` (docs/otel.md)."""

@@ -1,0 +1,73 @@
+"""`goose-ingest export otlp`: every run as an OpenTelemetry trace (docs/otel.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from services.settings import ConfigError, Settings
+
+
+def register(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = targets.add_parser(
+        "otlp",
+        help="export every run as an OpenTelemetry trace (OTLP; GenAI semantic conventions)",
+        description="Consume harness.runs and harness.events with the group GOOSE_INGEST_OTLP_GROUP and export "
+        "one trace per run through the OpenTelemetry SDK's OTLP exporter, configured by the standard "
+        "OTEL_EXPORTER_OTLP_* / OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES variables (HTTP/protobuf by default; "
+        "OTEL_EXPORTER_OTLP_PROTOCOL=grpc with the otlp-grpc extra). Message text only with "
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true. See docs/otel.md.",
+    )
+    p.add_argument("--metrics-port", type=int, help="override GOOSE_INGEST_METRICS_PORT (0: any free port)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.export.otlp.config import mapping_config_from_env
+    from services.export.otlp.sink import SinkConfigError, sink_from_env
+
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    settings = Settings()
+    if args.metrics_port is not None:
+        settings = settings.model_copy(update={"metrics_port": args.metrics_port})
+    if not settings.redis_url:
+        raise ConfigError("no broker configured (GOOSE_INGEST_REDIS_URL)")
+    try:
+        sink = sink_from_env()
+        cfg = mapping_config_from_env()
+    except (SinkConfigError, ValueError) as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    try:
+        return asyncio.run(serve_exporter(settings, sink, cfg))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def serve_exporter(settings: Settings, sink, cfg) -> int:  # type: ignore[no-untyped-def]
+    from services.export.otlp.app import build_app
+    from services.worker.command import wait_for_broker
+
+    log = logging.getLogger("goose_ingest.export.otlp")
+    await wait_for_broker(settings, log)
+    app, parts = build_app(settings, sink, cfg)
+
+    @app.after_startup
+    async def _announce() -> None:
+        server = parts.get("server")
+        log.info(
+            "otlp exporter %s consuming %d partitions into %s; metrics on port %s",
+            parts["consumer"],
+            len(parts["exporter"].streams()),
+            getattr(sink, "endpoint", "?"),
+            server.port if server else "-",
+        )
+
+    await app.run()
+    return 0

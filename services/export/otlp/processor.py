@@ -1,0 +1,515 @@
+"""The OTLP exporter's shell: topic batches in, spans out, per-run state in the broker.
+
+Per run, a hash at ``layout.export_state("otlp", run)`` holds what a root span needs until the
+run ends, so any replica can finish any run and a crash resumes where the acks stopped:
+
+- ``r:<k>``  the run's lifecycle records (folded by `mapping.fold_records`);
+- ``e:<seq>`` the root's span events (non-tool events), ``t:<seq>`` tool spans already out;
+- ``n`` how many distinct events were seen, ``exp`` how many the terminal record says there are,
+  ``first``/``last`` the earliest/latest event time;
+- ``done`` (root exported: why) or ``dead`` (the run's export was dead-lettered: why).
+
+A root is exported when the terminal record is in and ``n >= exp`` (events and records come from
+different streams, in any order), or by the timeout sweep. Nothing is acknowledged before the
+spans it carries are accepted by the collector (or dead-lettered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from opentelemetry.sdk.trace import ReadableSpan
+from redis.exceptions import ResponseError
+
+from services.export.otlp.mapping import (
+    MappingConfig,
+    RootFacts,
+    StoredEvent,
+    Tally,
+    fold_records,
+    is_tool_span,
+    ns_of,
+    root_span,
+    span_event,
+    tool_span,
+    unmappable_event,
+)
+from services.export.otlp.metrics import OtlpMetrics
+from services.export.otlp.sink import Outcome, SpanSink
+from services.settings import Settings
+
+log = logging.getLogger("goose_ingest.export.otlp")
+
+EXPORTER = "otlp"
+RETRY_INITIAL_S = 0.5
+DETAIL_CHARS = 1000
+
+# Record what one batch brought for one run; returns {n, exp, closed} (closed: done or dead).
+# KEYS: state, open-runs set. ARGV: run, now_ms, min_ns|'', max_ns|'', exp|'', field, value, ...
+_NOTE_LUA = """
+if redis.call('HEXISTS', KEYS[1], 'done') == 1 or redis.call('HEXISTS', KEYS[1], 'dead') == 1 then
+  return {-1, -1, 1}
+end
+local added = 0
+for i = 6, #ARGV, 2 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 and string.sub(ARGV[i], 1, 2) ~= 'r:' then
+    added = added + 1
+  end
+end
+local n = redis.call('HINCRBY', KEYS[1], 'n', added)
+if ARGV[3] ~= '' then
+  local f = redis.call('HGET', KEYS[1], 'first')
+  if (not f) or tonumber(ARGV[3]) < tonumber(f) then redis.call('HSET', KEYS[1], 'first', ARGV[3]) end
+end
+if ARGV[4] ~= '' then
+  local l = redis.call('HGET', KEYS[1], 'last')
+  if (not l) or tonumber(ARGV[4]) > tonumber(l) then redis.call('HSET', KEYS[1], 'last', ARGV[4]) end
+end
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'exp', ARGV[5]) end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+local exp = redis.call('HGET', KEYS[1], 'exp')
+return {n, tonumber(exp or '-1'), 0}
+"""
+
+# Close a run's state after its root is out (or its export is dead): keep only the verdict.
+# KEYS: state, open-runs set. ARGV: run, field ('done'|'dead'), reason, ttl seconds.
+_CLOSE_LUA = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+class Stopping(Exception):
+    """The process is shutting down while a batch waits for the collector: leave it unacked."""
+
+
+@dataclass
+class Decoded:
+    entry_id: str
+    run: str | None
+    seq: int | None
+    body: dict[str, Any] | None
+    error: str | None = None
+
+
+@dataclass
+class RunWork:
+    """What one batch brings for one run."""
+
+    entry_ids: list[str] = field(default_factory=list)
+    fields: dict[str, bytes] = field(default_factory=dict)
+    tool_spans: list[tuple[int, ReadableSpan]] = field(default_factory=list)
+    min_ns: int | None = None
+    max_ns: int | None = None
+    exp: int | None = None
+    span_events: int = 0
+    unmappable: int = 0
+
+    def saw(self, ns: int) -> None:
+        self.min_ns = ns if self.min_ns is None else min(self.min_ns, ns)
+        self.max_ns = ns if self.max_ns is None else max(self.max_ns, ns)
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
+
+
+def _field(fmap: dict[Any, Any], name: str) -> Any:
+    return fmap.get(name.encode(), fmap.get(name))
+
+
+def decode_entry(entry_id: Any, fmap: dict[Any, Any]) -> Decoded:
+    """A topic entry (event or run record): `data` is the JSON body, plain fields say whose it is."""
+    sid = _text(entry_id) or str(entry_id)
+    run = _text(_field(fmap, "runId"))
+    seq_text = _text(_field(fmap, "seq"))
+    seq = int(seq_text) if seq_text is not None and seq_text.isdigit() else None
+    raw = _field(fmap, "data")
+    try:
+        body = orjson.loads(raw) if raw is not None else None
+    except orjson.JSONDecodeError:
+        return Decoded(sid, run or None, seq, None, "data is not JSON")
+    if not isinstance(body, dict):
+        return Decoded(sid, run or None, seq, None, "data is not a JSON object")
+    body_run = body.get("runId")
+    if isinstance(body_run, str) and body_run:
+        run = body_run
+    if isinstance(body.get("seq"), int) and not isinstance(body.get("seq"), bool):
+        seq = body["seq"]
+    return Decoded(sid, run or None, seq, body)
+
+
+class TraceExporter:
+    def __init__(
+        self,
+        settings: Settings,
+        client: Any,
+        sink: SpanSink,
+        cfg: MappingConfig,
+        metrics: OtlpMetrics | None = None,
+        consumer: str = "otlp",
+    ) -> None:
+        self.settings = settings
+        self.layout = settings.layout
+        self.client = client
+        self.sink = sink
+        self.cfg = cfg
+        self.metrics = metrics if metrics is not None else OtlpMetrics()
+        self.consumer = consumer
+        self.group = settings.otlp_group
+        self.collector_ok = True
+        self.stopping = asyncio.Event()
+        # One request at a time: the SDK exporter (its requests.Session) is not documented as
+        # thread-safe, and the subscribers of all partitions share it.
+        self._send_lock = asyncio.Lock()
+        self.state_ttl_s = max(1, int(settings.run_state_ttl_hours * 3600))
+        self._note = client.register_script(_NOTE_LUA)
+        self._close = client.register_script(_CLOSE_LUA)
+
+    # ------------------------------------------------------------------ names
+    def state_key(self, run: str) -> str:
+        return self.layout.export_state(EXPORTER, run)
+
+    def open_key(self, run: str) -> str:
+        return self.layout.export_open_runs(EXPORTER, self.layout.shard_of(run))
+
+    def deadletter_key(self, run: str | None, stream: str) -> str:
+        if run is not None:
+            return self.layout.export_deadletter_partition(EXPORTER, self.layout.shard_of(run))
+        partitions = self.layout.events_partitions() + self.layout.runs_partitions()
+        shard = partitions.index(stream) % len(self.layout.events_partitions()) if stream in partitions else 0
+        return self.layout.export_deadletter_partition(EXPORTER, shard)
+
+    def streams(self) -> list[str]:
+        return self.layout.events_partitions() + self.layout.runs_partitions()
+
+    async def ensure_groups(self) -> None:
+        """Our group on every partition, at id 0: export what the topics still retain."""
+        for stream in self.streams():
+            try:
+                await self.client.xgroup_create(stream, self.group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    # ------------------------------------------------------------------ delivery
+    def _tally(self, tally: Tally) -> None:
+        self.metrics.truncated_attributes.inc(tally.truncated_attributes)
+        self.metrics.dropped_attributes.inc(tally.dropped_attributes)
+        self.metrics.dropped_events.inc(tally.dropped_events)
+
+    async def deliver(
+        self,
+        spans_by_run: dict[str, list[tuple[str, ReadableSpan]]],
+        heartbeat: Callable[[], Awaitable[None]] | None = None,
+    ) -> dict[str, str]:
+        """Export every run's spans; retry transient failures until they pass (or we stop).
+
+        Returns the runs the collector rejected, with the reason. A rejected request of several
+        runs is split per run so that one bad run never takes the others down with it.
+        """
+        pending = {run: spans for run, spans in spans_by_run.items() if spans}
+        rejected: dict[str, str] = {}
+        split = False
+        delay = RETRY_INITIAL_S
+        attempts: dict[str, int] = {}
+        while pending:
+            groups = [[run] for run in pending] if split else [list(pending)]
+            transient = False
+            for group in groups:
+                batch = [span for run in group for _, span in pending[run]]
+                kinds = [kind for run in group for kind, _ in pending[run]]
+                for run in group:
+                    if attempts.get(run):
+                        for kind, _ in pending[run]:
+                            self.metrics.spans_retried.labels(kind=kind).inc()
+                    attempts[run] = attempts.get(run, 0) + 1
+                started = time.perf_counter()
+                async with self._send_lock:
+                    attempt = await asyncio.to_thread(self.sink.send, batch)
+                self.metrics.export_seconds.observe(time.perf_counter() - started)
+                if attempt.outcome is Outcome.OK:
+                    self.collector_ok = True
+                    for kind in kinds:
+                        self.metrics.spans_exported.labels(kind=kind).inc()
+                    for run in group:
+                        pending.pop(run)
+                    continue
+                for kind in kinds:
+                    self.metrics.spans_failed.labels(kind=kind).inc()
+                if attempt.outcome is Outcome.REJECTED:
+                    self.collector_ok = True  # it answered
+                    if len(group) == 1:
+                        log.warning("collector rejected the spans of run %s: %s", group[0], attempt.detail)
+                        rejected[group[0]] = attempt.detail
+                        pending.pop(group[0])
+                    else:
+                        split = True
+                        break
+                else:
+                    self.collector_ok = False
+                    self.metrics.ready.set(0)  # at once; housekeeping sets it back when all is well
+                    transient = True
+                    log.warning("collector unavailable (%s); %d spans wait, retry in %.1fs", attempt.detail, len(batch), delay)
+                    break
+            if pending and transient:
+                if heartbeat is not None:
+                    await heartbeat()
+                try:
+                    await asyncio.wait_for(self.stopping.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
+                if self.stopping.is_set():
+                    raise Stopping()
+                delay = min(delay * 2, self.settings.otlp_retry_max_s)
+        return rejected
+
+    async def dead_letter(self, stream: str, run: str | None, entry_id: str, reason: str, detail: str) -> None:
+        fields: dict[str, str] = {
+            "reason": reason,
+            "detail": detail[:DETAIL_CHARS],
+            "source": stream,
+            "sourceId": entry_id,
+            "exporter": EXPORTER,
+        }
+        if run is not None:
+            fields["runId"] = run
+        minid = f"{int((time.time() - self.settings.topic_retention_hours * 3600) * 1000)}-0"
+        await self.client.xadd(self.deadletter_key(run, stream), fields, minid=minid, approximate=True)
+        self.metrics.dead_letters.labels(reason=reason).inc()
+
+    async def kill_run(self, stream: str, run: str, entry_id: str, detail: str) -> None:
+        """Dead-letter a run's export: nothing more of it is sent, its later entries are acked."""
+        await self.dead_letter(stream, run, entry_id, "otlp-rejected", detail)
+        await self._close(keys=[self.state_key(run), self.open_key(run)], args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s])
+
+    # ------------------------------------------------------------------ batches
+    async def _flags(self, runs: Sequence[str]) -> dict[str, tuple[bool, bool]]:
+        """(done, dead) of each run's state."""
+        pipe = self.client.pipeline(transaction=False)
+        for run in runs:
+            pipe.hmget(self.state_key(run), "done", "dead")
+        answers = await pipe.execute()
+        return {run: (done is not None, dead is not None) for run, (done, dead) in zip(runs, answers, strict=True)}
+
+    def _heartbeat(self, stream: str, ids: Sequence[str]) -> Callable[[], Awaitable[None]]:
+        async def beat() -> None:
+            # Keep our claim fresh while we wait for the collector, so that other replicas do
+            # not reclaim entries this one still holds (they would meet the same collector).
+            if ids:
+                try:
+                    await self.client.xclaim(stream, self.group, self.consumer, 0, list(ids), justid=True)
+                except Exception:  # a lost heartbeat only risks a duplicate export (same ids)
+                    log.debug("heartbeat claim failed", exc_info=True)
+
+        return beat
+
+    async def _ack(self, stream: str, ids: Sequence[str]) -> None:
+        if ids:
+            await self.client.xack(stream, self.group, *ids)
+
+    async def handle_events(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
+        work: dict[str, RunWork] = {}
+        acks: list[str] = []
+        for entry_id, fmap in zip(ids, fields, strict=True):
+            d = decode_entry(entry_id, fmap)
+            acks.append(d.entry_id)
+            if d.run is None or d.seq is None:
+                await self.dead_letter(stream, d.run, d.entry_id, "invalid-entry", d.error or "no runId or seq")
+                continue
+            w = work.setdefault(d.run, RunWork())
+            w.entry_ids.append(d.entry_id)
+            self._map_event(d, w)
+        await self._finish_batch(stream, ids=acks, work=work)
+
+    def _map_event(self, d: Decoded, w: RunWork) -> None:
+        assert d.seq is not None
+        tally = Tally()
+        body = d.body
+        try:
+            if body is None:
+                raise ValueError(d.error or "no data")
+            ns = ns_of(body["timestamp"])
+            if is_tool_span(body):
+                w.tool_spans.append((d.seq, tool_span(body, self.cfg, tally)))
+                w.fields[f"t:{d.seq}"] = b"1"
+            else:
+                w.fields[f"e:{d.seq}"] = span_event(body, self.cfg).dumps()
+                w.span_events += 1
+            w.saw(ns)
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            # Unmappable (malformed body, a newer contract's shape): a span event of the root.
+            w.fields[f"e:{d.seq}"] = unmappable_event(d.seq, w.max_ns or time.time_ns(), f"{type(exc).__name__}: {exc}"[:200]).dumps()
+            w.unmappable += 1
+        self._tally(tally)
+
+    async def handle_runs(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
+        work: dict[str, RunWork] = {}
+        acks: list[str] = []
+        for entry_id, fmap in zip(ids, fields, strict=True):
+            d = decode_entry(entry_id, fmap)
+            acks.append(d.entry_id)
+            body = d.body
+            try:
+                if d.run is None or body is None:
+                    raise ValueError(d.error or "no runId")
+                facts = fold_records(d.run, [body])  # validates recordId, timestamp
+            except (KeyError, ValueError, TypeError, IndexError) as exc:
+                await self.dead_letter(stream, d.run, d.entry_id, "invalid-entry", d.error or f"{type(exc).__name__}: {exc}")
+                continue
+            w = work.setdefault(d.run, RunWork())
+            w.entry_ids.append(d.entry_id)
+            w.fields[f"r:{facts.last_k}"] = orjson.dumps(body)
+            if facts.expected_events is not None:
+                w.exp = facts.expected_events
+        await self._finish_batch(stream, ids=acks, work=work)
+
+    async def _finish_batch(self, stream: str, ids: Sequence[str], work: dict[str, RunWork]) -> None:
+        if work:
+            flags = await self._flags(list(work))
+            spans: dict[str, list[tuple[str, ReadableSpan]]] = {}
+            for run, w in work.items():
+                done, dead = flags[run]
+                if dead:
+                    for _ in w.tool_spans:
+                        self.metrics.spans_dead_lettered.labels(kind="tool").inc()
+                    continue
+                if done:
+                    late = sum(1 for f in w.fields if f.startswith("e:"))
+                    self.metrics.late_events.inc(late)
+                spans[run] = [("tool", span) for _, span in w.tool_spans]
+            rejected = await self.deliver(spans, self._heartbeat(stream, ids))
+            for run, detail in rejected.items():
+                await self.kill_run(stream, run, work[run].entry_ids[0], detail)
+            ready: list[str] = []
+            now_ms = int(time.time() * 1000)
+            for run, w in work.items():
+                if run in rejected or flags[run][0] or flags[run][1]:
+                    continue
+                args: list[Any] = [
+                    run,
+                    now_ms,
+                    "" if w.min_ns is None else w.min_ns,
+                    "" if w.max_ns is None else w.max_ns,
+                    "" if w.exp is None else w.exp,
+                ]
+                for name, value in w.fields.items():
+                    args.extend((name, value))
+                n, exp, closed = await self._note(keys=[self.state_key(run), self.open_key(run)], args=args)
+                self.metrics.span_events.inc(w.span_events)
+                self.metrics.unmappable_events.inc(w.unmappable)
+                if not closed and exp >= 0 and n >= exp:
+                    ready.append(run)
+            for run in ready:
+                await self.finish_root(run, stream, work[run].entry_ids[0])
+        await self._ack(stream, ids)
+
+    # ------------------------------------------------------------------ roots
+    async def finish_root(self, run: str, stream: str, entry_id: str, timeout: bool = False) -> bool:
+        """Export the run's root span from its state; False when it is closed already."""
+        state = await self.client.hgetall(self.state_key(run))
+        state = {(_text(k) or ""): v for k, v in state.items()}
+        if not state or "done" in state or "dead" in state:
+            await self.client.zrem(self.open_key(run), run)
+            return False
+        records: list[dict[str, Any]] = []
+        events: list[StoredEvent] = []
+        for name, value in state.items():
+            if name.startswith("r:"):
+                records.append(orjson.loads(value))
+            elif name.startswith("e:"):
+                events.append(StoredEvent.loads(value))
+        try:
+            facts = fold_records(run, records)
+        except (KeyError, ValueError, TypeError, IndexError):  # stored only after validation; belt and braces
+            facts = RootFacts(run)
+        first = int(state["first"]) if state.get("first") else None
+        last = int(state["last"]) if state.get("last") else None
+        tally = Tally()
+        span = root_span(facts, events, self.cfg, tally, first_ns=first, last_ns=last, closed_by_timeout=timeout)
+        self._tally(tally)
+        rejected = await self.deliver({run: [("root", span)]})
+        if run in rejected:
+            await self.kill_run(stream, run, entry_id, rejected[run])
+            return False
+        reason = "timeout" if timeout else (facts.state or "timeout")
+        await self._close(keys=[self.state_key(run), self.open_key(run)], args=[run, "done", reason, self.state_ttl_s])
+        self.metrics.roots_closed.labels(reason=reason).inc()
+        return True
+
+    async def close_idle_roots(self, now_ms: int | None = None, limit: int = 100) -> int:
+        """Close roots of runs without news for OTLP_ROOT_TIMEOUT_S (broker data lost): marked."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        cutoff = now_ms - int(self.settings.otlp_root_timeout_s * 1000)
+        closed = 0
+        for key in self.layout.export_open_run_sets(EXPORTER):
+            for member in await self.client.zrangebyscore(key, "-inf", cutoff, start=0, num=limit):
+                run = _text(member)
+                if run is None:
+                    continue
+                if await self.finish_root(run, "timeout", "-", timeout=True):
+                    closed += 1
+        return closed
+
+    # ------------------------------------------------------------------ housekeeping
+    async def gauge(self) -> int:
+        """Lag and pending gauges; returns the total lag (unknown lag counts as 1)."""
+        total = 0
+        for topic, streams in (("events", self.layout.events_partitions()), ("runs", self.layout.runs_partitions())):
+            lag = pending = 0
+            for stream in streams:
+                for group in await self.client.xinfo_groups(stream):
+                    name = _text(group.get("name"))
+                    if name != self.group:
+                        continue
+                    pending += int(group.get("pending") or 0)
+                    value = group.get("lag")
+                    lag += int(value) if value is not None else 1
+            self.metrics.lag.labels(topic=topic).set(lag)
+            self.metrics.pending.labels(topic=topic).set(pending)
+            total += lag
+        open_runs = 0
+        for key in self.layout.export_open_run_sets(EXPORTER):
+            open_runs += await self.client.zcard(key)
+        self.metrics.open_runs.set(open_runs)
+        return total
+
+    async def reclaim(self, stream: str, handler: Callable[[str, Sequence[Any], Sequence[dict[Any, Any]]], Awaitable[None]]) -> int:
+        """Take over entries another consumer left pending too long; dead-letter poison ones."""
+        idle = self.settings.claim_idle_ms
+        rows = await self.client.xpending_range(stream, self.group, min="-", max="+", count=self.settings.batch_size, idle=idle)
+        if not rows:
+            return 0
+        poison = [r for r in rows if int(r["times_delivered"]) > self.settings.max_deliveries]
+        for r in poison:
+            sid = _text(r["message_id"]) or ""
+            await self.dead_letter(stream, None, sid, "max-deliveries", f"delivered {r['times_delivered']} times")
+            await self._ack(stream, [sid])
+        ids = [i for i in (_text(r["message_id"]) for r in rows if r not in poison) if i]
+        if not ids:
+            return len(poison)
+        claimed = await self.client.xclaim(stream, self.group, self.consumer, idle, ids)
+        entries = [(eid, fmap) for eid, fmap in claimed if fmap is not None]
+        gone = [i for i in ids if i not in {(_text(e) or "") for e, _ in entries}]
+        if gone:  # trimmed away while pending: nothing left to export
+            await self._ack(stream, gone)
+        if entries:
+            await handler(stream, [e for e, _ in entries], [f for _, f in entries])
+        return len(entries) + len(poison)
+
+    def handler_for(self, stream: str) -> Callable[[str, Sequence[Any], Sequence[dict[Any, Any]]], Awaitable[None]]:
+        return self.handle_runs if stream in self.layout.runs_partitions() else self.handle_events

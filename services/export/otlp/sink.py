@@ -1,0 +1,141 @@
+"""Where spans go: the OpenTelemetry SDK's OTLP exporter, with each attempt classified.
+
+The SDK's exporters answer SUCCESS or FAILURE only. The consumer must tell a collector that is
+down (retry, never ack) from one that refuses the data (4xx: dead-letter that run), so the HTTP
+sink reads the status of the SDK's own HTTP client. Everything else (encoding, retries within
+`OTEL_EXPORTER_OTLP_TIMEOUT`, compression, headers, TLS) stays the SDK's, configured by the
+standard `OTEL_EXPORTER_OTLP_*` variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+log = logging.getLogger("goose_ingest.export.otlp")
+
+PROTOCOL_ENV = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+HTTP_PROTOCOL = "http/protobuf"
+GRPC_PROTOCOL = "grpc"
+# 408 and 429 are the client errors the OTLP spec names as retryable; every other 4xx is final.
+RETRYABLE_CLIENT_ERRORS = frozenset({408, 429})
+MAX_DETAIL_CHARS = 500
+
+
+class Outcome(Enum):
+    OK = "ok"
+    REJECTED = "rejected"  # the collector refused the data: retrying cannot help
+    TRANSIENT = "transient"  # unreachable, 5xx, timeout: retry, never ack
+
+
+@dataclass(frozen=True)
+class Attempt:
+    outcome: Outcome
+    detail: str = ""
+
+
+class SpanSink(Protocol):
+    def send(self, spans: Sequence[ReadableSpan]) -> Attempt: ...
+
+    def close(self) -> None: ...
+
+
+def classify_status(status: int | None, reason: str | None, error: object) -> Attempt:
+    if status is not None and 200 <= status < 400:
+        return Attempt(Outcome.OK)
+    detail = f"HTTP {status}" if status is not None else f"no response ({type(error).__name__ if error else 'unknown'})"
+    if reason:
+        detail += f": {reason}"
+    detail = detail[:MAX_DETAIL_CHARS]
+    if status is not None and 400 <= status < 500 and status not in RETRYABLE_CLIENT_ERRORS:
+        return Attempt(Outcome.REJECTED, detail)
+    return Attempt(Outcome.TRANSIENT, detail)
+
+
+class HttpSink:
+    """OTLP over HTTP/protobuf through the SDK's `OTLPSpanExporter`."""
+
+    def __init__(self, exporter: Any = None) -> None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        self.exporter = exporter if exporter is not None else OTLPSpanExporter()
+        self.endpoint: str = getattr(self.exporter, "_endpoint", "?")
+
+    def send(self, spans: Sequence[ReadableSpan]) -> Attempt:
+        client = getattr(self.exporter, "_client", None)
+        if client is None or not hasattr(client, "export"):
+            # An SDK whose client we cannot read: a failure may be a rejection, but retrying a
+            # rejection only stalls the consumer, while dropping on a timeout would lose data.
+            result = self.exporter.export(spans)
+            return Attempt(Outcome.OK) if result is SpanExportResult.SUCCESS else Attempt(Outcome.TRANSIENT, "export failed")
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        try:
+            data = encode_spans(spans).SerializePartialToString()
+        except Exception as exc:  # values the encoder cannot represent: that data is refused for good
+            return Attempt(Outcome.REJECTED, f"cannot encode: {type(exc).__name__}: {exc}"[:MAX_DETAIL_CHARS])
+        max_size = getattr(self.exporter, "_max_request_size", 0) or 0
+        if max_size > 0 and len(data) > max_size:
+            return Attempt(Outcome.REJECTED, f"request of {len(data)} bytes exceeds max_request_size {max_size}")
+        result = client.export(data)
+        if result.success:
+            return Attempt(Outcome.OK)
+        return classify_status(result.status_code, result.reason, result.error)
+
+    def close(self) -> None:
+        self.exporter.shutdown()
+
+
+class SdkSink:
+    """Any SDK `SpanExporter` (gRPC, the in-memory one of the tests): FAILURE counts as transient.
+
+    The gRPC exporter does not report why it failed, so a rejection there is retried (and shows
+    as a stalled consumer with failed-span metrics) rather than dropped.
+    """
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+        self.endpoint: str = str(getattr(exporter, "_endpoint", type(exporter).__name__))
+
+    def send(self, spans: Sequence[ReadableSpan]) -> Attempt:
+        result = self.exporter.export(spans)
+        return Attempt(Outcome.OK) if result is SpanExportResult.SUCCESS else Attempt(Outcome.TRANSIENT, "export failed")
+
+    def close(self) -> None:
+        self.exporter.shutdown()
+
+
+class SinkConfigError(ValueError):
+    """The OTEL_* configuration names something this installation cannot do."""
+
+
+def protocol_from_env(env: dict[str, str] | None = None) -> str:
+    env = dict(os.environ) if env is None else env
+    for name in PROTOCOL_ENV:
+        value = env.get(name, "").strip().lower()
+        if value:
+            return value
+    return HTTP_PROTOCOL
+
+
+def sink_from_env(env: dict[str, str] | None = None) -> SpanSink:
+    """The sink the standard OTEL_EXPORTER_OTLP_* variables describe."""
+    protocol = protocol_from_env(env)
+    if protocol == HTTP_PROTOCOL:
+        return HttpSink()
+    if protocol == GRPC_PROTOCOL:
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        except ImportError as exc:
+            raise SinkConfigError(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: pip install 'goose-ingest[otlp-grpc]'"
+            ) from exc
+        return SdkSink(GrpcExporter())
+    raise SinkConfigError(f"OTLP protocol {protocol!r} is not supported (use {HTTP_PROTOCOL} or {GRPC_PROTOCOL})")

@@ -1,0 +1,1 @@
+"""PostgreSQL sink of the harness topics: typed tables, monthly partitions, analytics views."""

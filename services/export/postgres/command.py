@@ -1,0 +1,130 @@
+"""`goose-ingest export postgres`: the harness topics into PostgreSQL (docs/analytics.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+from datetime import timedelta
+from typing import Any, cast
+
+from pydantic import SecretStr, ValidationError
+
+from services.settings import ConfigError, Settings
+
+log = logging.getLogger("goose_ingest.export.postgres")
+
+
+def register(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = targets.add_parser(
+        "postgres",
+        help="write harness events and run records to PostgreSQL (fleet analytics views)",
+        description="Consume every partition of harness.events and harness.runs with a consumer group of "
+        "its own and write them to PostgreSQL, effectively once. See docs/analytics.md.",
+    )
+    p.add_argument("--dsn", help="libpq DSN or postgresql:// URL (default: GOOSE_INGEST_POSTGRES_DSN; prefer the "
+                   "environment, a command line is visible to every local user)")
+    p.add_argument("--migrate", action="store_true", help="apply pending schema migrations, print them, and exit")
+    p.add_argument("--group", default=None, help="consumer group on the topics (default: goose-ingest-postgres)")
+    p.add_argument("--consumer", default=None,
+                   help="consumer name (default: postgres-<hostname>; keep it stable across restarts so a restarted "
+                   "sink re-reads what it had not acknowledged at once)")
+    p.add_argument("--metrics-port", type=int, help="override GOOSE_INGEST_METRICS_PORT (0: any free port)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run)
+
+
+def _fail(message: str) -> int:
+    print(f"goose-ingest export postgres: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.worker.command import configure_logging
+
+    configure_logging(args.log_level)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        return _fail(f"invalid settings: {exc.errors()[0].get('loc')} {exc.errors()[0].get('msg')}")
+    if args.dsn:
+        settings = settings.model_copy(update={"postgres_dsn": SecretStr(args.dsn)})
+    if args.metrics_port is not None:
+        settings = settings.model_copy(update={"metrics_port": args.metrics_port})
+    if settings.postgres_dsn is None or not settings.postgres_dsn.get_secret_value().strip():
+        return _fail("no database configured (--dsn or GOOSE_INGEST_POSTGRES_DSN)")
+    dsn = settings.postgres_dsn.get_secret_value()
+
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    from services.export.postgres.sink import redact_dsn
+    from services.export.postgres.store import Store
+
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return _fail("the DSN cannot be parsed (libpq key=value or postgresql:// URL expected)")
+
+    if args.migrate:
+        store = Store(dsn)
+        try:
+            applied = store.migrate()
+        except psycopg.OperationalError as exc:
+            return _fail(f"database {redact_dsn(dsn)} unreachable ({type(exc).__name__})")
+        except Exception as exc:  # a migration that fails is reported, not dumped as a traceback
+            return _fail(f"migration failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        finally:
+            store.close()
+        for name in applied:
+            print(name)
+        return 0
+
+    if not settings.redis_url:
+        return _fail("no broker configured (GOOSE_INGEST_REDIS_URL)")
+    return serve(settings, dsn, args.group, args.consumer)
+
+
+def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None) -> int:
+    from services.broker.connect import sync_client
+    from services.export.postgres.metrics import SinkMetrics
+    from services.export.postgres.sink import DEFAULT_GROUP, Sink, SinkOptions, redact_dsn
+    from services.export.postgres.store import Store
+    from services.metrics.server import serve as serve_metrics
+
+    options = SinkOptions(
+        group=group or DEFAULT_GROUP,
+        consumer=consumer or f"postgres-{socket.gethostname()}",
+        retention=timedelta(days=settings.postgres_retention_days),
+        batch_size=settings.batch_size,
+        block_ms=settings.block_ms,
+        claim_idle_ms=settings.claim_idle_ms,
+        sweep_interval_s=settings.sweep_interval_s,
+    )
+    metrics = SinkMetrics()
+    store = Store(dsn)
+    sink = Sink(settings, sync_client(settings), store, options, metrics)
+    # The server reads `.registry` only; SinkMetrics has its own families, not the worker's.
+    try:
+        server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, sink.is_ready)
+    except OSError as exc:
+        store.close()
+        raise ConfigError(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} ({exc.strerror}); "
+                          "set GOOSE_INGEST_METRICS_PORT") from None
+    log.info("export postgres to %s, group %s, consumer %s; metrics on %s:%d",
+             redact_dsn(dsn), options.group, options.consumer, server.host, server.port)
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: finishing the current batch", signum)
+        sink.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        sink.run()
+    finally:
+        server.close()
+        store.close()
+    return 0

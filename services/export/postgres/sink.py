@@ -1,0 +1,399 @@
+"""The sink's imperative shell: read the topics with a consumer group, write, then acknowledge.
+
+One plain loop (not FastStream; see docs/analytics.md "Why a plain loop"):
+
+1. read a batch from every partition of `harness.events` and `harness.runs` (XREADGROUP; on
+   start, first this consumer's own pending entries, i.e. what a killed predecessor of the same
+   name had read but not acknowledged);
+2. parse it (rows.py, pure) and write it with the consumer positions in one transaction
+   (store.py); while the database is unreachable, retry the same batch with backoff and report
+   not ready: nothing is acknowledged, the topic keeps the data;
+3. after the commit, in one MULTI per shard: dead letters (invalid entries, rows the database
+   refused) to the dead-letter partition, then XACK of the whole batch.
+
+A crash between 2 and 3 re-delivers the batch; every write is idempotent, so that doubles nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from services.export.postgres.metrics import SinkMetrics
+from services.export.postgres.rows import INVALID_ENTRY, DeadLetter, EntryRef, Parsed, parse_batch
+from services.export.postgres.store import Store, WriteResult, utcnow
+from services.settings import Settings
+
+log = logging.getLogger("goose_ingest.export.postgres")
+
+DEFAULT_GROUP = "goose-ingest-postgres"
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+MAINTENANCE_INTERVAL_S = 3600.0  # partitions ahead and retention
+_BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)
+
+
+def redact_dsn(dsn: str) -> str:
+    """host:port/dbname of a DSN, safe to log (no user, no password, no other options)."""
+    try:
+        d = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "(unparseable DSN)"
+    return f"{d.get('host', 'localhost')}:{d.get('port', 5432)}/{d.get('dbname', '')}"
+
+
+@dataclass(frozen=True)
+class Batch:
+    entries: list[Entry]
+    parsed: Parsed
+    refs: list[EntryRef]
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    group: str
+    consumer: str
+    retention: timedelta
+    batch_size: int
+    block_ms: int
+    claim_idle_ms: int
+    sweep_interval_s: float
+
+
+class Sink:
+    """Two threads: the reader (XREADGROUP, claims, group recovery) hands batches to the writer
+    (this thread: database writes, acknowledgements) through a queue of one, so reading and parsing
+    batch N+1 overlaps with PostgreSQL writing batch N. Each side backs off on its own failures."""
+
+    def __init__(self, settings: Settings, client: Any, store: Store, options: SinkOptions, metrics: SinkMetrics):
+        self.settings = settings
+        self.client = client
+        self.store = store
+        self.opts = options
+        self.metrics = metrics
+        layout = settings.layout
+        events, runs = layout.events_partitions(), layout.runs_partitions()
+        # Partition i of each topic belongs to shard i (one partition each on a single node): the
+        # streams of one shard share a hash slot, so one MULTI per shard works on a cluster too.
+        self.shards: list[list[str]] = [[e, r] for e, r in zip(events, runs, strict=True)]
+        self.topic: dict[str, str] = {s: "events" for s in events} | {s: "runs" for s in runs}
+        self.shard_of: dict[str, int] = {s: i for i, pair in enumerate(self.shards) for s in pair}
+        self.next_id: dict[str, str] = {s: "0" for s in self.topic}  # own pending entries first
+        self.stopping = threading.Event()
+        self._batches: queue.Queue[Batch] = queue.Queue(maxsize=1)
+        self._db_ok = False
+        self._broker_ok = False
+        self._groups_ok = False
+        self._setup_done = False
+        self._last_sweep = 0.0
+        self._last_maintenance = 0.0
+        self._last_ping = 0.0
+
+    # ------------------------------------------------------------------ state
+    def is_ready(self) -> bool:
+        return self._db_ok and self._broker_ok and not self.stopping.is_set()
+
+    def _set(self, db: bool | None = None, broker: bool | None = None) -> None:
+        if db is not None:
+            self._db_ok = db
+        if broker is not None:
+            self._broker_ok = broker
+        self.metrics.ready.set(1 if self.is_ready() else 0)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep unless asked to stop; True when stopping."""
+        return self.stopping.wait(seconds)
+
+    # ------------------------------------------------------------------ setup
+    def ensure_groups(self) -> None:
+        for stream in self.topic:
+            try:
+                # At id 0, not `$`: whatever the topics still retain is exported.
+                self.client.xgroup_create(stream, self.opts.group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def _setup(self) -> None:
+        applied = self.store.migrate()
+        if applied:
+            log.info("applied migrations %s", ", ".join(applied))
+        self._maintain(force=True)
+        self._setup_done = True
+        self._set(db=True)
+
+    def _maintain(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last_maintenance < MAINTENANCE_INTERVAL_S:
+            return
+        dropped = self.store.maintain(utcnow(), self.opts.retention)
+        for month in dropped:
+            log.info("retention: dropped events partition %s", month)
+        self.metrics.partitions_dropped.inc(len(dropped))
+        self._last_maintenance = time.monotonic()
+
+    # ------------------------------------------------------------------ writer (this thread)
+    def run(self) -> None:
+        reader = threading.Thread(target=self._reader, name="postgres-sink-reader", daemon=True)
+        reader.start()
+        try:
+            self._writer()
+        finally:
+            self.stopping.set()
+            reader.join(timeout=30)
+            self._set(db=False, broker=False)
+
+    def _writer(self) -> None:
+        backoff = BACKOFF_START_S
+        while not self.stopping.is_set():
+            try:
+                if not self._setup_done:
+                    self._setup()
+                self._maintain()
+                try:
+                    batch = self._batches.get(timeout=0.2)
+                except queue.Empty:
+                    self._ping()
+                    continue
+                if not self.process(batch):
+                    return  # stopping while the database was down: nothing acknowledged
+                backoff = BACKOFF_START_S
+                continue
+            except psycopg.Error as exc:
+                self._db_failure(exc, backoff)
+            if self._sleep(backoff):
+                return
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _ping(self) -> None:
+        """While idle, notice a database that went away (readiness), once per sweep interval."""
+        if time.monotonic() - self._last_ping >= self.opts.sweep_interval_s:
+            self._last_ping = time.monotonic()
+            self.store.connect().execute("SELECT 1")
+            self._set(db=True)
+
+    def _db_failure(self, exc: psycopg.Error, backoff: float) -> None:
+        self._set(db=False)
+        self.metrics.errors.labels("database").inc()
+        log.warning("database %s failed: %s; retrying in %.1fs", redact_dsn(self.store.dsn), _describe(exc), backoff)
+        self.store.close()
+        self._setup_done = False
+
+    # ------------------------------------------------------------------ reader thread
+    def _reader(self) -> None:
+        backoff = BACKOFF_START_S
+        while not self.stopping.is_set():
+            try:
+                if not self._groups_ok:
+                    self.ensure_groups()
+                    self._groups_ok = True
+                entries = self._sweep() or self._read()
+                self._set(broker=True)
+                backoff = BACKOFF_START_S
+                if entries:
+                    batch = self.prepare(entries)
+                    while not self.stopping.is_set():
+                        try:
+                            self._batches.put(batch, timeout=0.2)
+                            break
+                        except queue.Full:
+                            continue
+                continue
+            except _BROKER_ERRORS as exc:
+                self._set(broker=False)
+                self.metrics.errors.labels("broker").inc()
+                log.warning("broker unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
+                self.next_id = {s: "0" for s in self.topic}  # re-read what we hold but did not ack
+                self._groups_ok = False
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    log.error("broker refused a read: %s", exc)
+                else:
+                    # The broker lost the stream or the group (restart without persistence):
+                    # recreate at 0 and re-read; the idempotent writes absorb what was exported.
+                    log.warning("consumer group missing on a topic partition; recreating it at 0")
+                self.next_id = {s: "0" for s in self.topic}
+                self._groups_ok = False
+            if self._sleep(backoff):
+                return
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _read(self) -> list[Entry]:
+        out: list[Entry] = []
+        catching_up = any(v == "0" for v in self.next_id.values())
+        single = len(self.shards) == 1
+        for pair in self.shards:
+            ids = {s: self.next_id[s] for s in pair}
+            block = self.opts.block_ms if single and not catching_up else None
+            reply = self.client.xreadgroup(self.opts.group, self.opts.consumer, ids, count=self.opts.batch_size, block=block)
+            got = _flatten(reply)
+            gone = _trimmed(reply)
+            if gone:
+                # Pending entries trimmed by retention before we acknowledged them: nothing to write.
+                pipe = self.client.pipeline(transaction=True)
+                for stream, entry_id in gone:
+                    pipe.xack(stream, self.opts.group, entry_id)
+                pipe.execute()
+            for stream in pair:
+                if ids[stream] == "0" and not any(s == stream for s, _, _ in got):
+                    self.next_id[stream] = ">"  # own pending entries all handled
+            out += got
+        if not out and not single and not catching_up:
+            self._sleep(self.opts.block_ms / 1000)  # a cluster is read shard by shard without BLOCK
+        return out
+
+    def _sweep(self) -> list[Entry]:
+        """Every sweep interval: lag gauges, and entries another consumer read but did not
+        acknowledge for CLAIM_IDLE_MS (it died) are claimed and processed here."""
+        if time.monotonic() - self._last_sweep < self.opts.sweep_interval_s:
+            return []
+        self._last_sweep = time.monotonic()
+        claimed: list[Entry] = []
+        lag = {"events": 0, "runs": 0}
+        pending = {"events": 0, "runs": 0}
+        for stream, topic in self.topic.items():
+            reply = self.client.xautoclaim(
+                stream, self.opts.group, self.opts.consumer, self.opts.claim_idle_ms, start_id="0-0",
+                count=self.opts.batch_size,
+            )
+            for entry_id, fields in reply[1]:
+                if fields is not None:
+                    claimed.append((stream, _s(entry_id), fields))
+            for info in self.client.xinfo_groups(stream):
+                if _s(info.get("name", b"")) == self.opts.group:
+                    lag[topic] += int(info.get("lag") or 0)
+                    pending[topic] += int(info.get("pending") or 0)
+        for topic in lag:
+            self.metrics.lag.labels(topic).set(lag[topic])
+            self.metrics.pending.labels(topic).set(pending[topic])
+        if claimed:
+            log.info("claimed %d entries left pending by another consumer", len(claimed))
+        return claimed
+
+    # ------------------------------------------------------------------ one batch
+    def prepare(self, entries: list[Entry]) -> Batch:
+        """Parse a batch read from the topics (pure work, done on the reader thread)."""
+        horizon = (utcnow() - self.opts.retention).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        events = [e for e in entries if self.topic[e[0]] == "events"]
+        records = [e for e in entries if self.topic[e[0]] == "runs"]
+        return Batch(entries, parse_batch(events, records, horizon), [EntryRef(s, i) for s, i, _ in entries])
+
+    def process(self, batch: Batch) -> bool:
+        """Write then acknowledge one batch. False when asked to stop before it was written."""
+        started = time.perf_counter()
+        entries, parsed, refs = batch.entries, batch.parsed, batch.refs
+        result = self._write(parsed, refs)
+        if result is None:
+            return False
+        dead = parsed.dead + result.rejected
+        backoff = BACKOFF_START_S
+        while True:
+            try:
+                self._acknowledge(entries, dead)
+                break
+            except _BROKER_ERRORS as exc:
+                # Written but not acknowledged: retry the acknowledgement (a re-delivery meanwhile
+                # is harmless, the rows are idempotent; a dead letter may then appear twice).
+                self._set(broker=False)
+                self.metrics.errors.labels("broker").inc()
+                log.warning("broker unreachable while acknowledging (%s); retrying in %.1fs", type(exc).__name__, backoff)
+            if self._sleep(backoff):
+                return False
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+        self._count(parsed, result)
+        self.metrics.batches.inc()
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        return True
+
+    def _write(self, parsed: Parsed, refs: list[EntryRef]) -> WriteResult | None:
+        backoff = BACKOFF_START_S
+        while True:
+            try:
+                if not self._setup_done:
+                    self._setup()
+                result = self.store.write(parsed.events, parsed.records, refs)
+                self._set(db=True)
+                return result
+            except psycopg.Error as exc:
+                self._db_failure(exc, backoff)
+            if self._sleep(backoff):
+                return None
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _acknowledge(self, entries: list[Entry], dead: list[DeadLetter]) -> None:
+        by_shard: dict[int, tuple[dict[str, list[str]], list[DeadLetter]]] = {}
+        for stream, entry_id, _ in entries:
+            by_shard.setdefault(self.shard_of[stream], ({}, []))[0].setdefault(stream, []).append(entry_id)
+        for letter in dead:
+            by_shard.setdefault(self.shard_of[letter.ref.stream], ({}, []))[1].append(letter)
+        layout = self.settings.layout
+        for shard, (acks, letters) in sorted(by_shard.items()):
+            pipe = self.client.pipeline(transaction=True)
+            for letter in letters:
+                pipe.xadd(layout.deadletter_partition(shard), _dead_fields(letter))
+            for stream, ids in acks.items():
+                pipe.xack(stream, self.opts.group, *ids)
+            pipe.execute()
+        for letter in dead:
+            log.warning("dead-lettered %s %s: %s (%s)", letter.ref.stream, letter.ref.entry_id, letter.reason, letter.detail)
+
+    def _count(self, parsed: Parsed, result: WriteResult) -> None:
+        rows = self.metrics.rows
+        rows.labels("events", "inserted").inc(result.events_inserted)
+        rows.labels("events", "duplicate").inc(result.events_duplicate)
+        rows.labels("events", "expired").inc(parsed.expired)
+        rows.labels("run_records", "inserted").inc(result.records_inserted)
+        rows.labels("run_records", "duplicate").inc(result.records_duplicate)
+        for letter in parsed.dead + result.rejected:
+            table = "events" if self.topic[letter.ref.stream] == "events" else "run_records"
+            rows.labels(table, "dead_lettered").inc()
+            self.metrics.errors.labels("invalid_entry" if letter.reason == INVALID_ENTRY else "rejected_row").inc()
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _flatten(reply: Any) -> list[Entry]:
+    out: list[Entry] = []
+    for stream, items in reply or []:
+        name = _s(stream)
+        for entry_id, fields in items:
+            if fields is not None:  # an entry trimmed while pending comes back empty
+                out.append((name, _s(entry_id), fields))
+    return out
+
+
+def _trimmed(reply: Any) -> list[tuple[str, str]]:
+    return [(_s(stream), _s(entry_id)) for stream, items in reply or [] for entry_id, fields in items if fields is None]
+
+
+def _dead_fields(letter: DeadLetter) -> dict[bytes, Any]:
+    fields: dict[bytes, Any] = {
+        b"reason": letter.reason, b"detail": letter.detail, b"source": letter.ref.stream, b"sourceId": letter.ref.entry_id,
+    }
+    for name, value in letter.fields.items():
+        fields[b"raw." + name.encode()] = value
+    return fields
+
+
+def _describe(exc: BaseException) -> str:
+    """Class, SQLSTATE and first line of a database error (libpq messages carry no password)."""
+    state = getattr(exc, "sqlstate", None)
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}{f' {state}' if state else ''}: {first}"

@@ -1,0 +1,272 @@
+"""goose stream-json records -> harness events (contract sections 3.1-3.5).
+
+Only what is goose's own lives here (record and block dispatch, where goose keeps ids, names,
+arguments and results, its usage record); spans, tool pairing, draining and the envelope are the
+shared machinery of ``run_normalizer``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from services.normalizer.run_normalizer import (
+    GOOSE,
+    JSON_ERRORS,
+    Event,
+    FormatRules,
+    Record,
+    RunNormalizer,
+    is_int,
+    is_number,
+)
+from services.normalizer.tools import classify_tool, split_name
+
+# Usage counters of goose's `complete` record -> lifecycle field names.
+_USAGE_INT = (
+    ("input_tokens", "inputTokens"),
+    ("output_tokens", "outputTokens"),
+    ("total_tokens", "totalTokens"),
+    ("cache_read_input_tokens", "cacheReadInputTokens"),
+    ("cache_write_input_tokens", "cacheWriteInputTokens"),
+)
+
+
+def consumed(name: str) -> bool:
+    """Extension `todo` is consumed (3.5), on request, response, drain and eviction alike."""
+    return split_name(name)[0] == "todo"
+
+
+def record(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+    rtype = rec.get("type")
+    if rtype == "message":
+        message = rec.get("message")
+        if type(message) is not dict:
+            norm.unknown(out, ts_ms, rec, seq, seq)
+            return
+        if _extends_agent_span(norm, rec, message, seq):
+            return
+        _message(norm, out, seq, ts_ms, rec, message)
+    elif rtype == "notification":
+        norm.unknown(out, ts_ms, rec, seq, seq)
+    elif rtype == "error":
+        norm.flush(out, ts_ms)
+        norm.emit(out, ts_ms, "error", {"message": _error_message(rec)}, seq, seq)
+    elif rtype == "complete":
+        norm.flush(out, ts_ms)
+        norm.drain(out, ts_ms)
+        norm.usage = _usage(rec)
+    else:
+        norm.flush(out, ts_ms)
+        norm.unknown(out, ts_ms, rec, seq, seq)
+
+
+def _message(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record, message: Record) -> None:
+    mid = rec.get("id")
+    if type(mid) is not str:
+        mid = message.get("id")
+        if type(mid) is not str:
+            mid = ""
+    content = message.get("content")
+    if type(content) is not list:
+        return
+    assistant = message.get("role") == "assistant"
+    cap = norm.limits.max_span_chars
+    for block in content:
+        btype = block.get("type") if type(block) is dict else None
+        if btype == "text":
+            if assistant:
+                text = block.get("text")
+                if type(text) is str and text:
+                    span = norm.span
+                    # The common case inline: a delta of the pending span.
+                    if span is not None and span[0] == "agent" and span[1] == mid and not span[5]:
+                        pending = span[2]
+                        joined = text if text.startswith(pending) else pending + text
+                        if len(joined) <= cap:
+                            span[2] = joined
+                            span[4] = seq
+                            continue
+                    norm.accumulate(out, ts_ms, "agent", mid, text, seq)
+        elif btype == "thinking":
+            text = block.get("thinking")
+            if assistant and type(text) is str and text:
+                norm.accumulate(out, ts_ms, "reasoning", mid, text, seq)
+        elif btype == "redactedThinking":
+            pass
+        elif btype == "toolRequest":
+            norm.flush(out, ts_ms)
+            _request(norm, out, seq, ts_ms, block)
+        elif btype == "toolResponse":
+            norm.flush(out, ts_ms)
+            _response(norm, out, seq, ts_ms, block)
+        else:
+            norm.unknown(out, ts_ms, block, seq, seq)
+
+
+def _request(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, block: Record) -> None:
+    call_id = block.get("id")
+    if call_id is None:
+        call_id = _first_present(block, ("toolRequest", "id"), ("toolCallId",))
+    call = block.get("toolCall")
+    value = call.get("value") if type(call) is dict else None
+    if type(value) is dict and "name" in value and "arguments" in value:
+        # goose's own shape: both from toolCall.value (the first place 3.4 looks for either).
+        name: Any = value["name"]
+        args: Any = value["arguments"]
+    else:
+        name, args = _name_and_arguments(block)
+    if type(call_id) is not str or type(name) is not str:
+        norm.unknown(out, ts_ms, block, seq, seq, tool=name, call_id=call_id)
+        return
+    norm.add_call(out, ts_ms, [call_id, name, args, block, seq, ts_ms])
+
+
+def _name_and_arguments(block: Record) -> tuple[Any, Any]:
+    """3.4: the name and input of a request, wherever goose put them."""
+    wrapped = [c.get("value") for c in (block.get("toolCall"), block.get("tool_call")) if isinstance(c, dict)]
+    values: list[dict[str, Any]] = [v for v in wrapped if isinstance(v, dict)]
+    name = next((v["name"] for v in values if "name" in v), block.get("name"))
+    args: Any = None
+    for v in values:
+        if "arguments" in v:
+            args = v["arguments"]
+            break
+    else:
+        if "arguments" in block:
+            args = block["arguments"]
+        elif "input" in block:
+            args = block["input"]
+    return name, args
+
+
+def _response(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, block: Record) -> None:
+    call_id = block.get("id")
+    if call_id is None:
+        call_id = _first_present(block, ("toolResponse", "id"), ("toolCallId",))
+    request = norm.take_call(call_id)
+    if request is None:
+        norm.unknown(out, ts_ms, block, seq, seq, call_id=call_id)
+        return
+    _, name, args, _, req_seq, req_ts = request
+    result = block.get("toolResult")
+    if result is None:
+        inner = block.get("toolResponse")
+        result = inner.get("toolResult") if isinstance(inner, dict) else None
+    status = result.get("status") if isinstance(result, dict) else None
+    if status is None:
+        status = block.get("status")
+    value = result.get("value") if isinstance(result, dict) else None
+    success: bool | None
+    if status == "error":
+        success = False
+    elif status == "success":
+        success = not (isinstance(value, dict) and value.get("isError") is True)
+    else:
+        success = None
+    structured = value.get("structuredContent") if isinstance(value, dict) else None
+    exit_code = structured.get("exit_code") if isinstance(structured, dict) else None
+    tail: dict[str, Any] = {"tool": name, "toolCallId": call_id, "durationMs": ts_ms - req_ts}
+    norm.tool_events(out, ts_ms, classify_tool(name, args), block, tail, req_seq, seq, success, exit_code)
+
+
+def _first_present(block: Record, *paths: tuple[str, ...]) -> Any:
+    """The value at the first path that exists (contract: `id`, else `toolRequest.id`, ...)."""
+    for path in paths:
+        node: Any = block
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                node = None
+                break
+            node = node[key]
+        if node is not None:
+            return node
+    return None
+
+
+def _error_message(rec: Record) -> str:
+    err = rec.get("error")
+    candidates = (
+        err.get("message") if isinstance(err, dict) else None,
+        rec.get("message"),
+        err,
+    )
+    for value in candidates:
+        if isinstance(value, str) and value:
+            return value
+    return "goose reported an error"
+
+
+def _usage(rec: Record) -> dict[str, Any]:
+    usage: dict[str, Any] = {}
+    for src, dst in _USAGE_INT:
+        value = rec.get(src)
+        if is_int(value):
+            usage[dst] = value
+    cost = rec.get("cost_usd")
+    if is_number(cost):
+        usage["costUsd"] = float(cost)
+    return usage
+
+
+def batch(norm: RunNormalizer, out: list[Event], entries: Iterator[tuple[int, int, str, str]]) -> None:
+    """Many entries of a goose run: the dominant line (an assistant text delta continuing the
+    pending agent span) is taken inline; every other line goes the reference way."""
+    loads = orjson.loads
+    extends = _extends_agent_span
+    parsed = norm.parsed
+    for seq, ts_ms, text, stream in entries:
+        if stream != "stdout":
+            norm.line_into(out, seq, ts_ms, text, stream)
+            continue
+        try:
+            rec = loads(text)
+        except JSON_ERRORS:
+            norm.line_into(out, seq, ts_ms, text, stream)
+            continue
+        if type(rec) is dict and rec.get("type") == "message":
+            message = rec.get("message")
+            if type(message) is dict:
+                if not extends(norm, rec, message, seq):
+                    norm.set_text(text)
+                    _message(norm, out, seq, ts_ms, rec, message)
+                continue
+        norm.set_text(text)
+        parsed(out, seq, ts_ms, rec)
+
+
+def _extends_agent_span(norm: RunNormalizer, rec: Record, message: Record, seq: int) -> bool:
+    """The hot path (most goose lines): a message record that is one assistant text delta
+    continuing the pending agent span updates the span in place. False: take the general way
+    (which gives the same result for such a record, only slower)."""
+    span = norm.span
+    if span is None or "id" in rec:
+        return False
+    content = message.get("content")
+    if type(content) is not list or len(content) != 1:
+        return False
+    block = content[0]
+    if not (
+        type(block) is dict
+        and block.get("type") == "text"
+        and span[0] == "agent"
+        and not span[5]
+        and message.get("role") == "assistant"
+        and span[1] == message.get("id")
+    ):
+        return False
+    delta = block.get("text")
+    if type(delta) is not str or not delta:
+        return False
+    pending = span[2]
+    joined = delta if delta.startswith(pending) else pending + delta
+    if len(joined) > norm.limits.max_span_chars:
+        return False
+    span[2] = joined
+    span[4] = seq
+    return True
+
+
+RULES = FormatRules(name=GOOSE, product="goose", record=record, consumed=consumed, batch=batch)

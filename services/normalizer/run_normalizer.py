@@ -1,0 +1,572 @@
+"""One run's normaliser: the parts of the contract every input format shares.
+
+Input: one call per raw entry (``line`` or ``end``) with its seq and ts (Unix ms), or many at
+once (``lines``). Output: harness events as plain dicts, keys in contract order, ready for orjson.
+
+What is shared (written once, here): line handling (contract 3.1), the run's format decision
+(extension section 1, rules F1-F4), the envelope and ``sessionId``, span accumulation and flushing
+(3.3), pending tool calls (recording, pairing oldest first, eviction, draining), tool events with
+their extras, caps and ``truncated``, usage and error bookkeeping, and the serialisable state.
+What differs per format is one ``FormatRules`` record per format module (``goose_format``,
+``claude_format``, ``codex_format``): how a parsed JSON object is mapped.
+
+Everything kept is plain data so ``to_bytes``/``from_bytes`` round-trip exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple, TypeGuard
+
+import orjson
+
+from contracts.events import EVENT_TYPES, FORMATS
+from services.normalizer.timefmt import format_ms
+
+STATE_VERSION = 1
+
+# The three input formats (extension section 1); a run without a decided format is `None`.
+GOOSE = "goose"
+CLAUDE_CODE = "claude-code"
+CODEX = "codex"
+assert FORMATS == (GOOSE, CLAUDE_CODE, CODEX), "the contract's formats and the normalizer's must agree"
+
+# F2: product part of an `agent` label -> format.
+AGENT_PRODUCTS = {
+    "goose": GOOSE,
+    "claude": CLAUDE_CODE,
+    "claude-code": CLAUDE_CODE,
+    "codex": CODEX,
+    "codex-cli": CODEX,
+    "codex-exec": CODEX,
+}
+# F3: record types that identify Claude Code (besides `system` with a string subtype).
+CLAUDE_RECORD_TYPES = frozenset(("assistant", "user", "result", "stream_event", "rate_limit_event"))
+CODEX_TYPE_PREFIXES = ("thread.", "turn.", "item.")
+
+# Deepest JSON nesting a line may have to be mapped: an event wraps a record one or two levels
+# deeper, and orjson cannot serialise beyond 254 levels (nor should the redactor recurse that far).
+MAX_JSON_DEPTH = 200
+# Errors remembered for the "not reported twice" rules (C-F4, X-E3) between two turn ends: a
+# bound on state, far above what one turn reports.
+MAX_RECENT_ERRORS = 64
+
+JSON_ERRORS = (orjson.JSONDecodeError, ValueError)
+_loads = orjson.loads
+_NOT_JSON = object()
+
+# A pending span is the list [kind, message id, text, first seq, last seq, truncated] and a
+# pending tool call [call id, tool name, input, raw block, seq, ts]: plain lists, because they are
+# the serialized state (unchanged since goose-only states) and the hot path indexes them directly.
+CALL_ID, CALL_NAME, CALL_INPUT, CALL_RAW, CALL_SEQ, CALL_TS = range(6)
+
+
+class Limits(NamedTuple):
+    max_span_chars: int = 262_144
+    max_pending_tools: int = 256
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class RawLine(NamedTuple):
+    """One raw `line` entry, for the batch API ``RunNormalizer.lines``."""
+
+    seq: int
+    ts: int
+    line: str
+    stream: str = "stdout"
+
+
+Event = dict[str, Any]
+Record = dict[str, Any]
+
+
+class FormatRules(NamedTuple):
+    """What one input format adds to the shared machinery."""
+
+    name: str
+    # The CLI's name in "<product> exited with code N".
+    product: str
+    # Maps one parsed JSON object of a stdout line (session id, dispatch, events).
+    record: Callable[[RunNormalizer, list[Event], int, int, Record], None]
+    # True when a tool of this name is consumed (no event, even when unanswered or evicted).
+    consumed: Callable[[str], bool]
+    # Maps many entries of a run whose format is decided (same events as one `line` call each).
+    batch: Callable[[RunNormalizer, list[Event], Iterator[tuple[int, int, str, str]]], None]
+
+
+def generic_batch(norm: RunNormalizer, out: list[Event], entries: Iterator[tuple[int, int, str, str]]) -> None:
+    """The batch loop of a format without a faster one: JSON objects go straight to its mapping,
+    everything else (stderr, non-JSON, non-objects) the reference way."""
+    loads = _loads
+    rules = norm._rules
+    assert rules is not None
+    record = rules.record
+    line = norm._line
+    for seq, ts_ms, text, stream in entries:
+        if stream == "stdout":
+            try:
+                parsed = loads(text)
+            except JSON_ERRORS:
+                line(out, seq, ts_ms, text, stream)
+                continue
+            norm._text = text
+            if type(parsed) is dict:
+                record(norm, out, seq, ts_ms, parsed)
+            else:
+                norm.parsed(out, seq, ts_ms, parsed)
+        else:
+            line(out, seq, ts_ms, text, stream)
+
+
+def is_int(value: Any) -> TypeGuard[int]:
+    return type(value) is int
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    return type(value) is int or type(value) is float
+
+
+def fits_int64(value: int) -> bool:
+    return -(2**63) <= value < 2**63
+
+
+def nonempty_str(value: Any) -> TypeGuard[str]:
+    return type(value) is str and value != ""
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value (iterative: never recurses)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if type(node) is dict:
+            if depth > deepest:
+                deepest = depth
+            stack.extend((child, depth + 1) for child in node.values())
+        elif type(node) is list:
+            if depth > deepest:
+                deepest = depth
+            stack.extend((child, depth + 1) for child in node)
+    return deepest
+
+
+def detect_format(record: Record) -> str:
+    """F3: the format named by the first JSON object of a run's stdout."""
+    rtype = record.get("type")
+    if type(rtype) is not str:
+        return GOOSE
+    if rtype in CLAUDE_RECORD_TYPES or (rtype == "system" and type(record.get("subtype")) is str):
+        return CLAUDE_CODE
+    if rtype.startswith(CODEX_TYPE_PREFIXES):
+        return CODEX
+    return GOOSE
+
+
+def format_from_agent(agent: str | None) -> str | None:
+    """F2: the format named by an `agent` label's product part, if any."""
+    if not agent:
+        return None
+    return AGENT_PRODUCTS.get(agent.split("/", 1)[0].lower())
+
+
+def _rules(fmt: str) -> FormatRules:
+    # Imported here: the format modules import this one for the shared machinery.
+    if fmt == CLAUDE_CODE:
+        from services.normalizer.claude_format import RULES as claude_rules
+
+        return claude_rules
+    if fmt == CODEX:
+        from services.normalizer.codex_format import RULES as codex_rules
+
+        return codex_rules
+    from services.normalizer.goose_format import RULES as goose_rules
+
+    return goose_rules
+
+
+class RunNormalizer:
+    __slots__ = (
+        "run",
+        "limits",
+        "n",
+        "counts",
+        "span",
+        "pending",
+        "usage",
+        "format",
+        "session",
+        "errors",
+        "_rules",
+        "_ts_ms",
+        "_ts_text",
+        "_text",
+    )
+
+    def __init__(self, run: str, limits: Limits = DEFAULT_LIMITS, fmt: str | None = None) -> None:
+        self.run = run
+        self.limits = limits
+        self.n = 0  # index of the next event
+        self.counts: dict[str, int] = {}
+        self.span: list[Any] | None = None  # [kind, message id, text, first seq, last seq, truncated]
+        self.pending: list[list[Any]] = []  # unanswered tool calls, oldest first; see CALL_*
+        self.usage: dict[str, Any] | None = None  # a new object at each completion (the sequencer checks identity)
+        # The run's input format; None until decided (F1, F2 by apply_labels, F3 by the first JSON object).
+        self.format: str | None = None
+        self.session: str | None = None  # current sessionId (extension section 3)
+        self.errors: list[str] = []  # error messages emitted since the last turn end (C-F4, X-E3)
+        self._rules: FormatRules | None = None
+        self._ts_ms = -1
+        self._ts_text = ""
+        self._text = ""  # the stdout line being mapped (for the depth guard)
+        if fmt is not None:
+            self.set_format(fmt)
+
+    # ------------------------------------------------------------------ state
+    def to_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "v": STATE_VERSION,
+            "run": self.run,
+            "n": self.n,
+            "counts": self.counts,
+            "span": self.span,
+            "pending": self.pending,
+            "usage": self.usage,
+            "format": self.format,
+        }
+        # Written only when set, so a goose run's state stays as it was.
+        if self.session is not None:
+            state["session"] = self.session
+        if self.errors:
+            state["errors"] = self.errors
+        return state
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self.to_state())
+
+    @classmethod
+    def from_bytes(cls, data: bytes, limits: Limits = DEFAULT_LIMITS) -> RunNormalizer:
+        return cls.from_state(orjson.loads(data), limits)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> RunNormalizer:
+        if state.get("v") != STATE_VERSION:
+            raise ValueError(f"normalizer state version {state.get('v')!r} is not {STATE_VERSION}")
+        self = cls(state["run"], limits)
+        self.n = state["n"]
+        self.counts = state["counts"]
+        self.span = state["span"]
+        self.pending = state["pending"]
+        self.usage = state["usage"]
+        # States written before formats existed have no key: those runs were goose runs.
+        fmt = state.get("format", GOOSE)
+        if fmt is not None:
+            self.set_format(fmt)
+        self.session = state.get("session")
+        self.errors = state.get("errors", [])
+        return self
+
+    # ----------------------------------------------------------------- format
+    def set_format(self, fmt: str) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")
+        self.format = fmt
+        self._rules = _rules(fmt)
+
+    def apply_labels(self, format_label: str | None, agent_label: str | None, seq: int, ts: int) -> list[Event]:
+        """F1, F2 and F4 of the extension, called when the run's seq-0 entry is processed,
+        before that entry's ``line`` (F3 decides at the first JSON object otherwise).
+
+        Returns the F4 warning when the `format` label names no format. A run whose format is
+        already decided keeps it (a format is fixed once). An empty label counts as absent.
+        """
+        out: list[Event] = []
+        if self.format is not None:
+            return out
+        if format_label:
+            if format_label in FORMATS:
+                self.set_format(format_label)
+                return out
+            self._emit(out, ts, "warning", {"message": f"unknown format label: {format_label}", "code": "format"}, seq, seq)
+        fmt = format_from_agent(agent_label)
+        if fmt is not None:
+            self.set_format(fmt)
+        return out
+
+    # ----------------------------------------------------------------- inputs
+    def line(self, seq: int, ts_ms: int, text: str, stream: str = "stdout") -> list[Event]:
+        """Events emitted by one raw `line` entry (contract 3.1)."""
+        out: list[Event] = []
+        self._line(out, seq, ts_ms, text, stream)
+        return out
+
+    def lines(self, entries: Iterable[tuple[int, int, str, str]]) -> list[Event]:
+        """Events emitted by many raw `line` entries (``RawLine`` or plain 4-tuples) of this run.
+
+        The same events as one ``line`` call per entry (a property test checks it), without a
+        call and a list per entry: once the format is decided, its own batch loop takes over.
+        """
+        out: list[Event] = []
+        rest = iter(entries)
+        if self._rules is None:
+            for seq, ts_ms, text, stream in rest:
+                self._line(out, seq, ts_ms, text, stream)
+                if self._rules is not None:
+                    break
+        rules = self._rules
+        if rules is not None:
+            rules.batch(self, out, rest)
+        return out
+
+    def _line(self, out: list[Event], seq: int, ts_ms: int, text: str, stream: str) -> None:
+        self._text = text
+        if stream == "stderr":
+            text = text.strip()
+            if text:
+                self._emit(out, ts_ms, "warning", {"message": text}, seq, seq)
+            return
+        try:
+            # orjson skips surrounding whitespace itself; stripping is only needed on failure.
+            record = _loads(text)
+        except JSON_ERRORS:
+            stripped = text.strip()  # Unicode whitespace JSON itself does not skip (\f, \v, NBSP)
+            record = _NOT_JSON
+            if stripped and stripped != text:
+                try:
+                    record = _loads(stripped)
+                except JSON_ERRORS:
+                    pass
+            if record is _NOT_JSON:
+                if stripped:
+                    self._emit(out, ts_ms, "warning", {"message": stripped}, seq, seq)
+                return
+        rules = self._rules
+        if rules is not None and type(record) is dict:
+            rules.record(self, out, seq, ts_ms, record)  # the common case, one call shorter
+        else:
+            self.parsed(out, seq, ts_ms, record)
+
+    # For format modules' batch loops: the reference path of one line, and the current line's text.
+    line_into = _line
+
+    def set_text(self, text: str) -> None:
+        self._text = text
+
+    def parsed(self, out: list[Event], seq: int, ts_ms: int, record: Any) -> None:
+        """A stdout line that parsed as JSON (after ``set_text`` with the line)."""
+        if type(record) is not dict:
+            self.flush(out, ts_ms)
+            self.unknown(out, ts_ms, record, seq, seq)
+            return
+        rules = self._rules
+        if rules is None:
+            self.set_format(detect_format(record))
+            rules = self._rules
+            assert rules is not None
+        rules.record(self, out, seq, ts_ms, record)
+
+    def end(self, seq: int, ts_ms: int, exit_code: int | None = None) -> list[Event]:
+        """End of the run's input (eof, or the run declared abandoned): flush and drain."""
+        out: list[Event] = []
+        self._text = ""
+        self.flush(out, ts_ms)
+        self.drain(out, ts_ms)
+        if exit_code is not None and exit_code != 0:
+            product = self._rules.product if self._rules is not None else GOOSE
+            self._emit(out, ts_ms, "error", {"message": f"{product} exited with code {exit_code}"}, seq, seq)
+        return out
+
+    def warn(self, seq: int, ts_ms: int, message: str, code: str, lines: tuple[int, int]) -> list[Event]:
+        """A warning of the service itself (e.g. raw entries that never arrived); does not flush."""
+        out: list[Event] = []
+        self._emit(out, ts_ms, "warning", {"message": message, "code": code}, lines[0], lines[1])
+        return out
+
+    # ------------------------------------------------------------------- spans
+    def accumulate(self, out: list[Event], ts_ms: int, kind: str, mid: str, text: str, seq: int) -> None:
+        """Contract 3.3: a fragment of the same kind and id restates or extends the span."""
+        span = self.span
+        if span is not None and span[0] == kind and span[1] == mid:
+            pending = span[2]
+            span[2] = text if text.startswith(pending) else pending + text
+            span[4] = seq
+        else:
+            if span is not None:
+                self.flush(out, ts_ms)
+            span = self.span = [kind, mid, text, seq, seq, False]
+        cap = self.limits.max_span_chars
+        if len(span[2]) > cap:
+            span[2] = span[2][:cap]
+            span[5] = True
+
+    def flush(self, out: list[Event], ts_ms: int) -> None:
+        span = self.span
+        if span is None:
+            return
+        self.span = None
+        fields: dict[str, Any] = {"message": span[2]}
+        if span[5]:
+            fields["truncated"] = True
+        self._emit(out, ts_ms, span[0], fields, span[3], span[4])
+
+    def whole_text(self, out: list[Event], ts_ms: int, kind: str, text: str, seq: int) -> None:
+        """An agent/reasoning text that arrives whole (no span), under the same cap."""
+        fields: dict[str, Any] = {"message": text}
+        cap = self.limits.max_span_chars
+        if len(text) > cap:
+            fields = {"message": text[:cap], "truncated": True}
+        self._emit(out, ts_ms, kind, fields, seq, seq)
+
+    # ------------------------------------------------------------------ tools
+    def add_call(self, out: list[Event], ts_ms: int, call: list[Any]) -> None:
+        """Record an unanswered call; beyond the cap the oldest is surfaced as `unknown`."""
+        if self._too_deep(call[CALL_RAW]):
+            # Never kept in the state (which could not be serialized): surfaced at once.
+            self.unknown(out, ts_ms, call[CALL_RAW], call[CALL_SEQ], call[CALL_SEQ], tool=call[CALL_NAME], call_id=call[CALL_ID])
+            return
+        self.pending.append(call)
+        if len(self.pending) > self.limits.max_pending_tools:
+            oldest = self.pending.pop(0)
+            rules = self._rules
+            if rules is not None and rules.consumed(oldest[1]):
+                return  # consumed calls stay silent, even when evicted
+            self.unknown(out, ts_ms, oldest[3], oldest[4], oldest[4], tool=oldest[1], call_id=oldest[0])
+
+    def take_call(self, call_id: Any) -> list[Any] | None:
+        """The oldest pending call with this id (removed), or None."""
+        if type(call_id) is str:
+            for i, pending in enumerate(self.pending):
+                if pending[0] == call_id:
+                    return self.pending.pop(i)
+        return None
+
+    def drain(self, out: list[Event], ts_ms: int) -> None:
+        """Unanswered calls at a turn's or the input's end become `unknown{raw: request}`."""
+        pending, self.pending = self.pending, []
+        rules = self._rules
+        for call_id, name, _args, block, req_seq, _ts in pending:
+            if rules is not None and rules.consumed(name):
+                continue
+            self.unknown(out, ts_ms, block, req_seq, req_seq, tool=name, call_id=call_id)
+
+    def tool_events(
+        self,
+        out: list[Event],
+        ts_ms: int,
+        kinds: list[dict[str, Any]] | None,
+        raw: Any,
+        tail: dict[str, Any],
+        first: int,
+        last: int,
+        success: bool | None,
+        exit_code: Any = None,
+    ) -> None:
+        """The events of one classified tool call: kind fields, exit code, success, extras.
+
+        ``kinds`` None: unmapped, one ``unknown{raw}`` with the extras; ``[]``: consumed.
+        """
+        if kinds is None:
+            self._emit(out, ts_ms, "unknown", {"raw": raw, **tail}, first, last)
+            return
+        for kind in kinds:
+            etype = kind["type"]
+            # The kind's own "type" lands on the envelope's (same value, same place).
+            event = self._envelope(ts_ms, etype, first, last)
+            event.update(kind)
+            if etype == "command" and is_int(exit_code):
+                event["exitCode"] = exit_code
+            if success is not None:
+                event["isSuccess"] = success
+            event.update(tail)
+            out.append(event)
+
+    # ------------------------------------------------------------------ errors
+    def error(self, out: list[Event], ts_ms: int, message: str, code: str | None, seq: int) -> None:
+        """An `error` event, remembered for the not-reported-twice rules."""
+        fields: dict[str, Any] = {"message": message}
+        if code is not None:
+            fields["code"] = code
+        self._emit(out, ts_ms, "error", fields, seq, seq)
+        errors = self.errors
+        if message not in errors:
+            errors.append(message)
+            if len(errors) > MAX_RECENT_ERRORS:
+                del errors[0]
+
+    def turn_ended(self, usage: dict[str, Any] | None) -> None:
+        """A turn ended: forget its errors; a usage (a new object) makes a `completed` record."""
+        self.errors = []
+        if usage is not None:
+            self.usage = usage
+
+    # ---------------------------------------------------------------- emitting
+    def unknown(
+        self,
+        out: list[Event],
+        ts_ms: int,
+        raw: Any,
+        first: int,
+        last: int,
+        tool: Any = None,
+        call_id: Any = None,
+    ) -> None:
+        # `raw` is never null: a JSON null record or block is kept as its JSON text; so is a value
+        # nested too deep for any consumer (orjson writes 254 levels at most): the line's text.
+        if raw is None:
+            raw = "null"
+        elif self._too_deep(raw):
+            raw = self._text.strip()
+        fields: dict[str, Any] = {"raw": raw}
+        if type(tool) is str:
+            fields["tool"] = tool
+        if type(call_id) is str:
+            fields["toolCallId"] = call_id
+        self._emit(out, ts_ms, "unknown", fields, first, last)
+
+    def _too_deep(self, value: Any) -> bool:
+        """Is a value of the current line nested deeper than MAX_JSON_DEPTH? Counting the line's
+        brackets is a cheap bound; only a line that could be that deep is walked."""
+        text = self._text
+        if len(text) <= 2 * MAX_JSON_DEPTH or text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+            return False
+        return json_depth(value) > MAX_JSON_DEPTH
+
+    def _emit(self, out: list[Event], ts_ms: int, etype: str, fields: dict[str, Any], first: int, last: int) -> None:
+        event = self._envelope(ts_ms, etype, first, last)
+        event.update(fields)
+        out.append(event)
+
+    def _envelope(self, ts_ms: int, etype: str, first: int, last: int) -> Event:
+        """The next event's envelope (contract section 2), counted; the caller adds the kind's fields."""
+        n = self.n
+        self.n = n + 1
+        counts = self.counts
+        counts[etype] = counts.get(etype, 0) + 1
+        if ts_ms != self._ts_ms:
+            self._ts_ms = ts_ms
+            self._ts_text = format_ms(ts_ms)
+        if self.session is None:
+            return {
+                "eventId": f"{self.run}:{n}",
+                "runId": self.run,
+                "seq": n,
+                "type": etype,
+                "timestamp": self._ts_text,
+                "lines": [first, last],
+            }
+        return {
+            "eventId": f"{self.run}:{n}",
+            "runId": self.run,
+            "seq": n,
+            "type": etype,
+            "timestamp": self._ts_text,
+            "lines": [first, last],
+            "sessionId": self.session,
+        }
+
+    emit = _emit
+
+    def counts_by_type(self) -> dict[str, int]:
+        return {t: self.counts.get(t, 0) for t in EVENT_TYPES}

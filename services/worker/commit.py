@@ -1,0 +1,116 @@
+"""The Python half of the atomic commit (`commit.lua` beside it): what one commit writes, as typed
+records, and their encoding into the script's single msgpack argument.
+
+One commit = one shard: its raw stream's acknowledgements, the states (and held entries) of the
+runs routed to it, and outputs to that shard's topic partitions; in cluster mode every key carries
+the shard's hash tag (services/broker/keys.py), so the script stays in one slot.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, NamedTuple
+
+import msgpack
+import orjson
+from redis.exceptions import ResponseError
+
+from services.sequencer import Entry, HeldChanges
+
+COMMIT_LUA = resources.files("services.worker").joinpath("commit.lua").read_text()
+# Redis bundles an old lua-cmsgpack: no bin or str8 types, so pack bytes and str as raw.
+_packb = msgpack.Packer(use_bin_type=False).pack
+HELD_PREFIX = b"h:"  # hash field of a held entry in the run's state hash: h:<seq>
+VERSION_FIELD, STATE_FIELD = b"v", b"s"
+# Error replies that say nothing about the batch: never a reason to split it or dead-letter.
+TRANSIENT_ERRORS = frozenset({"OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN",
+                              "MOVED", "ASK", "NOREPLICAS", "NOSCRIPT"})
+
+
+class CommitFailed(RuntimeError):
+    """Redis refused the commit script itself (e.g. a value above its limits): not a conflict."""
+
+
+class Output(NamedTuple):
+    """One stream entry to append: the same fields to each of `streams` (an event goes to the
+    all-events partition and its type's partition)."""
+
+    streams: tuple[str, ...]
+    fields: tuple[bytes | str, ...]  # field, value, field, value, ...
+
+
+class RunWrite(NamedTuple):
+    """A run's new state, version-checked against the one it was computed from."""
+
+    key: str
+    version: str  # expected current version ("0": no state yet)
+    state: bytes
+    ended: bool
+    run: str
+    last_ms: int  # last activity (Redis clock), the score in the shard's active-runs set
+    held: HeldChanges
+
+
+@dataclass
+class Commit:
+    """Everything one call of commit.lua writes."""
+
+    raw_stream: str
+    group: str
+    active_runs: str
+    ttl_ms: int
+    runs: list[RunWrite] = field(default_factory=list)
+    acks: list[str] = field(default_factory=list)
+    outputs: list[Output] = field(default_factory=list)
+
+
+def held_field(seq: int) -> bytes:
+    return HELD_PREFIX + str(seq).encode()
+
+
+def encode_held(entry: Entry) -> bytes:
+    return orjson.dumps(entry.to_list())
+
+
+def decode_held(fields: dict[bytes, bytes]) -> dict[int, Entry]:
+    """Held entries from a run's state hash (HGETALL)."""
+    out: dict[int, Entry] = {}
+    for name, value in fields.items():
+        if name.startswith(HELD_PREFIX):
+            entry = Entry.from_list(orjson.loads(value))
+            out[entry.seq] = entry
+    return out
+
+
+def _argv(commit: Commit) -> list[Any]:
+    now_ms = int(time.time() * 1000)
+    runs = []
+    for w in commit.runs:
+        held_set: list[bytes] = []
+        for entry in w.held.added:
+            held_set += [held_field(entry.seq), encode_held(entry)]
+        held_del = [held_field(seq) for seq in w.held.removed]
+        runs.append((w.key, w.version, w.state, 1 if w.ended else 0, w.run, w.last_ms or now_ms, held_set, held_del))
+    outputs = [(o.streams, o.fields) for o in commit.outputs]
+    return [commit.group, commit.active_runs, str(commit.ttl_ms), _packb((runs, commit.acks, outputs))]
+
+
+class Committer:
+    """Runs commit.lua. `commit` returns the indexes (0-based, into `Commit.runs`) of runs whose
+    version moved (nothing was written then), or an empty list when everything was written."""
+
+    def __init__(self, client: Any) -> None:
+        self.script = client.register_script(COMMIT_LUA)
+
+    async def commit(self, commit: Commit) -> list[int]:
+        try:
+            reply = await self.script(keys=[commit.raw_stream], args=_argv(commit))
+        except ResponseError as exc:
+            if str(exc).split(" ", 1)[0] in TRANSIENT_ERRORS:
+                raise  # the broker's state, not this batch's content: the entries stay pending
+            raise CommitFailed(type(exc).__name__) from exc  # e.g. a value above Redis's limits
+        if int(reply[0]) == 1:
+            return []
+        return [int(i) - 1 for i in reply[1:]]

@@ -1,0 +1,433 @@
+"""One batch of raw entries of one shard -> one atomic commit. The imperative shell around RunSequencer.
+
+Steps: validate every entry (dead letters for what cannot be processed), group by run, load the
+touched runs' states (or take them from the in-process cache), run each run's entries through its
+sequencer, commit (services/worker/commit.py), retry the runs whose version moved.
+
+Totality (nothing a tap writes can cost another run its data):
+- validation is total (services/sequencer/entries.py); a dead-lettered entry whose run and seq
+  are known makes that run report the seq missing (`RunSequencer.lose`);
+- a run whose processing raises is recomputed in guarded mode, where only the entry that raises
+  is dead-lettered (`processing-error`); if even that fails, that run's entries of the batch are
+  dead-lettered and its state is left as it was;
+- a commit that Redis refuses (not a conflict, not a broker outage) is bisected: each half is
+  processed and committed on its own, down to the single entry, which is dead-lettered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import orjson
+from redis.exceptions import ResponseError
+
+from contracts.raw import (
+    ABANDON,
+    AFTER_END,
+    DEAD,
+    HOLD_LIMIT,
+    INVALID_ENTRY,
+    MAX_DELIVERIES,
+    OUT_OF_WINDOW,
+    OVERSIZE,
+    PROCESSED,
+    PROCESSING_ERROR,
+    stream_id_ms,
+)
+from services.normalizer import Limits
+from services.sequencer import (
+    Entry,
+    EntryError,
+    HeldChanges,
+    Outcome,
+    RunSequencer,
+    entry_identity,
+    parse_fields,
+)
+from services.settings import Settings
+from services.worker.commit import (
+    STATE_FIELD,
+    TRANSIENT_ERRORS,
+    VERSION_FIELD,
+    Commit,
+    CommitFailed,
+    Committer,
+    Output,
+    RunWrite,
+    decode_held,
+)
+
+log = logging.getLogger("goose_ingest.worker")
+
+MAX_ATTEMPTS = 8
+CACHE_RUNS = 4096  # run sequencers kept in process between batches (LRU)
+_DETAILS = {
+    AFTER_END: "the run had already ended (eof or abandoned) and this seq is not part of it",
+    OUT_OF_WINDOW: "seq is too far ahead of the run's next expected seq",
+    HOLD_LIMIT: "the run already holds MAX_HELD_BYTES of out-of-order entries",
+}
+
+
+class CommitConflict(RuntimeError):
+    """Another worker kept committing the same runs; the entries stay pending for a retry."""
+
+
+class Lost(NamedTuple):
+    """A seq of a run whose entry was dead-lettered before reaching the sequencer."""
+
+    run: str
+    seq: int
+    sid: str
+
+
+RunItem = Entry | Lost
+
+
+@dataclass
+class BatchResult:
+    outcomes: dict[str, int] = field(default_factory=dict)  # outcome -> entries
+    dead: dict[str, int] = field(default_factory=dict)  # reason -> entries
+    events: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    latencies_ms: list[int] = field(default_factory=list)
+    redactions: dict[str, int] = field(default_factory=dict)  # rule -> replacements
+
+    def count(self, outcome: str, reason: str | None = None) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if reason is not None:
+            self.dead[reason] = self.dead.get(reason, 0) + 1
+
+    def merge(self, other: BatchResult) -> None:
+        for outcome, n in other.outcomes.items():
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
+        for reason, n in other.dead.items():
+            self.dead[reason] = self.dead.get(reason, 0) + n
+        self.events += other.events
+        self.records += other.records
+        self.latencies_ms += other.latencies_ms
+        for rule, n in other.redactions.items():
+            self.redactions[rule] = self.redactions.get(rule, 0) + n
+
+
+@dataclass
+class RunResult:
+    """One run's part of a batch, computed but not yet committed."""
+
+    run: str
+    version: str  # the version the computation started from
+    sequencer: RunSequencer
+    outcome: Outcome
+    last_ms: int
+    held: HeldChanges  # taken once when computed: a retried commit must write them again
+
+
+@dataclass
+class _Batch:
+    """A validated batch: entries by run (in stream order), and what is already decided."""
+
+    shard: int
+    acks: list[str] = field(default_factory=list)
+    by_run: dict[str, list[RunItem]] = field(default_factory=dict)
+    dead: list[Output] = field(default_factory=list)  # dead letters decided before the sequencers
+    control: dict[str, Output] = field(default_factory=dict)  # run -> its abandon marker
+    result: BatchResult = field(default_factory=BatchResult)
+
+
+class BatchProcessor:
+    def __init__(self, settings: Settings, client: Any) -> None:
+        self.settings = settings
+        self.layout = settings.layout
+        self.client = client
+        self.committer = Committer(client)
+        self.limits = Limits(settings.max_span_chars, settings.max_pending_tools)
+        self.redactor = settings.redactor()
+        self.ttl_ms = int(settings.run_state_ttl_hours * 3_600_000)
+        self._topics: dict[tuple[str, int], str] = {}
+        self._cache: OrderedDict[str, tuple[str, RunSequencer]] = OrderedDict()
+
+    def new_sequencer(self, run: str) -> RunSequencer:
+        s = self.settings
+        return RunSequencer(run, self.limits, s.max_buffered_entries, self.redactor, s.max_held_bytes)
+
+    def _type_partition(self, event_type: str, shard: int) -> str:
+        name = self._topics.get((event_type, shard))
+        if name is None:
+            name = self._topics[(event_type, shard)] = self.layout.type_partition(event_type, shard)
+        return name
+
+    # ------------------------------------------------------------------ entry points
+    async def process(
+        self,
+        shard: int,
+        ids: Sequence[bytes | str],
+        fields: Sequence[dict[bytes, bytes]],
+        deliveries: dict[str, int] | None = None,
+    ) -> BatchResult:
+        """Process a batch read from raw shard `shard` and commit it; raises CommitConflict if it
+        could not. `deliveries` (from XPENDING, for reclaimed entries) dead-letters entries
+        delivered more than `max_deliveries` times."""
+        sids = [i.decode() if isinstance(i, bytes) else i for i in ids]
+        try:
+            return await self._commit_batch(self._validate(shard, sids, fields, deliveries))
+        except CommitFailed as exc:
+            if len(sids) > 1:
+                half = len(sids) // 2
+                log.warning("commit of %d entries failed (%s): committing each half on its own", len(sids), exc)
+                result = await self.process(shard, sids[:half], fields[:half], deliveries)
+                result.merge(await self.process(shard, sids[half:], fields[half:], deliveries))
+                return result
+            if not sids:
+                raise
+            log.warning("commit of entry %s failed (%s): dead-lettering it", sids[0], exc)
+            batch = _Batch(shard, acks=list(sids))
+            self._dead_raw(batch, sids[0], fields[0], PROCESSING_ERROR, f"commit failed: {exc}")
+            return await self._commit_batch(batch)
+
+    async def abandon(self, run: str, marker: Entry) -> BatchResult:
+        """Write an abandon marker on the run's control stream and apply it, in one commit."""
+        shard = self.layout.shard_of(run)
+        batch = _Batch(shard)
+        batch.by_run[run] = [marker]
+        batch.control[run] = Output((self.layout.control_stream(shard),), _flat(marker.to_fields()))
+        return await self._commit_batch(batch)
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self, shard: int, sids: list[str], fields: Sequence[dict[bytes, bytes]],
+                  deliveries: dict[str, int] | None) -> _Batch:
+        batch = _Batch(shard, acks=list(sids))
+        max_bytes = self.settings.max_line_bytes
+        max_deliveries = self.settings.max_deliveries
+        cluster = self.layout.cluster
+        for sid, fmap in zip(sids, fields, strict=True):
+            try:
+                if deliveries is not None and deliveries.get(sid, 0) > max_deliveries:
+                    self._dead_raw(batch, sid, fmap, MAX_DELIVERIES, f"delivered {deliveries[sid]} times", lost=True)
+                    continue
+                size = sum(map(len, fmap.values())) + sum(map(len, fmap))
+                if size > max_bytes:
+                    self._dead_raw(batch, sid, fmap, OVERSIZE, f"{size} bytes > {max_bytes}", lost=True)
+                    continue
+                entry = parse_fields(fmap, sid)
+                if cluster and self.layout.shard_of(entry.run) != shard:
+                    # Its state lives in another slot: committing it here would be a cross-slot write.
+                    self._dead_raw(batch, sid, fmap, INVALID_ENTRY,
+                                   f"run belongs to shard {self.layout.shard_of(entry.run)}, not {shard}")
+                    continue
+            except EntryError as exc:
+                self._dead_raw(batch, sid, fmap, INVALID_ENTRY, str(exc))
+                if exc.run is not None and exc.seq is not None:
+                    self._lose(batch, exc.run, exc.seq, sid)
+                continue
+            except Exception as exc:  # validation is meant to be total; this is the last line of defence
+                self._dead_raw(batch, sid, fmap, INVALID_ENTRY, f"unparseable ({type(exc).__name__})")
+                continue
+            batch.by_run.setdefault(entry.run, []).append(entry)
+        return batch
+
+    def _lose(self, batch: _Batch, run: str, seq: int, sid: str) -> None:
+        if self.layout.cluster and self.layout.shard_of(run) != batch.shard:
+            return
+        batch.by_run.setdefault(run, []).append(Lost(run, seq, sid))
+
+    # ------------------------------------------------------------------ compute + commit
+    async def _commit_batch(self, batch: _Batch) -> BatchResult:
+        computed: dict[str, RunResult] = {}
+        todo = list(batch.by_run)
+        try:
+            for _attempt in range(MAX_ATTEMPTS):
+                await self._compute(todo, batch, computed)
+                conflicts = await self.committer.commit(self._commit(batch, computed))
+                if not conflicts:
+                    break
+                runs = list(computed)
+                todo = [runs[i] for i in conflicts]
+                for run in todo:
+                    self._cache.pop(run, None)
+                log.debug("commit conflict on %d runs, retrying", len(todo))
+            else:
+                raise CommitConflict(f"{len(todo)} runs kept changing under this worker")
+        except BaseException:
+            # The sequencers were mutated for a commit that did not happen.
+            for run in batch.by_run:
+                self._cache.pop(run, None)
+            raise
+        return self._settle(batch, computed)
+
+    def _settle(self, batch: _Batch, computed: dict[str, RunResult]) -> BatchResult:
+        """After a successful commit: cache the sequencers, tally the result."""
+        result = batch.result
+        now_ms = time.time_ns() // 1_000_000
+        cache = self._cache
+        for run, rr in computed.items():
+            if rr.sequencer.ended:
+                cache.pop(run, None)
+            else:
+                cache[run] = (str(int(rr.version) + 1), rr.sequencer)
+                cache.move_to_end(run)
+            outcome = rr.outcome
+            result.events.extend(outcome.events)
+            result.records.extend(outcome.records)
+            for rule, n in outcome.redactions.items():
+                result.redactions[rule] = result.redactions.get(rule, 0) + n
+            for d in outcome.dispositions:
+                result.count(d.outcome, d.reason)
+                if d.outcome == PROCESSED and d.entry.kind != ABANDON:
+                    result.latencies_ms.append(now_ms - stream_id_ms(d.entry.sid))
+        while len(cache) > CACHE_RUNS:
+            cache.popitem(last=False)
+        return result
+
+    async def load(self, runs: list[str]) -> dict[str, tuple[str, RunSequencer] | Exception]:
+        """Each run's version and sequencer, or the exception that makes its stored state unusable
+        (a key of another type, a state that does not decode): that run alone is given up."""
+        pipe = self.client.pipeline(transaction=False)
+        for run in runs:
+            pipe.hgetall(self.layout.run_state(run))
+        loaded: dict[str, tuple[str, RunSequencer] | Exception] = {}
+        for run, fields in zip(runs, await pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(fields, ResponseError) and str(fields).split(" ", 1)[0] not in TRANSIENT_ERRORS:
+                loaded[run] = fields
+                continue
+            if isinstance(fields, Exception):
+                raise fields
+            try:
+                loaded[run] = self._decode_state(run, fields)
+            except Exception as exc:  # a corrupt or foreign state: never a reason to stop the shard
+                loaded[run] = exc
+        return loaded
+
+    def _decode_state(self, run: str, fields: dict[bytes, bytes]) -> tuple[str, RunSequencer]:
+        s = self.settings
+        state = fields.get(STATE_FIELD)
+        if state is None:
+            sequencer = self.new_sequencer(run)
+        else:
+            sequencer = RunSequencer.from_state(orjson.loads(state), self.limits, s.max_buffered_entries,
+                                                self.redactor, s.max_held_bytes, held=decode_held(fields))
+        return (fields.get(VERSION_FIELD) or b"0").decode(), sequencer
+
+    async def _compute(self, runs: list[str], batch: _Batch, computed: dict[str, RunResult]) -> None:
+        """Run each run's entries through its sequencer. A run this worker committed last is taken
+        from the in-process cache (no round trip); the commit's version check catches a stale one."""
+        if not runs:
+            return
+        cache = self._cache
+        loaded = await self.load([run for run in runs if run not in cache])
+        for run in runs:
+            got = loaded[run] if run in loaded else cache.pop(run)
+            items = batch.by_run[run]
+            if isinstance(got, Exception):
+                log.error("run %s: its stored state is unusable (%s); its entries are dead-lettered",
+                          run, type(got).__name__)
+                computed.pop(run, None)
+                self._give_up(batch, run, items, f"run state unusable ({type(got).__name__})")
+                continue
+            version, sequencer = got
+            try:
+                computed[run] = self._feed(run, version, sequencer, items)
+            except Exception as exc:
+                log.warning("processing run %s raised %s: retrying it entry by entry", run, type(exc).__name__)
+                again = (await self.load([run]))[run]
+                if isinstance(again, Exception):
+                    computed.pop(run, None)
+                    self._give_up(batch, run, items, f"run state unusable ({type(again).__name__})")
+                    continue
+                version, sequencer = again
+                sequencer.guarded = True
+                try:
+                    computed[run] = self._feed(run, version, sequencer, items)
+                except Exception as again:
+                    log.error("run %s: %s even entry by entry; its entries of this batch are dead-lettered",
+                              run, type(again).__name__)
+                    computed.pop(run, None)
+                    self._give_up(batch, run, items, type(again).__name__)
+                finally:
+                    sequencer.guarded = False
+
+    def _feed(self, run: str, version: str, sequencer: RunSequencer, items: list[RunItem]) -> RunResult:
+        outcome = Outcome()
+        last_ms = 0
+        for item in items:
+            if isinstance(item, Lost):
+                sequencer.lose(item.seq, stream_id_ms(item.sid), outcome)
+                last_ms = max(last_ms, stream_id_ms(item.sid))
+                continue
+            sequencer.accept(item, outcome)
+            if item.kind != ABANDON:
+                last_ms = max(last_ms, stream_id_ms(item.sid))
+        return RunResult(run, version, sequencer, outcome, last_ms, sequencer.take_held_changes())
+
+    def _give_up(self, batch: _Batch, run: str, items: list[RunItem], error: str) -> None:
+        del batch.by_run[run]
+        for item in items:
+            if isinstance(item, Entry) and item.kind != ABANDON:
+                batch.result.count(DEAD, PROCESSING_ERROR)
+                self._dead_output(batch.dead, item.sid, item.to_fields(), PROCESSING_ERROR, error, batch.shard)
+
+    def _commit(self, batch: _Batch, computed: dict[str, RunResult]) -> Commit:
+        # Batches of several shards are processed concurrently: nothing batch-specific on self.
+        layout = self.layout
+        shard = batch.shard
+        commit = Commit(layout.raw_stream(shard), self.settings.group, layout.active_runs(shard), self.ttl_ms,
+                        acks=batch.acks, outputs=list(batch.dead))
+        for run, rr in computed.items():
+            if run in batch.control:  # only with the run it applies to: replay applies what the log says
+                commit.outputs.append(batch.control[run])
+            sequencer = rr.sequencer
+            commit.runs.append(RunWrite(layout.run_state(run), rr.version,
+                                        orjson.dumps(sequencer.to_state(include_held=False)), sequencer.ended, run,
+                                        rr.last_ms, rr.held))
+            self._outputs(commit.outputs, rr.outcome, shard)
+        return commit
+
+    def _outputs(self, outputs: list[Output], outcome: Outcome, shard: int) -> None:
+        dumps = orjson.dumps
+        layout = self.layout
+        all_events = layout.events_partition(shard)
+        for event in outcome.events:
+            etype = event["type"]
+            fields = (b"eventId", event["eventId"], b"runId", event["runId"], b"seq", str(event["seq"]),
+                      b"type", etype, b"data", dumps(event))
+            outputs.append(Output((all_events, self._type_partition(etype, shard)), fields))
+        runs_topic = layout.runs_partition(shard)
+        for record in outcome.records:
+            outputs.append(Output((runs_topic,), (b"recordId", record["recordId"], b"runId", record["runId"],
+                                                  b"seq", str(record["seq"]), b"state", record["state"],
+                                                  b"data", dumps(record))))
+        for d in outcome.dispositions:
+            if d.outcome == DEAD:
+                reason = d.reason or ""
+                self._dead_output(outputs, d.entry.sid, d.entry.to_fields(), reason,
+                                  d.detail or _DETAILS.get(reason, ""), shard)
+
+    def _dead_raw(self, batch: _Batch, sid: str, fmap: dict[bytes, bytes], reason: str, detail: str,
+                  lost: bool = False) -> None:
+        batch.result.count(DEAD, reason)
+        self._dead_output(batch.dead, sid, fmap, reason, detail, batch.shard)
+        if lost:
+            identity = entry_identity(fmap)
+            if identity is not None:
+                self._lose(batch, identity.run, identity.seq, sid)
+
+    def _dead_output(self, outputs: list[Output], sid: str, fmap: dict[bytes, bytes], reason: str, detail: str,
+                     shard: int) -> None:
+        fields: list[bytes | str] = [b"reason", reason, b"detail", detail, b"source", self.layout.raw_stream(shard),
+                                     b"sourceId", sid]
+        for name, value in fmap.items():
+            fields += [b"raw." + (name if isinstance(name, bytes) else str(name).encode()), value]
+        outputs.append(Output((self.layout.deadletter_partition(shard),), tuple(fields)))
+
+
+def _flat(fields: dict[bytes, bytes]) -> tuple[bytes, ...]:
+    out: list[bytes] = []
+    for name, value in fields.items():
+        out += [name, value]
+    return tuple(out)
+
+
+__all__ = ["BatchProcessor", "BatchResult", "CommitConflict", "Lost", "RunResult"]

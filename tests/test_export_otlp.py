@@ -1,0 +1,380 @@
+"""The OTLP exporter's consumer against a real Redis and a real OTLP/HTTP receiver.
+
+Topic entries are written here with the plain fields the workers write (docs/consumers.md), so
+each case controls order and content exactly; tests/test_export_otlp_e2e.py runs the real worker
+and exporter processes against Arize Phoenix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import orjson
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+from services.broker.connect import async_client, sync_client
+from services.export.otlp import mapping as m
+from services.export.otlp.mapping import MappingConfig
+from services.export.otlp.processor import EXPORTER, TraceExporter
+from services.export.otlp.sink import HttpSink
+from tests.support.otlp_receiver import RunningReceiver
+
+RUN_A = "host-a/run-1"
+RUN_B = "host-b/run-2"
+
+
+def event(run: str, seq: int, etype: str, ms: int = 0, **fields) -> dict:
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1_764_000_000 + seq)) + f".{ms:03d}Z"
+    return {"eventId": f"{run}:{seq}", "runId": run, "seq": seq, "type": etype, "timestamp": ts, "lines": [seq, seq], **fields}
+
+
+def record(run: str, k: int, state: str, counts: dict[str, int], **fields) -> dict:
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1_764_000_000 + 10 * k)) + ".000Z"
+    return {"recordId": f"{run}:run:{k}", "runId": run, "seq": k, "state": state, "timestamp": ts, "counts": counts, **fields}
+
+
+def run_events(run: str) -> list[dict]:
+    return [
+        event(run, 0, "agent", message="Let me look."),
+        event(run, 1, "read", path="/src/pager.py", isSuccess=True, tool="developer__text_editor", toolCallId="t1", durationMs=20),
+        event(run, 2, "command", command="pytest -q", exitCode=1, isSuccess=False, tool="developer__shell", toolCallId="t2", durationMs=900),
+        event(run, 3, "error", message="goose exited with code 1"),
+    ]
+
+
+def run_records(run: str) -> list[dict]:
+    counts = {"agent": 1, "read": 1, "command": 1, "error": 1}
+    return [
+        record(run, 0, "started", {}, host="h", agent="goose/1.56.0"),
+        record(run, 1, "completed", counts, inputTokens=1200, outputTokens=340),
+        record(run, 2, "ended", counts, exitCode=1, inputTokens=1200, outputTokens=340, host="h", agent="goose/1.56.0"),
+    ]
+
+
+def publish_events(r, settings, events) -> None:
+    for e in events:
+        stream = settings.layout.events_partition(settings.layout.shard_of(e["runId"]))
+        r.xadd(stream, {"eventId": e["eventId"], "runId": e["runId"], "seq": e["seq"], "type": e["type"], "data": orjson.dumps(e)})
+
+
+def publish_records(r, settings, records) -> None:
+    for rec in records:
+        stream = settings.layout.runs_partition(settings.layout.shard_of(rec["runId"]))
+        r.xadd(stream, {"recordId": rec["recordId"], "runId": rec["runId"], "seq": rec["seq"], "state": rec["state"],
+                        "data": orjson.dumps(rec)})
+
+
+async def drain(exporter: TraceExporter, streams: list[str] | None = None, rounds: int = 3) -> int:
+    """Read our group like the FastStream subscribers do and hand each batch to the exporter."""
+    n = 0
+    for _ in range(rounds):
+        for stream in streams or exporter.streams():
+            got = await exporter.client.xreadgroup(exporter.group, exporter.consumer, {stream: ">"}, count=500)
+            for _s, entries in got or []:
+                if entries:
+                    n += len(entries)
+                    await exporter.handler_for(stream)(stream, [e for e, _ in entries], [f for _, f in entries])
+    return n
+
+
+def make_exporter(settings, endpoint: str) -> TraceExporter:
+    exporter = TraceExporter(settings, async_client(settings), HttpSink(OTLPSpanExporter(endpoint=endpoint)), MappingConfig(),
+                             consumer="test")
+    return exporter
+
+
+def pending(r, settings, stream) -> int:
+    return r.xpending(stream, settings.otlp_group)["pending"]
+
+
+def metric(exporter: TraceExporter, name: str, **labels) -> float:
+    value = exporter.metrics.registry.get_sample_value(name, labels or None)
+    return value or 0.0
+
+
+@pytest.fixture
+def receiver():
+    with RunningReceiver() as rec:
+        yield rec
+
+
+@pytest.fixture
+def r(settings):
+    client = sync_client(settings)
+    yield client
+    client.close()
+
+
+def by_name(spans):
+    return {s.name: s for s in spans}
+
+
+def test_a_run_becomes_one_trace_and_everything_is_acked(settings, r, receiver):
+    async def go():
+        exporter = make_exporter(settings, receiver.endpoint)
+        await exporter.ensure_groups()
+        publish_events(r, settings, run_events(RUN_A))
+        publish_records(r, settings, run_records(RUN_A))
+        await drain(exporter)
+        await exporter.client.aclose()
+        return exporter
+
+    exporter = asyncio.run(go())
+    spans = by_name(receiver.spans)
+    assert set(spans) == {"invoke_agent goose", "execute_tool developer__text_editor", "execute_tool developer__shell"}
+    root = spans["invoke_agent goose"]
+    trace = f"{m.trace_id_of(RUN_A):032x}"
+    assert root.trace_id == trace and root.parent_span_id == ""
+    for name in ("execute_tool developer__text_editor", "execute_tool developer__shell"):
+        assert spans[name].trace_id == trace and spans[name].parent_span_id == root.span_id
+    assert spans["execute_tool developer__shell"].attributes["error.type"] == "tool_error"
+    assert root.attributes["gen_ai.usage.input_tokens"] == 1200 and root.attributes["error.type"] == "nonzero_exit"
+    assert [name for name, _ in root.events] == ["goose_ingest.agent", "goose_ingest.error"]
+    assert root.resource["service.name"] == "goose-ingest"
+    for stream in exporter.streams():
+        assert pending(r, settings, stream) == 0
+    assert r.hgetall(settings.layout.export_state(EXPORTER, RUN_A)) == {b"done": b"ended"}
+    assert r.zcard(settings.layout.export_open_runs(EXPORTER, 0)) == 0
+    assert metric(exporter, "goose_ingest_otlp_spans_exported_total", kind="tool") == 2
+    assert metric(exporter, "goose_ingest_otlp_roots_total", reason="ended") == 1
+
+
+def test_end_record_before_the_events_waits_for_every_event(settings, r, receiver):
+    async def go():
+        exporter = make_exporter(settings, receiver.endpoint)
+        await exporter.ensure_groups()
+        publish_records(r, settings, run_records(RUN_A))
+        publish_events(r, settings, run_events(RUN_A)[:2])
+        await drain(exporter, [settings.layout.runs_partition(0)])
+        await drain(exporter, [settings.layout.events_partition(0)])
+        assert not any(s.name.startswith("invoke_agent") for s in receiver.spans), "root out before its events"
+        publish_events(r, settings, run_events(RUN_A)[2:])
+        await drain(exporter)
+        await exporter.client.aclose()
+
+    asyncio.run(go())
+    roots = [s for s in receiver.spans if s.name.startswith("invoke_agent")]
+    assert len(roots) == 1
+    assert [name for name, _ in roots[0].events] == ["goose_ingest.agent", "goose_ingest.error"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_collector_loses_nothing_and_acks_nothing_until_it_answers(settings, r):
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}/v1/traces"
+    started: dict = {}
+
+    def start_later():
+        time.sleep(3.0)
+        started["rx"] = RunningReceiver(port)
+
+    async def go():
+        exporter = make_exporter(settings, endpoint)
+        await exporter.ensure_groups()
+        publish_events(r, settings, run_events(RUN_A))
+        stream = settings.layout.events_partition(0)
+        task = asyncio.create_task(drain(exporter, [stream], rounds=1))
+        # The SDK retries inside one export call for up to OTEL_EXPORTER_OTLP_TIMEOUT (10 s):
+        # wait for that first failed attempt to come back.
+        deadline = time.monotonic() + 60
+        while metric(exporter, "goose_ingest_otlp_spans_failed_total", kind="tool") == 0:
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.2)
+        assert not task.done()
+        assert pending(r, settings, stream) == 4, "entries must stay pending while nothing is exported"
+        assert exporter.collector_ok is False
+        assert metric(exporter, "goose_ingest_otlp_spans_failed_total", kind="tool") >= 2
+        threading.Thread(target=start_later, daemon=True).start()
+        await asyncio.wait_for(task, timeout=90)
+        assert pending(r, settings, stream) == 0
+        assert exporter.collector_ok is True
+        await exporter.client.aclose()
+        return exporter
+
+    try:
+        exporter = asyncio.run(go())
+        rx = started["rx"].receiver
+        assert {s.name for s in rx.spans} == {"execute_tool developer__text_editor", "execute_tool developer__shell"}
+        assert metric(exporter, "goose_ingest_otlp_spans_exported_total", kind="tool") == 2
+    finally:
+        if "rx" in started:
+            started["rx"].close()
+
+
+def test_a_rejected_run_is_dead_lettered_without_taking_the_others_down(settings, r):
+    with RunningReceiver(reject_runs={RUN_B}) as rx:
+        async def go():
+            exporter = make_exporter(settings, rx.endpoint)
+            await exporter.ensure_groups()
+            publish_events(r, settings, run_events(RUN_A) + run_events(RUN_B))
+            publish_records(r, settings, run_records(RUN_A) + run_records(RUN_B))
+            await drain(exporter)
+            # later entries of the dead run are acked, not exported
+            publish_events(r, settings, [event(RUN_B, 4, "list", path="/", tool="developer__tree", toolCallId="x", durationMs=1)])
+            await drain(exporter)
+            await exporter.client.aclose()
+            return exporter
+
+        exporter = asyncio.run(go())
+        runs = {s.attributes["gen_ai.conversation.id"] for s in rx.spans}
+        assert runs == {RUN_A}
+        assert len([s for s in rx.spans if s.name.startswith("invoke_agent")]) == 1
+    (dl,) = [fields for _, fields in r.xrange(settings.layout.export_deadletter_partition(EXPORTER, 0))]
+    assert dl[b"reason"] == b"otlp-rejected" and dl[b"runId"] == RUN_B.encode()
+    assert dl[b"detail"].startswith(b"HTTP 400")
+    assert r.hget(settings.layout.export_state(EXPORTER, RUN_B), "dead").startswith(b"HTTP 400")
+    for stream in exporter.streams():
+        assert pending(r, settings, stream) == 0
+    assert metric(exporter, "goose_ingest_otlp_dead_letters_total", reason="otlp-rejected") == 1
+    assert metric(exporter, "goose_ingest_otlp_spans_dead_lettered_total", kind="tool") == 1
+
+
+def test_bad_entries_become_root_span_events_or_dead_letters_never_a_crash(settings, r, receiver):
+    stream = settings.layout.events_partition(0)
+
+    async def go():
+        exporter = make_exporter(settings, receiver.endpoint)
+        await exporter.ensure_groups()
+        publish_events(r, settings, [event(RUN_A, 0, "agent", message="hi"), event(RUN_A, 1, "plan", steps=["x"])])
+        r.xadd(stream, {"eventId": f"{RUN_A}:2", "runId": RUN_A, "seq": 2, "type": "read", "data": b"{not json"})
+        r.xadd(stream, {"eventId": f"{RUN_A}:3", "runId": RUN_A, "seq": 3, "type": "read",
+                        "data": orjson.dumps({**event(RUN_A, 3, "read"), "timestamp": "yesterday"})})
+        r.xadd(stream, {"junk": "no run at all"})
+        publish_records(r, settings, [record(RUN_A, 0, "ended", {"agent": 1, "plan": 1, "read": 2}, exitCode=0)])
+        await drain(exporter)
+        await exporter.client.aclose()
+        return exporter
+
+    exporter = asyncio.run(go())
+    (root,) = [s for s in receiver.spans if s.name.startswith("invoke_agent")]
+    names = [name for name, _ in root.events]
+    assert names == ["goose_ingest.agent", "goose_ingest.unknown_type", "goose_ingest.unmappable", "goose_ingest.unmappable"]
+    assert root.status_code == 1  # OK: exit 0
+    (dl,) = [f for _, f in r.xrange(settings.layout.export_deadletter_partition(EXPORTER, 0))]
+    assert dl[b"reason"] == b"invalid-entry"
+    assert pending(r, settings, stream) == 0
+    assert metric(exporter, "goose_ingest_otlp_unmappable_events_total") == 2
+
+
+def test_a_run_that_never_ends_is_closed_by_the_timeout_and_marked(settings, r, receiver):
+    async def go():
+        exporter = make_exporter(settings, receiver.endpoint)
+        await exporter.ensure_groups()
+        publish_records(r, settings, run_records(RUN_A)[:1])
+        publish_events(r, settings, run_events(RUN_A)[:2])
+        await drain(exporter)
+        assert await exporter.close_idle_roots() == 0  # not idle yet (default timeout)
+        later = int(time.time() * 1000) + int(settings.otlp_root_timeout_s * 1000) + 1000
+        assert await exporter.close_idle_roots(now_ms=later) == 1
+        assert await exporter.close_idle_roots(now_ms=later) == 0
+        await exporter.client.aclose()
+        return exporter
+
+    exporter = asyncio.run(go())
+    (root,) = [s for s in receiver.spans if s.name.startswith("invoke_agent")]
+    assert root.attributes["goose_ingest.root.closed_by"] == "timeout"
+    assert root.attributes["error.type"] == "root_timeout"
+    assert metric(exporter, "goose_ingest_otlp_roots_total", reason="timeout") == 1
+
+
+def test_a_re_export_produces_the_same_ids(settings, r, receiver):
+    async def go(group: str):
+        s = settings.model_copy(update={"otlp_group": group})
+        exporter = make_exporter(s, receiver.endpoint)
+        await exporter.ensure_groups()
+        await drain(exporter)
+        await exporter.client.aclose()
+
+    publish_events(r, settings, run_events(RUN_A))
+    publish_records(r, settings, run_records(RUN_A))
+    asyncio.run(go("first"))
+    first = sorted((s.trace_id, s.span_id, s.name) for s in receiver.spans)
+    receiver.spans.clear()
+    # a second exporter deployment (fresh state and group): everything again, same ids
+    for key in r.scan_iter(f"{settings.namespace}:goose-ingest:export*"):
+        r.delete(key)
+    asyncio.run(go("second"))
+    assert sorted((s.trace_id, s.span_id, s.name) for s in receiver.spans) == first
+    assert len(first) == 3
+
+
+def test_entries_left_pending_by_a_dead_replica_are_reclaimed(settings, r, receiver):
+    s = settings.model_copy(update={"claim_idle_ms": 100})
+
+    async def go():
+        exporter = make_exporter(s, receiver.endpoint)
+        await exporter.ensure_groups()
+        publish_events(r, s, run_events(RUN_A))
+        stream = s.layout.events_partition(0)
+        # another consumer read them and died
+        await exporter.client.xreadgroup(s.otlp_group, "dead-replica", {stream: ">"}, count=100)
+        await asyncio.sleep(0.3)
+        assert await exporter.reclaim(stream, exporter.handler_for(stream)) == 4
+        assert pending(r, s, stream) == 0
+        await exporter.client.aclose()
+
+    asyncio.run(go())
+    assert len([sp for sp in receiver.spans if sp.name.startswith("execute_tool")]) == 2
+
+
+def test_on_a_redis_cluster_state_and_scripts_stay_in_the_run_slot(cluster_settings, receiver):
+    s = cluster_settings  # its namespace is wiped by the fixture
+    r = sync_client(s)
+    try:
+        async def go():
+            exporter = make_exporter(s, receiver.endpoint)
+            await exporter.ensure_groups()
+            for run in (RUN_A, RUN_B):
+                publish_events(r, s, run_events(run))
+                publish_records(r, s, run_records(run))
+            await drain(exporter)
+            await exporter.client.aclose()
+
+        asyncio.run(go())
+        roots = {sp.attributes["gen_ai.conversation.id"] for sp in receiver.spans if sp.name.startswith("invoke_agent")}
+        assert roots == {RUN_A, RUN_B}
+        for run in (RUN_A, RUN_B):
+            assert r.hget(s.layout.export_state(EXPORTER, run), "done") == b"ended"
+    finally:
+        r.close()
+
+
+def _grpc_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("opentelemetry.exporter.otlp.proto.grpc") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, "no broker configured"),
+    ({"GOOSE_INGEST_REDIS_URL": "redis://127.0.0.1:1/0", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "not supported"),
+    ({"GOOSE_INGEST_REDIS_URL": "redis://127.0.0.1:1/0", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "otlp-grpc"),
+])
+def test_cli_configuration_errors_are_one_line_exit_2(env, expected):
+    import os
+    import subprocess
+    import sys
+
+    from tests.fixtures import REPO
+
+    if env.get("OTEL_EXPORTER_OTLP_PROTOCOL") == "grpc" and _grpc_installed():
+        pytest.skip("the otlp-grpc extra is installed here: nothing to refuse")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GOOSE_INGEST_", "OTEL_"))}
+    out = subprocess.run([sys.executable, "-m", "services.cli", "export", "otlp"], cwd=REPO, env={**clean, **env},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("goose-ingest export: ") and expected in line
