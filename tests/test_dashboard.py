@@ -130,7 +130,7 @@ def test_panel_queries_parse_as_promql(tmp_path):
         pytest.skip("promtool not installed")
     rules = []
     for i, (_, expr) in enumerate(panel_exprs()):
-        expr = expr.replace("$__rate_interval", "5m").replace("$__range", "6h").replace("$job", ".*")
+        expr = expr.replace("$__rate_interval", "5m").replace("$__range", "6h").replace("$job", ".*").replace("$format", ".*")
         assert "$" not in expr, expr
         rules.append({"record": f"dashboard:query_{i}", "expr": expr})
     path = tmp_path / "queries.yml"

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.metrics import (
     DEAD_LETTER_REASONS,
     EVENT_TYPES,
+    FORMAT_LABELS,
     RAW_OUTCOMES,
     RUN_STATES,
     TOKEN_KINDS,
@@ -27,8 +28,13 @@ from services.metrics import (
 
 
 def value(m: Metrics, name: str, **labels) -> float:
-    v = m.registry.get_sample_value(name, labels)
-    return 0.0 if v is None else v
+    """The sum of the samples of `name` whose labels include `labels` (others summed over)."""
+    total = 0.0
+    for fam in m.registry.collect():
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
 
 
 def label_values(m: Metrics, metric_name: str, label: str) -> set[str]:
@@ -98,12 +104,14 @@ def test_labels_stay_bounded_under_random_input():
 def test_all_event_types_and_bounded_series_preinitialised():
     m = Metrics()
     for t in EVENT_TYPES:
-        assert m.registry.get_sample_value("goose_ingest_events_total", {"type": t}) == 0.0
+        for fmt in FORMAT_LABELS:
+            assert m.registry.get_sample_value("goose_ingest_events_total", {"type": t, "format": fmt}) == 0.0
     for r in DEAD_LETTER_REASONS:
         assert m.registry.get_sample_value("goose_ingest_dead_letters_total", {"reason": r}) == 0.0
         assert m.registry.get_sample_value("goose_ingest_raw_entries_total", {"outcome": "dead_lettered", "reason": r}) == 0.0
     for s in RUN_STATES:
-        assert m.registry.get_sample_value("goose_ingest_runs_total", {"state": s}) == 0.0
+        for fmt in FORMAT_LABELS:
+            assert m.registry.get_sample_value("goose_ingest_runs_total", {"state": s, "format": fmt}) == 0.0
     for k in TOKEN_KINDS:
         assert m.registry.get_sample_value("goose_ingest_tokens_total", {"kind": k}) == 0.0
     assert m.registry.get_sample_value("goose_ingest_worker_ready") == 0.0
@@ -311,7 +319,7 @@ def test_server_endpoints_over_http():
         fams = {f.name: f for f in text_string_to_metric_families(body)}
         assert "goose_ingest_events" in fams
         samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fams["goose_ingest_events"].samples}
-        assert samples[("goose_ingest_events_total", (("type", "error"),))] == 1
+        assert samples[("goose_ingest_events_total", (("format", "undecided"), ("type", "error")))] == 1
         assert 'goose_ingest_tool_events_total{outcome="success",tool="shell"} 1.0' in body
 
         assert get(base + "/nope")[0] == 404
@@ -328,3 +336,23 @@ def test_readyz_callback_exception_is_not_ready():
     with serve(Metrics(), "127.0.0.1", 0, boom) as server:
         assert get(f"http://127.0.0.1:{server.port}/readyz")[0] == 503
         assert get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
+
+
+def test_events_and_run_records_are_counted_by_their_runs_format_with_a_bounded_label():
+    m = Metrics()
+    m.events([{"type": "error", "message": "x"}], "codex")
+    m.events([{"type": "error", "message": "x"}, {"type": "read", "path": "/a"}], "claude-code")
+    m.events([{"type": "error", "message": "x"}], "not-a-format")
+    m.events([{"type": "error", "message": "x"}])
+    assert value(m, "goose_ingest_events_total", type="error", format="codex") == 1
+    assert value(m, "goose_ingest_events_total", type="error", format="claude-code") == 1
+    assert value(m, "goose_ingest_events_total", type="read", format="claude-code") == 1
+    assert value(m, "goose_ingest_events_total", type="error", format="other") == 1
+    assert value(m, "goose_ingest_events_total", type="error", format="undecided") == 1
+    m.run_record({"state": "ended", "format": "codex"})
+    m.run_record({"state": "ended", "format": "x" * 500})
+    m.run_record({"state": "started"})
+    assert value(m, "goose_ingest_runs_total", state="ended", format="codex") == 1
+    assert value(m, "goose_ingest_runs_total", state="ended", format="other") == 1
+    assert value(m, "goose_ingest_runs_total", state="started", format="undecided") == 1
+    assert label_values(m, "goose_ingest_events_total", "format") <= {*FORMAT_LABELS, "other"}

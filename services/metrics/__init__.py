@@ -9,6 +9,7 @@ scrape would see only one of them. Run N worker processes with N ports (or N pod
 from services.metrics.registry import (
     DEAD_LETTER_REASONS,
     EVENT_TYPES,
+    FORMAT_LABELS,
     RAW_OUTCOMES,
     RUN_STATES,
     TOKEN_KINDS,
@@ -22,6 +23,7 @@ from services.metrics.server import MetricsServer, serve
 __all__ = [
     "DEAD_LETTER_REASONS",
     "EVENT_TYPES",
+    "FORMAT_LABELS",
     "RAW_OUTCOMES",
     "RUN_STATES",
     "TOKEN_KINDS",

@@ -18,12 +18,16 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from contracts.events import EVENT_TYPES as _CONTRACT_EVENT_TYPES
+from contracts.events import FORMATS as FORMATS
 from contracts.events import TOOL_EVENT_TYPES as _CONTRACT_TOOL_EVENT_TYPES
 from contracts.raw import DEAD_LETTER_REASONS as DEAD_LETTER_REASONS  # one source: the contract
 from contracts.raw import RAW_OUTCOMES as RAW_OUTCOMES
 from contracts.runs import RUN_STATES as RUN_STATES
 
 OTHER = "other"
+# `format` label of a run whose input format is not decided yet (only stderr or non-JSON so far).
+UNDECIDED = "undecided"
+FORMAT_LABELS = (*FORMATS, UNDECIDED)
 
 EVENT_TYPES: tuple[str, ...] = _CONTRACT_EVENT_TYPES
 TOOL_EVENT_TYPES: frozenset[str] = frozenset(_CONTRACT_TOOL_EVENT_TYPES)
@@ -64,6 +68,7 @@ _BASE_NAMES = frozenset(TOOL_BASE_NAMES)
 _RAW_OUTCOMES = frozenset(RAW_OUTCOMES)
 _DL_REASONS = frozenset(DEAD_LETTER_REASONS)
 _EVENT_TYPES = frozenset(EVENT_TYPES)
+_FORMATS = frozenset(FORMATS)
 _RUN_STATES = frozenset(RUN_STATES)
 
 
@@ -101,6 +106,12 @@ def _count(n: object) -> int:
     return n
 
 
+def _format_label(fmt: object) -> str:
+    if fmt is None:
+        return UNDECIDED
+    return fmt if fmt in _FORMATS else OTHER  # type: ignore[return-value]
+
+
 class Metrics:
     """All metrics of one worker process, in its own ``CollectorRegistry``."""
 
@@ -125,8 +136,8 @@ class Metrics:
         )
         self.events_total = Counter(
             "goose_ingest_events",
-            "Harness events published, by type.",
-            ["type"],
+            "Harness events published, by type and by the input format of their run.",
+            ["type", "format"],
             registry=r,
         )
         self.tool_events = Counter(
@@ -137,8 +148,8 @@ class Metrics:
         )
         self.runs = Counter(
             "goose_ingest_runs",
-            "Run lifecycle records published, by state.",
-            ["state"],
+            "Run lifecycle records published, by state and input format.",
+            ["state", "format"],
             registry=r,
         )
         self.tokens = Counter(
@@ -207,11 +218,13 @@ class Metrics:
             reason: self.raw_entries.labels("dead_lettered", reason) for reason in DEAD_LETTER_REASONS + (OTHER,)
         }
         self._dl_children = {reason: self.dead_letters.labels(reason) for reason in DEAD_LETTER_REASONS + (OTHER,)}
-        self._event_children = {t: self.events_total.labels(t) for t in EVENT_TYPES}
+        self._event_children = {
+            (t, fmt): self.events_total.labels(t, fmt) for t in EVENT_TYPES for fmt in FORMAT_LABELS
+        }
         self._tool_children = {
             (tool, outcome): self.tool_events.labels(tool, outcome) for tool in TOOL_LABELS for outcome in TOOL_OUTCOMES
         }
-        self._run_children = {s: self.runs.labels(s) for s in RUN_STATES}
+        self._run_children = {(s, fmt): self.runs.labels(s, fmt) for s in RUN_STATES for fmt in FORMAT_LABELS}
         self._token_children = {kind: self.tokens.labels(kind) for kind in TOKEN_KINDS}
         self.worker_ready.set(0)
 
@@ -239,7 +252,9 @@ class Metrics:
             return
         self._raw_children[outcome if outcome in _RAW_OUTCOMES else OTHER].inc(n)
 
-    def events(self, events: Iterable[dict]) -> None:
+    def events(self, events: Iterable[dict], fmt: str | None = None) -> None:
+        """Count events of runs in input format `fmt` (None: not decided yet)."""
+        flabel = _format_label(fmt)
         by_type: _Tally[str] = _Tally()
         by_tool: _Tally[tuple[str, str]] = _Tally()
         for ev in events:
@@ -248,9 +263,9 @@ class Metrics:
             if t in TOOL_EVENT_TYPES or (t == "unknown" and "tool" in ev):
                 by_tool[(tool_label(ev.get("tool")), tool_outcome(ev))] += 1
         for t, n in by_type.items():
-            child = self._event_children.get(t)
+            child = self._event_children.get((t, flabel))
             if child is None:
-                child = self._event_children[t] = self.events_total.labels(t)
+                child = self._event_children[(t, flabel)] = self.events_total.labels(t, flabel)
             child.inc(n)
         for key, n in by_tool.items():
             self._tool_children[key].inc(n)
@@ -259,9 +274,10 @@ class Metrics:
         state = record.get("state")
         if state not in _RUN_STATES:
             state = OTHER
-        child = self._run_children.get(state)
+        fmt = _format_label(record.get("format"))
+        child = self._run_children.get((state, fmt))
         if child is None:
-            child = self._run_children[state] = self.runs.labels(state)
+            child = self._run_children[(state, fmt)] = self.runs.labels(state, fmt)
         child.inc()
         # Only terminal records carry the run's final usage; `completed` ones may be superseded.
         if state not in TERMINAL_RUN_STATES:

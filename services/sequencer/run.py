@@ -430,6 +430,9 @@ class RunSequencer:
             self._record(out, STARTED, entry.ts, entry.seq)
         self.next = entry.seq + 1
         norm = self.norm
+        if entry.seq == 0:
+            # The run's input format is fixed by its seq-0 entry's labels (extension F1, F2, F4).
+            out.events.extend(norm.apply_labels(entry.format, entry.agent, entry.seq, entry.ts))
         if entry.kind == EOF:
             out.events.extend(norm.end(entry.seq, entry.ts, entry.exit))
             self.state = ENDED
@@ -493,6 +496,8 @@ class RunSequencer:
             record["host"] = self.host
         if self.agent:
             record["agent"] = self.agent
+        if self.norm.format:
+            record["format"] = self.norm.format
         if self.parent:
             record["parentRunId"] = self.parent
         if self.continues:

@@ -93,6 +93,8 @@ class BatchResult:
     outcomes: dict[str, int] = field(default_factory=dict)  # outcome -> entries
     dead: dict[str, int] = field(default_factory=dict)  # reason -> entries
     events: list[dict[str, Any]] = field(default_factory=list)
+    # the same events by the format of their run (None: not decided yet), for the metrics' label
+    events_by_format: dict[str | None, list[dict[str, Any]]] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     latencies_ms: list[int] = field(default_factory=list)
     redactions: dict[str, int] = field(default_factory=dict)  # rule -> replacements
@@ -108,6 +110,8 @@ class BatchResult:
         for reason, n in other.dead.items():
             self.dead[reason] = self.dead.get(reason, 0) + n
         self.events += other.events
+        for fmt, events in other.events_by_format.items():
+            self.events_by_format.setdefault(fmt, []).extend(events)
         self.records += other.records
         self.latencies_ms += other.latencies_ms
         for rule, n in other.redactions.items():
@@ -271,6 +275,8 @@ class BatchProcessor:
                 cache.move_to_end(run)
             outcome = rr.outcome
             result.events.extend(outcome.events)
+            if outcome.events:
+                result.events_by_format.setdefault(rr.sequencer.norm.format, []).extend(outcome.events)
             result.records.extend(outcome.records)
             for rule, n in outcome.redactions.items():
                 result.redactions[rule] = result.redactions.get(rule, 0) + n

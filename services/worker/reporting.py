@@ -17,7 +17,8 @@ def record_result(metrics: Metrics | None, result: BatchResult, seconds: float, 
             metrics.raw(outcome, n)
     for reason, n in result.dead.items():
         metrics.raw(DEAD, n, reason=reason)
-    metrics.events(result.events)
+    for fmt, events in result.events_by_format.items():
+        metrics.events(events, fmt)
     for record in result.records:
         metrics.run_record(record)
     metrics.observe_batch(seconds, entries)

@@ -1,13 +1,13 @@
 """The sink's imperative shell: read the topics with a consumer group, write, then acknowledge.
 
-One plain loop (not FastStream; see docs/analytics.md "Why a plain loop"):
+A plain reader thread and writer loop (not FastStream; see docs/analytics.md "Why a plain loop"):
 
-1. read a batch from every partition of `harness.events` and `harness.runs` (XREADGROUP; on
-   start, first this consumer's own pending entries, i.e. what a killed predecessor of the same
-   name had read but not acknowledged);
-2. parse it (rows.py, pure) and write it with the consumer positions in one transaction
-   (store.py); while the database is unreachable, retry the same batch with backoff and report
-   not ready: nothing is acknowledged, the topic keeps the data;
+1. reader: read a batch from every partition of `harness.events` and `harness.runs` (XREADGROUP;
+   on start, first this consumer's own pending entries, i.e. what a killed predecessor of the same
+   name had read but not acknowledged) and parse it (rows.py, pure);
+2. writer: write it with the consumer positions in one transaction (store.py); while the
+   database is unreachable, retry the same batch with backoff and report not ready: nothing is
+   acknowledged, the topic keeps the data;
 3. after the commit, in one MULTI per shard: dead letters (invalid entries, rows the database
    refused) to the dead-letter partition, then XACK of the whole batch.
 
