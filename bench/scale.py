@@ -26,6 +26,7 @@ setting (the run cache), not by the fleet; Redis memory per idle active run <= 4
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -157,7 +158,7 @@ def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, work
             time.sleep(0.02)
         seconds = time.perf_counter() - started
         rss = max(_rss_mib(p.pid) for p in procs)
-        sample = [k for _, k in zip(range(1000), client.scan_iter(match=f"{ns}:goose-ingest:run:*", count=1000))]
+        sample = list(itertools.islice(client.scan_iter(match=f"{ns}:goose-ingest:run:*", count=1000), 1000))
         per_state = sum(client.memory_usage(k) or 0 for k in sample) / max(len(sample), 1)
         index = sum(client.memory_usage(k) or 0 for k in settings.layout.active_run_sets()) / max(runs, 1)
     finally:

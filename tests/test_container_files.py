@@ -109,7 +109,7 @@ def test_builder_installs_locked_deps_then_the_wheel():
 
 
 def dockerignore_patterns() -> list[str]:
-    return [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    return [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
 
 
 def ignored(path: str) -> bool:

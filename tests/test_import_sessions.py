@@ -27,6 +27,7 @@ import redis
 from bench.import_sessions import add_session, create_schema, generate_db
 from services.backfill import list_sessions, open_readonly, read_messages, usage_complete
 from services.normalizer import RunNormalizer
+from tests.fixtures import FIXTURES  # noqa: E402
 from tests.pipeline_helpers import (
     REPO,
     ended_runs,
@@ -39,7 +40,6 @@ from tests.pipeline_helpers import (
 )
 from tests.support.redis_server import cli_env
 
-from tests.fixtures import FIXTURES  # noqa: E402
 SQL = FIXTURES / "a-read-edit-test-finish.sessions-db.sql"
 STREAM = FIXTURES / "a-read-edit-test-finish.jsonl"
 SID = "20260926_3"
@@ -149,7 +149,7 @@ def test_fixture_import_matches_normalizer_and_stream(settings, fixture_db, work
     msgs = read_messages(conn, SID)
     conn.close()
     assert len(entries) == len(msgs) + 2
-    for e, m in zip(entries, msgs):
+    for e, m in zip(entries[: len(msgs)], msgs, strict=True):
         assert (e["src.table"], e["src.rowid"], e["src.message_id"]) == ("messages", str(m.rowid), m.message_id)
         assert e["line"] == m.line and e["ts"] == str(m.created * 1000)
         assert e["host"] == NS and e["agent"] == "goose" and "parent" not in e

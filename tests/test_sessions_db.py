@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -19,8 +19,8 @@ from services.backfill import (
     usage_complete,
     usage_complete_with_source,
 )
-
 from tests.fixtures import FIXTURES  # noqa: E402
+
 SQL = FIXTURES / "a-read-edit-test-finish.sessions-db.sql"
 STREAM = FIXTURES / "a-read-edit-test-finish.jsonl"
 SID = "20260926_3"
@@ -45,11 +45,11 @@ def test_fixture_session(fixture_db):
     assert s.id == SID and s.session_type == "user" and s.working_dir == "/home/dev/acme-widgets"
     assert s.name == "Fix pager off-by-one" and s.parent_session_id is None
     assert s.provider_name == "anthropic" and s.model == "claude-sonnet-4-5"
-    assert s.created_at == datetime(2026, 9, 26, 12, 42, 10, tzinfo=timezone.utc)
+    assert s.created_at == datetime(2026, 9, 26, 12, 42, 10, tzinfo=UTC)
     assert list_sessions(conn, session_id=SID) == [s]
     assert list_sessions(conn, session_id="nope") == []
     assert list_sessions(conn, since=datetime(2026, 9, 26, 12, 42, 10)) == [s]  # naive = UTC, inclusive
-    assert list_sessions(conn, since=datetime(2026, 9, 26, 12, 42, 11, tzinfo=timezone.utc)) == []
+    assert list_sessions(conn, since=datetime(2026, 9, 26, 12, 42, 11, tzinfo=UTC)) == []
 
 
 def test_fixture_messages_order_is_created_timestamp_then_id(fixture_db):

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -274,7 +274,7 @@ class Importer:
         force = ""  # set when the open run turned out not to be continuable
         recovered, recovered_eof = 0, False  # delivered from the spool of an interrupted import
         for _attempt in range(3):
-            new = [(m, k) for m, k in zip(messages, keys) if k not in cp.ids]
+            new = [(m, k) for m, k in zip(messages, keys, strict=True) if k not in cp.ids]
             if cp.run is not None and cp.ended and not new:
                 if recovered:
                     return SessionResult(sid, cp.run, recovered, recovered_eof, note="recovered from its spool")
@@ -373,7 +373,7 @@ def parse_since(text: str) -> datetime:
     except ValueError:
         raise ImportError_(f"invalid --since {text!r}: expected YYYY-MM-DD or an ISO 8601 time") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt
 
 

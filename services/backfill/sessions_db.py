@@ -15,7 +15,7 @@ import json
 import math
 import sqlite3
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +118,7 @@ def _parse_ts(value: Any) -> datetime | None:
         v = float(value)
         if v > _MS_THRESHOLD:
             v /= 1000
-        return datetime.fromtimestamp(v, tz=timezone.utc)
+        return datetime.fromtimestamp(v, tz=UTC)
     text = str(value).strip()
     if not text:
         return None
@@ -129,8 +129,8 @@ def _parse_ts(value: Any) -> datetime | None:
     except ValueError:
         return None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)  # goose stores UTC text
-    return dt.astimezone(timezone.utc)
+        dt = dt.replace(tzinfo=UTC)  # goose stores UTC text
+    return dt.astimezone(UTC)
 
 
 def _model_name(model_config_json: Any) -> str | None:
@@ -160,10 +160,10 @@ def list_sessions(
         sql += " WHERE id = ?"
         params = (session_id,)
     if since is not None and since.tzinfo is None:
-        since = since.replace(tzinfo=timezone.utc)
+        since = since.replace(tzinfo=UTC)
     out: list[tuple[tuple, SessionInfo]] = []
     for row in conn.execute(sql, params).fetchall():
-        d = dict(zip(present, row))
+        d = dict(zip(present, row, strict=True))
         created = _parse_ts(d.get("created_at"))
         if since is not None and created is not None and created < since:
             continue
@@ -178,7 +178,7 @@ def list_sessions(
             provider_name=d.get("provider_name"),
             model=_model_name(d.get("model_config_json")),
         )
-        key = (created is None, created or datetime.min.replace(tzinfo=timezone.utc), str(d["id"]))
+        key = (created is None, created or datetime.min.replace(tzinfo=UTC), str(d["id"]))
         out.append((key, info))
     out.sort(key=lambda kv: kv[0])
     return [info for _, info in out]
@@ -347,7 +347,7 @@ def usage_complete_with_source(conn: sqlite3.Connection, session_id: str) -> tup
     if present:
         row = conn.execute(f"SELECT {', '.join(present)} FROM sessions WHERE id = ?", (session_id,)).fetchone()
         if row is not None:
-            d = dict(zip(present, row))
+            d = dict(zip(present, row, strict=True))
             if any(isinstance(v, (int, float)) and v for v in d.values()):
                 parts = {
                     "input_tokens": d.get("accumulated_input_tokens"),

@@ -96,6 +96,10 @@ _KEY_CACHE_MAX = 4096
 _VALUE_KEYS = frozenset({"value", "values", "secret"})
 _NAME_KEYS = ("name", "Name", "key", "Key")
 _BIG = 1 << 62
+# Follow characters of the pre-check literals (`token=`), and the length from which a string that
+# passed the pre-check finds its rules by substring tests of the literals' stems.
+_FOLLOW_CHARS = "\\\"' \t:=%\r\n\f\v"
+_LONG = 2000
 
 # What may remain of a value under a secret key once the text rules ran, for their (more
 # specific) markers to stand: scheme words, separators, blanks.
@@ -293,13 +297,30 @@ class Redactor:
         self._prefilter = prefilter
         if not prefilter:
             self.min_match_chars = 0
-        # One search for every rule's literal triggers at once, on the lower-cased string (a
-        # superset of each rule's own test: a case-sensitive trigger lower-cases into it).
-        # Literals containing a shorter one are dropped (`password` when `pass` is there).
+        # The pre-check: one search for every rule's literal triggers at once, on the lower-cased
+        # string (a superset of each rule's own condition: a case-sensitive trigger lower-cases
+        # into its literal). Literals containing a shorter one are dropped (`token=` when
+        # `token` is there); a literal found stands for every rule of every literal containing it.
         self._always = [r for r in rules if not (r.triggers or r.itriggers)]
-        literals = {t.lower() for r in rules for t in r.triggers} | {t for r in rules for t in r.itriggers}
-        literals = {t for t in literals if not any(o != t and o in t for o in literals)}
-        self._gate = re.compile(_trie_pattern(literals)) if literals else None
+        owners: dict[str, set[int]] = {}
+        for i, r in enumerate(rules):
+            for t in {t.lower() for t in r.triggers} | set(r.itriggers):
+                owners.setdefault(t, set()).add(i)
+        reduced = {t for t in owners if not any(o != t and o in t for o in owners)}
+        self._literal_rules = {
+            t: frozenset(i for o, rs in owners.items() if t in o for i in rs) for t in reduced
+        }
+        trie = _trie_pattern(reduced) if reduced else None
+        self._gate = re.compile(trie) if trie else None
+        # Which rules a string that passed needs: every literal at every position (overlapping
+        # matches) for short strings; for long ones (where that scan costs more than a few
+        # substring tests) the literals' stems without their follow character (`token` for
+        # `token=`), a coarser superset.
+        self._gate_all = re.compile("(?=(" + trie + "))") if trie else None
+        stems: dict[str, set[int]] = {}
+        for t, rs in self._literal_rules.items():
+            stems.setdefault(t.rstrip(_FOLLOW_CHARS) or t, set()).update(rs)
+        self._stem_rules = [(t, frozenset(rs)) for t, rs in sorted(stems.items())]
         names = tuple(dict.fromkeys(r.name for r in rules))
         structural = tuple(n for n in STRUCTURAL_RULE_NAMES if n not in disabled)
         self.rule_names: tuple[str, ...] = names + structural + (FORM_SECRET,)
@@ -313,29 +334,26 @@ class Redactor:
         return len(s) >= self.min_match_chars and bool(self._triggered(s))
 
     def _triggered(self, s: str) -> list[Rule]:
-        """The quick pre-check: rules whose literal triggers occur in ``s`` (plain substring
-        tests, far cheaper than running the regexes or one combined regex)."""
+        """The quick pre-check: the rules whose literal triggers occur in ``s`` (a superset of the
+        rules that can match it); most strings are answered by one search for any literal."""
         if not self._prefilter:
             return list(self._rules)
         low = s.lower()
-        if self._gate is None or self._gate.search(low) is None:
+        first = self._gate.search(low) if self._gate is not None else None
+        if first is None:
             return self._always
-        out: list[Rule] = []
-        for rule in self._rules:
-            if not (rule.triggers or rule.itriggers):
-                out.append(rule)
-                continue
-            for t in rule.triggers:
-                if t in s:
-                    out.append(rule)
-                    break
-            else:
-                if rule.itriggers:
-                    for t in rule.itriggers:
-                        if t in low:
-                            out.append(rule)
-                            break
-        return out
+        assert self._gate_all is not None
+        hit: set[int] = set()
+        if len(low) <= _LONG:
+            literal_rules = self._literal_rules
+            for m in self._gate_all.finditer(low, first.start()):
+                hit |= literal_rules[m.group(1)]
+        else:
+            for stem, rs in self._stem_rules:
+                if stem in low:
+                    hit |= rs
+        rules = self._rules
+        return [rules[i] for i in sorted(hit)] + self._always if self._always else [rules[i] for i in sorted(hit)]
 
     def redact_text(self, s: str) -> tuple[str, Counter[str]]:
         """Returns the redacted string (the same object when clean) and per-rule counts."""

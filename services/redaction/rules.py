@@ -238,24 +238,39 @@ def _command_chars(tool: str) -> int:
     return pattern_min_chars(tool) + 1
 
 
+# ASCII whitespace (a netrc file's separators; `\s` would also take Unicode blanks, which the
+# literal pre-check below could not list).
+_WS_CHARS = " \t\r\n\f\v"
+_WS = "[" + _WS_CHARS.replace("\t", "\\t").replace("\r", "\\r").replace("\n", "\\n").replace("\f", "\\f").replace(
+    "\v", "\\v") + "]"
+
+
+def _follow(words: list[str], chars: str) -> tuple[str, ...]:
+    """Pre-check literals (lower case) for a rule whose key word must be followed by one of
+    ``chars``: `token=` and `token:` are worth running the rule for, `tokens` is not."""
+    return tuple(w.lower() + c for w in words for c in chars)
+
+
 def _alternation(words: list[str]) -> str:
     return "|".join(re.escape(w) for w in sorted(set(words), key=lambda w: (-len(w), w)))
 
 
 # Key words of `key = value` assignments (case-insensitive; the key may extend to the left).
-_KEYWORDS = _alternation(
-    ["password", "passwd", "passphrase", "pwd", "secret_key", "secret-key", "secretkey", "secret", "token",
-     "api_key", "api-key", "apikey", "access_key", "access-key", "accesskey", "private_key", "private-key",
-     "privatekey", "auth", "cookie"]
-)
+_KEYWORD_LIST = [
+    "password", "passwd", "passphrase", "pwd", "secret_key", "secret-key", "secretkey", "secret", "token",
+    "api_key", "api-key", "apikey", "access_key", "access-key", "accesskey", "private_key", "private-key",
+    "privatekey", "auth", "cookie",
+]
+_KEYWORDS = _alternation(_KEYWORD_LIST)
 # Their first letters, both cases: a leading `(?=[...])` lets the regex engine skip to candidate
 # positions (a bare `(?i:...)` alternation is tried at every position, several times slower).
 _KEY_FIRST = "".join(sorted({c for w in _KEYWORDS.split("|") for c in (w[0].lower(), w[0].upper())}))
 # Key words of `--flag value` (separated by blanks; `--flag=value` is an assignment).
-_FLAG_WORDS = _alternation(
-    ["password", "passwd", "passphrase", "token", "secret", "api-key", "apikey", "access-key", "secret-key",
-     "private-key", "cookie", "auth"]
-)
+_FLAG_WORD_LIST = [
+    "password", "passwd", "passphrase", "token", "secret", "api-key", "apikey", "access-key", "secret-key",
+    "private-key", "cookie", "auth",
+]
+_FLAG_WORDS = _alternation(_FLAG_WORD_LIST)
 # A shell word: a quoted string or a run of characters that ends a word in a command line.
 _WORD = r"""(?:"[^"\r\n]*"|'[^'\r\n]*'|[^\s"'`;&|<>()]+)"""
 # Commands whose flags carry a password (regexes of the command name, see `_after_command`).
@@ -302,12 +317,12 @@ def _build() -> tuple[Rule, ...]:
             "aws-secret-access-key",
             # aws_secret_access_key = ..., AWS_SECRET_ACCESS_KEY=..., "SecretAccessKey": "..." (AWS CLI JSON)
             R(
-                r"(?=[aAsS])(?<![A-Za-z0-9])(?i:(?:aws[_\-.]?)?secret[_\-.]?access[_\-.]?key)(?![A-Za-z0-9_\-])"
+                r"(?=[aAsS])(?<![A-Za-z0-9])(?ai:(?:aws[_\-.]?)?secret[_\-.]?access[_\-.]?key)(?![A-Za-z0-9_\-])"
                 r"(?:\\?[\"'])?" + _SEP + r"(?:\\?[\"'])?"
                 r"([A-Za-z0-9/+=]{16,})(?![A-Za-z0-9/+=])"
             ),
             group=1,
-            itriggers=("secret",),
+            itriggers=_follow(["accesskey", "access_key", "access-key", "access.key"], "\\\"' \t:="),
         ),
         Rule(
             "gcp-api-key",
@@ -374,46 +389,46 @@ def _build() -> tuple[Rule, ...]:
             # "Authorization: Bearer <token>" (any token >= 16 chars) or a bare "Bearer <token>"
             # whose token (>= 16 chars) contains a digit ("the bearer responsibilities" stays)
             R(
-                r"(?=[aAbB])(?:(?i:authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?(?i:bearer)[ \t]+"
-                r"|(?<![A-Za-z0-9_])(?i:bearer)[ \t]+(?=[A-Za-z\-._~+/]*[0-9]))"
+                r"(?=[aAbB])(?:(?ai:authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?(?ai:bearer)[ \t]+"
+                r"|(?<![A-Za-z0-9_])(?ai:bearer)[ \t]+(?=[A-Za-z\-._~+/]*[0-9]))"
                 r"([A-Za-z0-9\-._~+/]{16,}=*)(?![A-Za-z0-9\-._~+/=])"
             ),
             group=1,
-            itriggers=("bearer",),
+            itriggers=_follow(["bearer"], " \t"),
         ),
         Rule(
             "authorization",
             # Authorization / Proxy-Authorization headers with any other scheme (Basic, token,
             # Digest, ...) or a bare credential; a Bearer token too short for the bearer rule
             R(
-                r"(?=[pPaA])(?<![A-Za-z0-9_\-])(?i:(?:proxy-)?authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?"
-                r"(?:(?i:basic|bearer|token|digest|negotiate|ntlm|apikey|api-key|sso-key|aws4-hmac-sha256)[ \t]+"
+                r"(?=[pPaA])(?<![A-Za-z0-9_\-])(?ai:(?:proxy-)?authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?"
+                r"(?:(?ai:basic|bearer|token|digest|negotiate|ntlm|apikey|api-key|sso-key|aws4-hmac-sha256)[ \t]+"
                 r"(?P<v>(?!\[REDACTED:)[^\s\"'\\]{4,}))"
             ),
             group="v",
-            itriggers=("authorization",),
+            itriggers=_follow(["authorization"], "\\\"' \t:="),
             check=_value_check,
         ),
         Rule(
             "authorization",
             R(
-                r"(?=[pPaA])(?<![A-Za-z0-9_\-])(?i:(?:proxy-)?authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?"
-                r"(?P<v>(?!\[REDACTED:)(?!(?i:basic|bearer|token|digest|negotiate|ntlm|apikey|api-key|sso-key)[ \t])"
+                r"(?=[pPaA])(?<![A-Za-z0-9_\-])(?ai:(?:proxy-)?authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*(?:\\?[\"'])?"
+                r"(?P<v>(?!\[REDACTED:)(?!(?ai:basic|bearer|token|digest|negotiate|ntlm|apikey|api-key|sso-key)[ \t])"
                 r"(?=[^\s\"'\\]*[0-9])[^\s\"'\\]{8,})"
             ),
             group="v",
-            itriggers=("authorization",),
+            itriggers=_follow(["authorization"], "\\\"' \t:="),
             check=_value_check,
         ),
         Rule(
             "cookie",
             # Cookie: / Set-Cookie: headers: the whole value (name=value pairs and attributes)
             R(
-                r"(?=[sScC])(?<![A-Za-z0-9_\-])(?i:set-cookie|cookie)(?:\\?[\"'])?[ \t]*:[ \t]*(?:\\?[\"'])?"
+                r"(?=[sScC])(?<![A-Za-z0-9_\-])(?ai:set-cookie|cookie)(?:\\?[\"'])?[ \t]*:[ \t]*(?:\\?[\"'])?"
                 r"(?P<v>(?!\[REDACTED:)[^\s=;\"'\\]+=[^\r\n\"'\\]*)"
             ),
             group="v",
-            itriggers=("cookie",),
+            itriggers=_follow(["cookie"], "\\\"' \t:"),
         ),
         Rule(
             "basic-auth-url",
@@ -502,7 +517,7 @@ def _build() -> tuple[Rule, ...]:
                 r"(?P<v>(?!\[REDACTED:)" + _WORD + ")"
             ),
             group="v",
-            itriggers=("--",),
+            itriggers=_follow(_FLAG_WORD_LIST, " \t"),
             check=_flag_check,
         ),
         Rule(
@@ -510,10 +525,11 @@ def _build() -> tuple[Rule, ...]:
             # .netrc: machine HOST login USER password SECRET (one line or several)
             R(
                 r"(?<![A-Za-z0-9_\-])(?:machine[ \t]+\S+|default|login[ \t]+\S+)"
-                r"(?:\s+(?:login|account)\s+\S+){0,3}\s+password\s+(?P<v>(?!\[REDACTED:)\S+)"
+                r"(?:" + _WS + r"+(?:login|account)" + _WS + r"+\S+){0,3}" + _WS + r"+password" + _WS
+                + r"+(?P<v>(?!\[REDACTED:)\S+)"
             ),
             group="v",
-            triggers=("password",),
+            itriggers=_follow(["password"], _WS_CHARS),
             check=_value_check,
         ),
         Rule(
@@ -521,7 +537,7 @@ def _build() -> tuple[Rule, ...]:
             # The regex starts at the key word; the rest of the key (DB_, client_, x-api-, --,
             # _auth, config.) is checked by walking back in _password_assignment_check.
             R(
-                r"(?=[" + _KEY_FIRST + r"])(?P<kw>(?i:" + _KEYWORDS + r"))"
+                r"(?=[" + _KEY_FIRST + r"])(?P<kw>(?ai:" + _KEYWORDS + r"))"
                 r"(?![A-Za-z0-9_\-])(?:\\?[\"'])?" + _SEP + r"(?!\[REDACTED:)"
                 r"(?:(?P<dq>\\?\")|(?P<sq>'))?"
                 r"(?P<v>(?(dq)(?:(?!\[REDACTED:)[^\"\\\r\n]){4,}"
@@ -529,20 +545,19 @@ def _build() -> tuple[Rule, ...]:
                 r"|[^\s\"'`,;&|<>(){}\[\]\\]{4,})))"
             ),
             group="v",
-            itriggers=("pass", "pwd", "secret", "token", "apikey", "api_key", "api-key", "access", "private", "auth",
-                       "cookie"),
+            itriggers=_follow(_KEYWORD_LIST, "\\\"' \t:="),
             check=_password_assignment_check,
         ),
         Rule(
             "password-assignment",
             # URL-encoded: password%3Dhunter2%26next%3D..., "password"%3A%22...%22
             R(
-                r"(?=[" + _KEY_FIRST + r"])(?P<kw>(?i:" + _KEYWORDS + r"))"
+                r"(?=[" + _KEY_FIRST + r"])(?P<kw>(?ai:" + _KEYWORDS + r"))"
                 r"(?![A-Za-z0-9_\-])(?:%22)?(?:%3[Dd]|%3[Aa])(?:%20)*(?:%22)?"
                 r"(?P<v>(?!\[REDACTED:)(?:[A-Za-z0-9._~!*+\-]|%(?!26|22|2[Cc]|3[Bb])[0-9A-Fa-f]{2}){4,})"
             ),
             group="v",
-            triggers=("%3D", "%3d", "%3A", "%3a"),
+            itriggers=_follow(_KEYWORD_LIST, "%"),
             check=_password_assignment_check,
         ),
     ]
