@@ -1,7 +1,7 @@
 """OTLP exporter benchmark: spans/s of one `export otlp` process against a floor, same run.
 
 - **exporter**: topic entries for RUNS runs (TOOLS tool events, one agent event and the
-  started/ended records each) are written first, with the exporter's consumer group created at
+  started/ended records each) are written first, then the exporter's consumer group is created at
   `$` so nothing is delivered; one real `python -m services.cli export otlp` process starts and
   reports ready; then ``XGROUP SETID ... 0`` opens the gate. Time = gate opened -> every span
   (tool spans + one root per run) counted by the receiver and the group has nothing pending.
@@ -108,8 +108,6 @@ def exporter_run(url: str, events: list[dict], records: list[dict], port: int, e
     s = Settings(redis_url=url, namespace=ns, shards=SHARDS)
     r = redis.Redis.from_url(url)
     streams = s.layout.events_partitions() + s.layout.runs_partitions()
-    for stream in streams:
-        r.xgroup_create(stream, GROUP, id="$", mkstream=True)
     pipe = r.pipeline(transaction=False)
     for e in events:
         pipe.xadd(s.layout.events_partition(0), {"eventId": e["eventId"], "runId": e["runId"], "seq": e["seq"],
@@ -118,6 +116,9 @@ def exporter_run(url: str, events: list[dict], records: list[dict], port: int, e
         pipe.xadd(s.layout.runs_partition(0), {"recordId": rec["recordId"], "runId": rec["runId"], "seq": rec["seq"],
                                                "state": rec["state"], "data": orjson.dumps(rec)})
     pipe.execute()
+    # The gate: the group exists *after* the entries, at `$`, so the exporter sees nothing until SETID 0.
+    for stream in streams:
+        r.xgroup_create(stream, GROUP, id="$")
     mport = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOSE_INGEST_", "OTEL_"))}
     env.update({"GOOSE_INGEST_REDIS_URL": url, "GOOSE_INGEST_NAMESPACE": ns, "GOOSE_INGEST_SHARDS": str(SHARDS),
@@ -149,10 +150,15 @@ def exporter_run(url: str, events: list[dict], records: list[dict], port: int, e
                 log.flush()
                 tail = (workdir / f"exporter-{ns}.log").read_text(errors="replace")[-3000:]
                 groups = [g for st in streams for g in r.xinfo_groups(st)]
+                dead = [f for st in s.layout.export_deadletter_partitions("otlp") for _, f in r.xrange(st)]
+                still_open = [r.zrange(k, 0, -1) for k in s.layout.export_open_run_sets("otlp")]
+                groups.append({"dead_letters": dead, "open_runs": still_open})
                 raise SystemExit(f"exporter did not finish in {FINISH_TIMEOUT_S} s: received "
                                  f"{received(port) - before}/{expected}, groups {groups}\n{tail}")
             time.sleep(0.01)
         elapsed = time.perf_counter() - started
+        got = received(port) - before
+        assert got == expected, f"the receiver got {got} spans, expected exactly {expected}"
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import re
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -102,7 +103,8 @@ def describe_settings_error(exc: Exception) -> str:
     field = match.group(1)
     info = Settings.model_fields.get(field)
     origin = getattr(getattr(info, "annotation", None), "__origin__", None)
-    expected = {list: 'a JSON list, e.g. ["jwt"]', dict: 'a JSON object, e.g. {"name": "regex"}'}.get(origin, "JSON")
+    examples: dict[object, str] = {list: 'a JSON list, e.g. ["jwt"]', dict: 'a JSON object, e.g. {"name": "regex"}'}
+    expected = examples.get(origin, "JSON")
     return f"{env_name(field)}: not valid JSON (expected {expected})"
 
 
@@ -127,8 +129,11 @@ def check_settings() -> None:
         from services.redaction import Redactor
 
         # Checked one setting at a time so the line names the variable that is wrong.
-        for field, make in (("redaction_disable", lambda: Redactor({}, settings.redaction_disable)),
-                            ("redaction_extra_rules", lambda: Redactor(settings.redaction_extra_rules, []))):
+        checks: tuple[tuple[str, Callable[[], Redactor]], ...] = (
+            ("redaction_disable", lambda: Redactor({}, settings.redaction_disable)),
+            ("redaction_extra_rules", lambda: Redactor(settings.redaction_extra_rules, [])),
+        )
+        for field, make in checks:
             try:
                 make()
             except ValueError as exc:  # the Redactor's documented error for a bad rule

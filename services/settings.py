@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, SecretStr, TypeAdapter, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.broker.keys import KeyLayout
 from services.sequencer.run import DEFAULT_MAX_HELD_BYTES
+
+if TYPE_CHECKING:  # imported where used: commands that never redact do not compile the rules
+    from services.redaction import Redactor
 
 SINGLE_NODE_SHARDS = 4
 CLUSTER_SHARDS = 16  # enough to spread over many primaries; see docs/scaling.md
@@ -81,6 +84,11 @@ class Settings(BaseSettings):
         ge=1024,
         description="Cap on the bytes of out-of-order entries a run may hold; beyond it they are dead-lettered hold-limit.",
     )
+    run_cache_size: int = Field(
+        default=4096,
+        ge=0,
+        description="Run sequencers a worker keeps in memory between batches (LRU); bounds the worker's RSS, not the fleet. 0: none.",
+    )
     metrics_port: int = Field(default=9464, ge=0, le=65535, description="HTTP port of /metrics, /healthz, /readyz (0: any free port).")
     metrics_host: str = Field(default="0.0.0.0", description="Bind address of the metrics server.")
 
@@ -146,7 +154,7 @@ class Settings(BaseSettings):
             deadletter_stream=self.deadletter_stream,
         )
 
-    def redactor(self):
+    def redactor(self) -> Redactor | None:
         """The configured Redactor, or None when redaction is off (raises ValueError on a bad rule)."""
         if not self.redaction_enabled:
             return None

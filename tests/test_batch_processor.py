@@ -460,3 +460,35 @@ def test_stream_id_time_is_parsed_in_one_place():
     assert stream_id_ms("1790000000000-3") == 1_790_000_000_000
     assert stream_id_ms(b"12-0") == 12
     assert stream_id_ms("garbage") == 0
+
+
+@pytest.mark.parametrize("cache_size", [0, 3])
+def test_the_run_cache_is_bounded_by_its_setting_and_a_small_one_loses_nothing(plain, cache_size):
+    """`run_cache_size` bounds the sequencers kept in process (the worker's RSS), whatever the
+    number of active runs; runs evicted from it (or never kept) are loaded from Redis again and
+    give the same output."""
+    settings = plain.model_copy(update={"run_cache_size": cache_size})
+    h = Harness(settings)
+    shard = 0
+    runs = [r for r in (f"bp/cache{cache_size}-{i}" for i in range(200)) if h.layout.shard_of(r) == shard][:10]
+    sizes = []
+
+    async def body(client):
+        p = BatchProcessor(settings, client)
+        for seq in range(4):  # every batch touches every run: more runs than the cache holds
+            for run in runs:
+                h.add(line(run, seq))
+            await process_shard(h, p, shard)
+            sizes.append(len(p._cache))
+        for run in runs:
+            h.add(eof(run, 4))
+        await process_shard(h, p, shard)
+        sizes.append(len(p._cache))
+
+    run_async(settings, body)
+    assert max(sizes) <= cache_size
+    assert sizes[0] == cache_size  # it does keep what it may
+    for run in runs:
+        assert h.events(run) == expected(run, 4)
+        assert [r["state"] for r in h.records(run)] == ["started", "ended"]
+    assert h.pending(shard) == 0

@@ -226,3 +226,17 @@ def test_cli_cluster_errors_are_one_line_exit_2(pw_redis, command):
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], (env, res.stderr)
         assert GOOD_PW not in res.stderr and res.stdout == ""
+
+
+def test_worker_in_cluster_mode_against_a_plain_node_or_a_bad_seed_list_is_one_line(pw_redis):
+    cases = [
+        ({"GOOSE_INGEST_REDIS_URL": f"redis://127.0.0.1:{pw_redis.port}", "GOOSE_INGEST_REDIS_PASSWORD": GOOD_PW,
+          "GOOSE_INGEST_REDIS_CLUSTER": "true"}, "not a Redis Cluster node"),
+        ({"GOOSE_INGEST_REDIS_URL": "redis://127.0.0.1:6379,", "GOOSE_INGEST_REDIS_CLUSTER": "true"}, "empty host"),
+    ]
+    for env, needle in cases:
+        res = cli({**env, "GOOSE_INGEST_METRICS_PORT": "0"}, "worker")
+        assert res.returncode == 2, (env, res.stderr[-2000:])
+        errors = [line for line in res.stderr.splitlines() if line.startswith("goose-ingest worker:")]
+        assert len(errors) == 1 and needle in errors[0], res.stderr[-2000:]
+        assert "Traceback" not in res.stderr and GOOD_PW not in res.stderr

@@ -172,7 +172,7 @@ def _readyz(port: int) -> tuple[int, str]:
 
 def test_a_cluster_with_slots_missing_fails_readiness_and_the_worker_recovers(tmp_path):
     """3 primaries, no replicas: killing one leaves a third of the slots unserved (default settings)."""
-    from tests.pipeline_helpers import ended_runs, events_by_run, expected_events, stop, wait_until
+    from tests.pipeline_helpers import stop, wait_until
 
     cluster = start_cluster(str(tmp_path / "cluster"), replicas=0)
     worker = None
@@ -193,19 +193,33 @@ def test_a_cluster_with_slots_missing_fails_readiness_and_the_worker_recovers(tm
 
         victim.start()  # it comes back empty, with its slots (nodes.conf): the cluster serves all again
         wait_until(lambda: _readyz(port)[0] == 200, timeout=60)
-        from services.tap.publisher import Publisher
+        _publish_and_check(s, "after-outage")
 
-        with Publisher(s, "after-outage", {"host": "t"}) as pub:
-            for line in (REPO.parent / "shared/fixtures/goose/a-read-edit-test-finish.jsonl").read_bytes().splitlines():
-                pub.add_line(line, "stdout")
-            pub.add_eof(0)
-        wait_until(lambda: "after-outage" in ended_runs(s), timeout=60)
-        assert events_by_run(s)["after-outage"] == expected_events(s, "after-outage")
+        # the same outage while the worker runs: not ready (saying why), alive, and back after it
+        victim.kill()
+        wait_until(lambda: (r := _readyz(port))[0] == 503 and "not serving" in r[1], timeout=30)
+        time.sleep(6)
+        assert worker.poll() is None, log.read_text()[-3000:]
+        victim.start()
+        wait_until(lambda: _readyz(port)[0] == 200, timeout=60)
+        _publish_and_check(s, "after-second-outage")
     finally:
         if worker is not None:
             stop(worker)
             print(log.read_text(errors="replace")[-3000:])
         cluster.stop()
+
+
+def _publish_and_check(settings: Settings, run: str) -> None:
+    from services.tap.publisher import Publisher
+    from tests.pipeline_helpers import ended_runs, events_by_run, expected_events, wait_until
+
+    with Publisher(settings, run, {"host": "t"}) as pub:
+        for line in FIXTURE.read_bytes().splitlines():
+            pub.add_line(line, "stdout")
+        pub.add_eof(0)
+    wait_until(lambda: run in ended_runs(settings), timeout=60)
+    assert events_by_run(settings)[run] == expected_events(settings, run)
 
 
 def _cluster_ok(cluster) -> bool:

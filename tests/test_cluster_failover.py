@@ -31,7 +31,7 @@ from tests.support.redis_server import cli_env
 
 pytestmark = pytest.mark.e2e
 
-LINE_DELAY_S = 0.03  # the taps' commands print slowly, so the kill lands mid-stream
+LINE_DELAY_S = 0.08  # the taps print slowly (13-41 lines: 1-3.3 s), so the kill at 1.5 s lands mid-stream
 # Worker defaults, spelled out: pipeline_helpers.start_worker shortens them for other tests.
 DEFAULT_WORKER_ENV = {"GOOSE_INGEST_CLAIM_IDLE_MS": "30000", "GOOSE_INGEST_SWEEP_INTERVAL_S": "5",
                       "GOOSE_INGEST_BATCH_SIZE": "500", "GOOSE_INGEST_METRICS_PORT": "0"}
@@ -82,6 +82,12 @@ def worker(settings: Settings, log: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT)
 
 
+def _published(settings: Settings, run: str) -> int:
+    r = sync_client(settings)
+    stream = settings.layout.raw_stream(settings.layout.shard_of(run))
+    return sum(1 for _, f in r.xrange(stream) if f.get(b"run") == run.encode())
+
+
 def strip_time(event: dict) -> dict:
     return {k: v for k, v in event.items() if k not in ("timestamp", "durationMs")}
 
@@ -94,19 +100,22 @@ def test_sigkill_of_a_primary_mid_stream_loses_nothing(tmp_path):
         s = Settings(redis_url=cluster.url, redis_cluster=True, namespace="fo",
                      spool_dir=str(tmp_path / "spool"), host_label="fo")
         runs = {f"fo/{i}/{p.stem}": p for i in range(2) for p in TRANSCRIPTS}
-        # the victim: the primary that owns the most of these runs' shards
-        owners = Counter(cluster.primary_of_slot(key_slot(s.layout.raw_stream(s.layout.shard_of(r)).encode()))
-                         for r in runs)
-        victim_port, victim_runs = owners.most_common(1)[0]
-        assert victim_runs >= 2
+        # the victim: the primary that owns the most long runs (>= 30 lines: >= 2.4 s at this pace)
+        def owner(run: str) -> int:
+            return cluster.primary_of_slot(key_slot(s.layout.raw_stream(s.layout.shard_of(run)).encode()))
+
+        long_runs = [r for r, p in runs.items() if len(p.read_bytes().splitlines()) >= 30]
+        victim_port, _n = Counter(owner(r) for r in long_runs).most_common(1)[0]
+        victim_runs = [r for r in long_runs if owner(r) == victim_port]
         wlog, tlog = tmp_path / "workers.log", tmp_path / "taps.log"
         procs += [worker(s, wlog), worker(s, wlog)]
         consumer = FollowingConsumer(s)
         consumer.start()
         taps = {run: tap(s, run, path, tlog) for run, path in runs.items()}
         procs += taps.values()
-        time.sleep(1.5)  # taps and workers are mid-stream now (transcripts take ~1-3 s at this pace)
-        assert any(p.poll() is None for p in taps.values()), "the kill would not be mid-stream"
+        # mid-stream: a run on the victim has entries in its raw stream and no eof yet
+        wait_until(lambda: any(_published(s, r) >= 3 for r in victim_runs), timeout=30, interval=0.05)
+        assert any(taps[r].poll() is None for r in victim_runs), "the kill would not be mid-stream"
         cluster.node(victim_port).kill()  # SIGKILL
         wait_until(lambda: victim_port not in cluster.primary_ports() and len(cluster.primary_ports()) == 3,
                    timeout=30, interval=0.2)  # its replica was promoted

@@ -164,3 +164,28 @@ def test_the_published_raw_entry_schema_accepts_what_the_system_writes(entry):
 
     schema = json.loads((Path(REPO) / "contracts" / "schemas" / "raw-entry.schema.json").read_text())
     jsonschema.validate(_as_json(entry.to_fields()), schema)
+
+
+LABEL_BYTES = st.none() | st.binary(max_size=12) | st.sampled_from(
+    [b"", b"goose", b"codex", b"h\xff", b"run/a-1", b"bad run", b"x" * 70, "caf\u00e9".encode()])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(LABEL_BYTES, LABEL_BYTES, LABEL_BYTES, LABEL_BYTES, LABEL_BYTES), min_size=1, max_size=6))
+def test_memoized_labels_equal_the_reference_decoding(raws):
+    """The label memo (`labels_of`) gives what `decode_labels` gives, or the same EntryError,
+    also when the same labels come again (from the memo) and for labels that failed before."""
+    from services.sequencer.entries import decode_labels, labels_of
+
+    for raw in raws + raws:
+        fields = {name: value for name, value in zip((b"host", b"agent", b"format", b"parent", b"continues"), raw,
+                                                     strict=True) if value is not None}
+        try:
+            want: object = decode_labels(raw)
+        except EntryError as exc:
+            want = ("error", str(exc))
+        try:
+            got: object = labels_of(fields)
+        except EntryError as exc:
+            got = ("error", str(exc))
+        assert got == want

@@ -201,3 +201,106 @@ def test_guarded_mode_gives_the_same_output_when_nothing_raises(rnd, n):
     guarded_sequencer = RunSequencer("r")
     guarded_sequencer.guarded = True
     assert feed(guarded_sequencer, entries) == plain
+
+
+# --------------------------------------------------------------------------- accept_many (the batch path)
+from services.normalizer import RunNormalizer  # noqa: E402
+from services.redaction import Redactor  # noqa: E402
+from services.sequencer import Outcome  # noqa: E402
+from services.sequencer.entries import LINE  # noqa: E402
+from services.sequencer.run import COMPLETED  # noqa: E402
+from tests.fixtures import SHARED  # noqa: E402
+
+FORMAT_TRANSCRIPTS = [(p.parent.name, transcript_lines(p)) for p in sorted((SHARED / "fixtures").glob("*/*.jsonl"))]
+SECRET_LINES = [  # lines that make the redactor (and its secret-field tracker) work
+    '{"type":"message","message":{"role":"assistant","content":[{"type":"text","text":"key AKIAIOSFODNN7EXAMPLE"}]}}',
+    "export GITHUB_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+    '{"password": "hunter2hunter2", "user": "x"}',
+    "not json at all",
+]
+
+
+def _batch_outcome(sequencer: RunSequencer, entries: list[Entry], batched: bool, out):
+    if batched:
+        sequencer.accept_many(entries, out)
+    else:
+        for e in entries:
+            sequencer.accept(e, out)
+
+
+def _summary(out) -> tuple:
+    return (out.events, out.records, [(d.entry.seq, d.outcome, d.reason, d.detail) for d in out.dispositions],
+            out.redactions)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.randoms(use_true_random=False), st.sampled_from(range(len(FORMAT_TRANSCRIPTS))), st.booleans(),
+       st.floats(0, 0.3), st.floats(0, 0.3))
+def test_accept_many_gives_what_one_accept_per_entry_gives(rnd, t, redact, disorder, secrets):
+    """Any transcript of any format, delivered in batches with duplicates, reordering, stderr,
+    secrets and an eof (sometimes followed by late entries), from states that went through
+    to_state/from_state between batches: the batch path and the reference path agree on events,
+    records, dispositions, redaction counts and the stored state."""
+    fmt, lines = FORMAT_TRANSCRIPTS[t]
+    lines = list(lines)
+    for _ in range(int(secrets * len(lines))):
+        lines.insert(rnd.randrange(len(lines) + 1), rnd.choice(SECRET_LINES))
+    entries = [Entry("r", i, 1000 + i, LINE, "stderr" if rnd.random() < 0.05 else "stdout", text, None,
+                     "h" if i % 7 == 0 else None, "a" if i == 3 else None, f"{i}-0",
+                     format=fmt if i == 0 else None) for i, text in enumerate(lines)]
+    entries.append(eof(len(lines)))
+    stream = list(entries)
+    for _ in range(int(disorder * len(stream))):  # swaps and duplicates
+        i, j = rnd.randrange(len(stream)), rnd.randrange(len(stream))
+        if rnd.random() < 0.5:
+            stream[i], stream[j] = stream[j], stream[i]
+        else:
+            stream.insert(j, stream[i])
+    if rnd.random() < 0.3:
+        stream += [line(len(lines) + 1), stream[0]]  # after the end: dead letter, duplicate
+    redactor = Redactor() if redact else None
+    ref = RunSequencer("r", redactor=redactor)
+    fast = RunSequencer("r", redactor=redactor)
+    pos = 0
+    while pos < len(stream):
+        size = rnd.choice([1, 2, 5, 50, 500])
+        chunk = stream[pos:pos + size]
+        pos += size
+        want, got = Outcome(), Outcome()
+        if rnd.random() < 0.3:  # resume from stored state, as another worker would
+            state = orjson.dumps(ref.to_state())
+            ref = RunSequencer.from_state(orjson.loads(state), redactor=redactor)
+            fast = RunSequencer.from_state(orjson.loads(state), redactor=redactor)
+        _batch_outcome(ref, chunk, False, want)
+        _batch_outcome(fast, chunk, True, got)
+        assert _summary(got) == _summary(want)
+        assert fast.to_state() == ref.to_state()
+        assert fast.take_held_changes() == ref.take_held_changes()
+
+
+def test_accept_many_emits_a_completed_record_at_the_line_that_completes_a_turn(monkeypatch):
+    """A usage in the middle of a batch: the `completed` record carries that line's seq and the
+    counts of that moment, as with one accept per line (the batch path checks between lines);
+    the whole in-order batch is one normalizer call."""
+    turn = transcript_lines(TRANSCRIPTS[1])
+    lines = turn + turn  # two turns: the first completion is in the middle of the batch
+    entries = [Entry("r", i, 1000 + i, LINE, "stdout", text, None, None, None, f"{i}-0")
+               for i, text in enumerate(lines)]
+    ref, fast = RunSequencer("r"), RunSequencer("r")
+    ref.accept(entries[0])
+    fast.accept(entries[0])
+    want = feed(ref, entries[1:])
+    calls = []
+    real = RunNormalizer.lines
+
+    def spy(self, batch):
+        calls.append(1)
+        return real(self, batch)
+
+    monkeypatch.setattr(RunNormalizer, "lines", spy)
+    out = fast.accept_many(entries[1:])
+    assert len(calls) == 1
+    completed = [r for r in out.records if r["state"] == COMPLETED]
+    assert [r["seq"] for r in completed][:1] == [len(turn) - 1]
+    assert out.events == want[0] and out.records == want[1]
+    assert [(d.entry.seq, d.outcome) for d in out.dispositions] == [(d[0], d[1]) for d in want[2]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -20,10 +21,13 @@ from services.broker.helpers import redact_url, sync_client_with_timeouts
 from services.settings import Settings
 from services.tap.spool import SpoolCorrupt, SpoolLocked
 
+if TYPE_CHECKING:  # imported where used: only an interactive import draws a bar
+    from tqdm import tqdm
+
 PROG = "goose-ingest import-sessions"
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "import-sessions",
         help="publish the sessions of a goose sessions.db as runs (incremental, idempotent)",
@@ -51,7 +55,7 @@ def _fail(msg: str, code: int = 2) -> int:
     return code
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool) -> tqdm | None:
     if not enabled or not sys.stderr.isatty():
         return None
     try:

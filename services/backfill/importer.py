@@ -30,6 +30,7 @@ import redis
 from services.backfill.sessions_db import (
     SessionInfo,
     SourceMessage,
+    UsageRecord,
     _parse_ts,
     read_messages,
     usage_complete_with_source,
@@ -94,7 +95,7 @@ def message_keys(messages: Iterable[SourceMessage]) -> list[str]:
     return out
 
 
-def usage_delta(now: dict, before: dict | None) -> dict:
+def usage_delta(now: UsageRecord, before: UsageRecord | None) -> UsageRecord:
     """The ``complete`` record for what ``now`` adds to ``before`` (totals already reported)."""
     if not before:
         return dict(now)
@@ -131,7 +132,7 @@ class Checkpoint:
     next_seq: int = 0
     ended: bool = False
     last_ms: int = 0
-    reported: dict = field(default_factory=dict)
+    reported: UsageRecord = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)
     worker_state: str | None = None  # the worker's state of `run`: new/running/ended/abandoned/None
 
@@ -205,6 +206,7 @@ class Importer:
     _updated: dict[str, datetime | None] = field(default_factory=dict)
     _crash_after: int | None = None
     _flushed_sessions: int = 0
+    _now_s: float = field(init=False, default=0.0)  # now_s, or the broker's clock when it was None
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
@@ -213,8 +215,7 @@ class Importer:
             self._updated = {sid: _parse_ts(u) for sid, u in self.conn.execute("SELECT id, updated_at FROM sessions")}
         env = os.environ.get(CRASH_ENV)
         self._crash_after = int(env) if env else None
-        if self.now_s is None:
-            self.now_s = _now_ms_of(self.client) / 1000
+        self._now_s = self.now_s if self.now_s is not None else _now_ms_of(self.client) / 1000
 
     # ---------------------------------------------------------------- helpers
     def base(self, session_id: str) -> str:
@@ -237,18 +238,18 @@ class Importer:
         if not times and session.created_at is not None:
             times.append(int(session.created_at.timestamp()))
         last = max(times) if times else 0
-        return (self.now_s - last) >= self.final_after_s, last * 1000
+        return (self._now_s - last) >= self.final_after_s, last * 1000
 
-    def _open_run_usable(self, cp: Checkpoint) -> tuple[bool, str]:
-        """Can entries still be appended to the checkpoint's open run (no eof sent)?"""
+    def _open_run_usable(self, run: str, cp: Checkpoint) -> tuple[bool, str]:
+        """Can entries still be appended to the checkpoint's open run `run` (no eof sent)?"""
         if cp.worker_state in ("ended", "abandoned"):
-            return False, f"the worker {cp.worker_state} {cp.run}"
+            return False, f"the worker {cp.worker_state} {run}"
         idle_s = (_now_ms_of(self.client) - cp.last_ms) / 1000
         horizon = self.settings.run_idle_timeout_s - min(IDLE_MARGIN_S, self.settings.run_idle_timeout_s / 4)
         if idle_s >= horizon:
-            return False, f"{cp.run} was idle {idle_s:.0f}s, the worker abandons runs after {self.settings.run_idle_timeout_s:.0f}s"
-        if not (spool_path(self.settings, cp.run) / LOG).exists():
-            return False, f"the spool of {cp.run} (its seq counter) is gone"
+            return False, f"{run} was idle {idle_s:.0f}s, the worker abandons runs after {self.settings.run_idle_timeout_s:.0f}s"
+        if not (spool_path(self.settings, run) / LOG).exists():
+            return False, f"the spool of {run} (its seq counter) is gone"
         return True, ""
 
     def _drop_spool(self, run: str) -> None:
@@ -284,6 +285,7 @@ class Importer:
             # the run to publish to
             continuation = False
             note = ""
+            ends_open_run: str | None = None  # an open run given up for a new part (its spool is dropped)
             if cp.run is None:
                 run, part, seq0, continues = run_key(base, 1), 1, 0, None
             elif cp.ended:
@@ -291,20 +293,24 @@ class Importer:
                 continuation, note = True, f"continues ended {cp.run}"
             else:
                 ok, why = (False, force) if force else (
-                    self._open_run_usable(cp) if self.client is not None else (True, ""))
+                    self._open_run_usable(cp.run, cp) if self.client is not None else (True, ""))
                 if ok:
                     run, part, seq0, continues = cp.run, cp.part, cp.next_seq, None
                 else:
                     run, part, seq0, continues = run_key(base, cp.part + 1), cp.part + 1, 0, cp.run
                     continuation, note = True, f"continues {cp.run} ({why})"
+                    ends_open_run = cp.run
             if self.dry_run:
                 if not final:
                     note = "; ".join(x for x in (note, "session active: run stays open") if x)
                 return SessionResult(sid, run, len(new), final, note=note, continuation=continuation)
-            if continuation and not cp.ended:
-                self._drop_spool(cp.run)  # that run is over; its unconfirmed entries go to the new part
+            client = self.client
+            if client is None:
+                raise ImportError_("no broker configured: set GOOSE_INGEST_REDIS_URL (or use --dry-run)")
+            if ends_open_run is not None:
+                self._drop_spool(ends_open_run)  # that run is over; its unconfirmed entries go to the new part
             labels = self.labels(session, continues)
-            pub = Publisher(self.settings, run, labels, client=self.client)
+            pub = Publisher(self.settings, run, labels, client=client)
             try:
                 if pub.next_seq < seq0:  # the spool is behind the checkpoint: cannot continue this run
                     pub.close()
@@ -316,11 +322,11 @@ class Importer:
                     covered = [k for k in keys if k not in cp.ids and pub.lines_from(k)]
                     pub.flush()
                     cp = Checkpoint(run=run, part=part, next_seq=pub.next_seq, ended=True,
-                                    last_ms=_now_ms_of(self.client), reported=cp.reported if cp.run else {},
+                                    last_ms=_now_ms_of(client), reported=cp.reported if cp.run else {},
                                     ids=cp.ids | set(covered))
                     if pub.lines_from(COMPLETE_TAG):
                         cp.reported = usage_complete_with_source(self.conn, sid)[0]
-                    save_checkpoint(self.client, self.settings, base, cp, covered, session)
+                    save_checkpoint(client, self.settings, base, cp, covered, session)
                     pub.close()
                     recovered, recovered_eof = len(covered), True
                     continue
@@ -331,9 +337,9 @@ class Importer:
                     os._exit(99)
                 new_keys = [k for _m, k in new]
                 cp = Checkpoint(run=run, part=part, next_seq=pub.next_seq, ended=final,
-                                last_ms=_now_ms_of(self.client),
+                                last_ms=_now_ms_of(client),
                                 reported=published if final else cp.reported, ids=cp.ids | set(new_keys))
-                save_checkpoint(self.client, self.settings, base, cp, new_keys, session)
+                save_checkpoint(client, self.settings, base, cp, new_keys, session)
             finally:
                 pub.close()
             return SessionResult(sid, run, len(new) + recovered, final or recovered_eof, note=note,
@@ -341,7 +347,7 @@ class Importer:
         raise RuntimeError(f"session {sid}: could not settle its run state")
 
     def _publish(self, pub: Publisher, session: SessionInfo, new: list[tuple[SourceMessage, str]], final: bool,
-                 last_ms: int, reported: dict) -> dict:
+                 last_ms: int, reported: UsageRecord) -> UsageRecord:
         """Spools the new messages (and complete + eof when final); returns the usage totals reported."""
         sid = session.id
         for m, k in new:

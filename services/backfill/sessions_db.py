@@ -17,7 +17,7 @@ import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 MIN_SCHEMA = 6
 MAX_SCHEMA = 17
@@ -140,9 +140,8 @@ def _model_name(model_config_json: Any) -> str | None:
         cfg = json.loads(model_config_json)
     except ValueError:
         return None
-    if isinstance(cfg, dict) and isinstance(cfg.get("model_name"), str):
-        return cfg["model_name"]
-    return None
+    name = cfg.get("model_name") if isinstance(cfg, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def list_sessions(
@@ -155,13 +154,13 @@ def list_sessions(
               "provider_name", "model_config_json"]
     present = [c for c in wanted if c in cols]
     sql = f"SELECT {', '.join(present)} FROM sessions"
-    params: tuple = ()
+    params: tuple[str, ...] = ()
     if session_id is not None:
         sql += " WHERE id = ?"
         params = (session_id,)
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
-    out: list[tuple[tuple, SessionInfo]] = []
+    out: list[tuple[tuple[bool, datetime, str], SessionInfo]] = []
     for row in conn.execute(sql, params).fetchall():
         d = dict(zip(present, row, strict=True))
         created = _parse_ts(d.get("created_at"))
@@ -264,6 +263,10 @@ def read_messages(conn: sqlite3.Connection, session_id: str) -> list[SourceMessa
 
 # --- usage --------------------------------------------------------------------------------------
 
+# a stream-json `complete` record (spec §2.1): "type", "total_tokens" (always), the token counters
+# of _COMPLETE_KEYS and "cost_usd" when known; the importer also keeps it as its `reported` totals
+UsageRecord: TypeAlias = dict[str, Any]
+
 _COMPLETE_KEYS = (
     ("input_tokens", "inputTokens"),
     ("output_tokens", "outputTokens"),
@@ -278,9 +281,10 @@ def _round_cost(x: float) -> float:
     return round(x, 10)
 
 
-def _complete(total: int | None, parts: dict[str, int | None], cost: float | None) -> dict:
-    if total is None and parts.get("input_tokens") is not None and parts.get("output_tokens") is not None:
-        total = parts["input_tokens"] + parts["output_tokens"]  # spec §2.1: total = input + output
+def _complete(total: int | None, parts: dict[str, int | None], cost: float | None) -> UsageRecord:
+    inputs, outputs = parts.get("input_tokens"), parts.get("output_tokens")
+    if total is None and inputs is not None and outputs is not None:
+        total = inputs + outputs  # spec §2.1: total = input + output
     rec: dict[str, Any] = {"type": "complete", "total_tokens": total}
     for key, _ in _COMPLETE_KEYS:
         if parts.get(key) is not None:
@@ -290,7 +294,7 @@ def _complete(total: int | None, parts: dict[str, int | None], cost: float | Non
     return rec
 
 
-def usage_complete_with_source(conn: sqlite3.Connection, session_id: str) -> tuple[dict, str]:
+def usage_complete_with_source(conn: sqlite3.Connection, session_id: str) -> tuple[UsageRecord, str]:
     """Like ``usage_complete``, also naming the source used: ``usage_ledger``,
     ``message_metadata``, ``session_accumulated`` or ``none``."""
     tables = _tables(conn)
@@ -303,12 +307,12 @@ def usage_complete_with_source(conn: sqlite3.Connection, session_id: str) -> tup
             (session_id,),
         ).fetchone()
         if row and row[0]:
-            costs = [r[0] for r in conn.execute(
+            ledger_costs = [r[0] for r in conn.execute(
                 "SELECT cost FROM usage_ledger WHERE session_id = ? AND cost IS NOT NULL ORDER BY id", (session_id,)
             )]
             parts = {"input_tokens": row[2], "output_tokens": row[3],
                      "cache_read_input_tokens": row[4], "cache_write_input_tokens": row[5]}
-            return _complete(row[1], parts, math.fsum(costs) if costs else None), "usage_ledger"
+            return _complete(row[1], parts, math.fsum(ledger_costs) if ledger_costs else None), "usage_ledger"
     # 2. per-turn metadata.usage of the messages (never added to the ledger: same calls)
     cols = _columns(conn, "messages")
     if "metadata_json" in cols:
@@ -364,7 +368,7 @@ def usage_complete_with_source(conn: sqlite3.Connection, session_id: str) -> tup
     return {"type": "complete", "total_tokens": None}, "none"
 
 
-def usage_complete(conn: sqlite3.Connection, session_id: str) -> dict:
+def usage_complete(conn: sqlite3.Connection, session_id: str) -> UsageRecord:
     """The ``complete`` record for the session (stream-json shape, spec §2.1).
 
     Source, in order, never mixed: (1) the ``usage_ledger`` rows of the session when the table

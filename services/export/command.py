@@ -12,7 +12,7 @@ _EXPORTER_MODULES = [
 ]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "export",
         help="export the harness topics to another system (otlp, postgres)",

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter as _Tally
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -90,7 +91,7 @@ def tool_label(name: object) -> str:
     return "mcp" if sep else OTHER
 
 
-def tool_outcome(ev: dict) -> str:
+def tool_outcome(ev: Mapping[str, Any]) -> str:
     ok = ev.get("isSuccess")
     if ok is True:
         return "success"
@@ -109,7 +110,7 @@ def _count(n: object) -> int:
 def _format_label(fmt: object) -> str:
     if fmt is None:
         return UNDECIDED
-    return fmt if fmt in _FORMATS else OTHER  # type: ignore[return-value]
+    return fmt if fmt in _FORMATS else OTHER
 
 
 class Metrics:
@@ -252,7 +253,7 @@ class Metrics:
             return
         self._raw_children[outcome if outcome in _RAW_OUTCOMES else OTHER].inc(n)
 
-    def events(self, events: Iterable[dict], fmt: str | None = None) -> None:
+    def events(self, events: Iterable[Mapping[str, Any]], fmt: str | None = None) -> None:
         """Count events of runs in input format `fmt` (None: not decided yet)."""
         flabel = _format_label(fmt)
         by_type: _Tally[str] = _Tally()
@@ -270,7 +271,7 @@ class Metrics:
         for key, n in by_tool.items():
             self._tool_children[key].inc(n)
 
-    def run_record(self, record: dict) -> None:
+    def run_record(self, record: Mapping[str, Any]) -> None:
         state = record.get("state")
         if state not in _RUN_STATES:
             state = OTHER

@@ -12,6 +12,7 @@ import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -25,7 +26,8 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr, handler, metrics: Metrics, ready: Callable[[], bool]):
+    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], metrics: Metrics,
+                 ready: Callable[[], bool]) -> None:
         self.metrics = metrics
         self.ready = ready
         super().__init__(addr, handler)
@@ -70,7 +72,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_HEAD = do_GET
 
-    def log_message(self, format: str, *args) -> None:  # scrapes every 15 s are not news
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes every 15 s are not news
         log.debug("metrics http: " + format, *args)
 
 
@@ -80,8 +82,10 @@ class MetricsServer:
     def __init__(self, httpd: _Server, thread: threading.Thread):
         self._httpd = httpd
         self._thread = thread
-        self.host: str = httpd.server_address[0]
-        self.port: int = httpd.server_address[1]
+        host, port = httpd.server_address[:2]
+        # typeshed allows bytes for any socket family; an AF_INET/AF_INET6 server's bound host is a str
+        self.host: str = host if isinstance(host, str) else bytes(host).decode()
+        self.port: int = port
 
     def close(self) -> None:
         """Stop serving and release the port (idempotent)."""
@@ -93,7 +97,7 @@ class MetricsServer:
     def __enter__(self) -> MetricsServer:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

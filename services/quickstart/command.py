@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -43,7 +44,7 @@ def default_transcripts() -> list[Transcript]:
 WORKER_STOP_TIMEOUT_S = 15.0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser(
         "up",
         help="start a broker (embedded redis-server unless one is configured) and a worker",
@@ -136,7 +137,8 @@ def _check_transcripts(transcripts: list[Transcript]) -> None:
             raise ConfigError(f"{path}: not readable")
 
 
-def _print_run(client, settings: Settings, run: str) -> None:
+def _print_run(client: Any, settings: Settings, run: str) -> None:
+    # client: sync_client's Redis or RedisCluster (bytes replies); redis-py types replies for both decode modes
     """The run's events and records in commit order (STARTED first), as `tail` prints them."""
     from services.tail.command import TopicEntry, commit_order
     from services.tail.format import event_line, record_line

@@ -215,28 +215,26 @@ def _pair_name(d: dict[Any, Any]) -> str | None:
 
 
 class _Frame:
-    """One container being walked: its items, the next index, and the copy made on first change."""
+    """One container being walked: its items, and the copy made on its first change."""
 
-    __slots__ = ("node", "keys", "i", "n", "kind", "out", "child", "is_dict")
+    __slots__ = ("node", "items", "is_dict", "kind", "out", "child", "renamed")
 
     def __init__(self, node: Any, kind: int) -> None:
         self.node = node
         self.is_dict = isinstance(node, dict)
-        self.keys: list[Any] | None = list(node) if self.is_dict else None
-        self.i = 0
-        self.n = len(node)
+        self.items: Iterator[tuple[Any, Any]] = iter(node.items()) if self.is_dict else enumerate(node)
         self.kind = kind  # secret-key kind inherited by list elements and `value` members (0: none)
         self.out: Any = None  # dict or list copy, made on the first change
-        self.child = -1  # index of the container child being walked
+        self.child: Any = None  # key or index of the container child being walked
+        self.renamed: dict[str, str] | None = None  # keys that held secrets -> their redacted text
 
-    def set(self, index: int, value: Any) -> None:
+    def set(self, key: Any, value: Any) -> None:
         if self.out is None:
             self.out = dict(self.node) if self.is_dict else list(self.node)
-        if self.is_dict:
-            assert self.keys is not None
-            self.out[self.keys[index]] = value
-        else:
-            self.out[index] = value
+        self.out[key] = value
+
+
+_DONE: tuple[Any, Any] = (None, None)  # the end of a frame's items (compared by identity)
 
 
 class _Walk:
@@ -325,6 +323,7 @@ class Redactor:
         structural = tuple(n for n in STRUCTURAL_RULE_NAMES if n not in disabled)
         self.rule_names: tuple[str, ...] = names + structural + (FORM_SECRET,)
         self._key_cache: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
+        self._key_infos: dict[str, tuple[int, str | None, tuple[tuple[str, int], ...]]] = {}
 
     # --- text ------------------------------------------------------------------------------
 
@@ -431,11 +430,9 @@ class Redactor:
         Returns a new dict when anything changed (the input is never mutated; unchanged nested
         values are shared), else ``event`` itself.
         """
-        values = _norm_values(secret_values)
-        if tracker is not None:
-            extra = tracker.secret_values()
-            if extra:
-                values = tuple(sorted(set(values) | set(extra)))
+        values = _norm_values(secret_values) if secret_values else ()
+        if tracker is not None and tracker.has_values():
+            values = tuple(sorted(set(values) | set(tracker.secret_values())))
         pat = _values_pattern(values) if values else None
         counts = _counter()
         ctx = _Walk(counts, pat, tracker)
@@ -453,11 +450,15 @@ class Redactor:
                 assert tracker is not None
                 nv: Any = self._block_line(v, ctx, tracker, stream)
             elif isinstance(v, str):
+                if len(v) < self.min_match_chars and pat is None:
+                    continue  # nothing can match (the prefilter's first test, without a call)
                 nv = self._leaf(v, ctx, 0)
-            else:
+            elif isinstance(v, (dict, list, tuple)):
                 # Top-level names are the contract's field names (message, command, raw, ...),
                 # never secret keys; nested object keys are looked at in the walk.
                 nv = self._walk(v, ctx, 0)
+            else:
+                continue  # a number or a flag of the service (durationMs, isSuccess, truncated)
             if nv is not v:
                 if out is None:
                     out = dict(event)
@@ -510,6 +511,24 @@ class Redactor:
             return _SECRET_FIELD_MARKER
         return v
 
+    def _key_info(self, k: str) -> tuple[int, str | None, tuple[tuple[str, int], ...]]:
+        """What a nested object key is: its secret-key kind, and its redacted text (None when the
+        text rules leave it alone) with their counts. Cached: keys repeat across events."""
+        kind = secret_key_kind(k)
+        red, counts = self.redact_text(k)
+        info = (kind, red if red != k else None, tuple(counts.items()))
+        if len(self._key_infos) >= _KEY_CACHE_MAX:
+            self._key_infos.clear()
+        self._key_infos[k] = info
+        return info
+
+    @staticmethod
+    def _counted_key(info: tuple[int, str | None, tuple[tuple[str, int], ...]], ctx: _Walk) -> str:
+        for name, n in info[2]:
+            ctx.counts[name] += n
+        assert info[1] is not None
+        return info[1]
+
     def _key(self, k: str, ctx: _Walk) -> str:
         """A nested object key through the text rules (and form-secret values); cached."""
         s = k
@@ -549,22 +568,15 @@ class Redactor:
                 if cur is node:
                     cur = dict(node)
                 cur[key] = new_data
-        # Secrets in the keys themselves: rebuilt in order; keys that become equal get a suffix.
-        renamed: list[tuple[Any, Any]] | None = None
-        for i, k in enumerate(f.keys or ()):
-            if not isinstance(k, str):
-                continue
-            nk = self._key(k, ctx)
-            if nk is not k and nk != k:
-                if renamed is None:
-                    renamed = [(kk, cur[kk]) for kk in (f.keys or ())]
-                renamed[i] = (nk, renamed[i][1])
+        renamed = f.renamed
         if renamed is not None:
+            # Secrets in the keys themselves: rebuilt in order; keys that become equal get a suffix.
             rebuilt: dict[Any, Any] = {}
-            for k, v in renamed:
-                nk, j = k, 2
+            for k, v in cur.items():
+                base = renamed.get(k, k) if isinstance(k, str) else k
+                nk, j = base, 2
                 while nk in rebuilt:
-                    nk = f"{k} ({j})"
+                    nk = f"{base} ({j})"
                     j += 1
                 rebuilt[nk] = v
             return rebuilt
@@ -575,45 +587,58 @@ class Redactor:
         if not isinstance(root, (dict, list, tuple)):
             return self._leaf(root, ctx, kind)
         structural = self._structural
+        short = self.min_match_chars
+        pat = ctx.pat
+        key_info = self._key_infos
         stack = [_Frame(root, kind)]
         result: Any = root
         while stack:
             f = stack[-1]
-            if f.i < f.n:
-                idx = f.i
-                f.i += 1
+            item = next(f.items, _DONE)
+            if item is _DONE:
+                stack.pop()
                 if f.is_dict:
-                    assert f.keys is not None
-                    k = f.keys[idx]
-                    child = f.node[k]
-                    ckind = secret_key_kind(k) if structural and isinstance(k, str) else 0
-                    if not ckind and f.kind and isinstance(k, str) and k.lower() in _VALUE_KEYS:
-                        ckind = f.kind  # {"cookies": [{"name": "sid", "value": "..."}]}
+                    result = self._finish_dict(f, ctx)
+                elif f.out is None:
+                    result = f.node
                 else:
-                    child = f.node[idx]
-                    ckind = f.kind
-                if isinstance(child, (dict, list, tuple)):
-                    f.child = idx
-                    if structural and isinstance(child, dict):
-                        # {"name": "DB_PASSWORD", "value": "..."}: the name says what the value is
-                        named = _pair_name(child)
-                        if named is not None:
-                            ckind = max(ckind, secret_key_kind(named))
-                    stack.append(_Frame(child, ckind))
-                    continue
-                nv = self._leaf(child, ctx, ckind)
-                if nv is not child:
-                    f.set(idx, nv)
+                    result = tuple(f.out) if isinstance(f.node, tuple) else f.out
+                if stack and result is not f.node:
+                    stack[-1].set(stack[-1].child, result)
                 continue
-            stack.pop()
+            k, child = item
             if f.is_dict:
-                result = self._finish_dict(f, ctx)
-            elif f.out is None:
-                result = f.node
+                if isinstance(k, str):
+                    info = key_info.get(k)
+                    if info is None:
+                        info = self._key_info(k)
+                    ckind = info[0] if structural else 0
+                    if not ckind and f.kind and k.lower() in _VALUE_KEYS:
+                        ckind = f.kind  # {"cookies": [{"name": "sid", "value": "..."}]}
+                    if info[1] is not None or pat is not None:
+                        nk = self._key(k, ctx) if pat is not None else self._counted_key(info, ctx)
+                        if nk != k:
+                            if f.renamed is None:
+                                f.renamed = {}
+                            f.renamed[k] = nk
+                else:
+                    ckind = 0
             else:
-                result = tuple(f.out) if isinstance(f.node, tuple) else f.out
-            if stack and result is not f.node:
-                stack[-1].set(stack[-1].child, result)
+                ckind = f.kind
+            if isinstance(child, (dict, list, tuple)):
+                f.child = k
+                if structural and isinstance(child, dict):
+                    # {"name": "DB_PASSWORD", "value": "..."}: the name says what the value is
+                    named = _pair_name(child)
+                    if named is not None:
+                        ckind = max(ckind, secret_key_kind(named))
+                stack.append(_Frame(child, ckind))
+                continue
+            if not ckind and pat is None and (not isinstance(child, str) or len(child) < short):
+                continue  # a number, a flag, null, or a string too short for any rule
+            nv = self._leaf(child, ctx, ckind)
+            if nv is not child:
+                f.set(k, nv)
         return result
 
     # --- truncated texts ---------------------------------------------------------------------
@@ -794,6 +819,9 @@ class SecretFieldTracker:
 
     def secret_values(self) -> tuple[str, ...]:
         return tuple(self._values)
+
+    def has_values(self) -> bool:
+        return bool(self._values)
 
     def key_block_lines(self, stream: str) -> int | None:
         """Body lines seen so far when ``stream`` is inside a private key block, else None."""

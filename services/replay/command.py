@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 import orjson
 
@@ -13,7 +15,7 @@ from services.replay.rebuild import LogEntry, merge_log, rebuild
 from services.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "replay",
         help="rebuild harness events from the raw log and compare with the topics",
@@ -26,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _read_all(client, stream: str):
+def _read_all(client: Any, stream: str) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+    # client: sync_client's Redis or RedisCluster (bytes replies); redis-py types replies for both decode modes
     last = "-"
     while True:
         chunk = client.xrange(stream, min=last, max="+", count=5000)
@@ -37,7 +40,7 @@ def _read_all(client, stream: str):
         last = "(" + chunk[-1][0].decode()
 
 
-def compare(settings: Settings, run_key: str | None = None, out=sys.stdout, quiet: bool = False) -> int:
+def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.stdout, quiet: bool = False) -> int:
     """Number of differences between rebuilt and published events (0: identical)."""
     client = sync_client(settings)
     layout = settings.layout
@@ -47,7 +50,7 @@ def compare(settings: Settings, run_key: str | None = None, out=sys.stdout, quie
     rebuilt = rebuild(merge_log(raw, control), Limits(settings.max_span_chars, settings.max_pending_tools),
                       settings.max_buffered_entries, run_key, settings.max_line_bytes, settings.redactor(),
                       settings.max_held_bytes)
-    published: dict[str, list[dict]] = {}
+    published: dict[str, list[dict[str, Any]]] = {}
     topic = [item for stream in layout.events_partitions() for item in _read_all(client, stream)]
     for _sid, fields in topic:  # per-run order holds within a partition; a run lives in one
         rid = fields[b"runId"].decode()

@@ -13,12 +13,15 @@ Dead letters for too many deliveries or failed commits depend on crashes, not on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from contracts.raw import ABANDON
 from services.normalizer import Limits
 from services.sequencer import Entry, EntryError, RunSequencer, entry_identity, parse_fields
 from services.sequencer.run import DEFAULT_MAX_HELD_BYTES
+
+if TYPE_CHECKING:
+    from services.redaction import Redactor
 
 
 class LogEntry(NamedTuple):
@@ -55,14 +58,14 @@ def merge_log(*streams: list[LogEntry]) -> list[LogEntry]:
 
 
 def rebuild(entries: list[LogEntry] | list[tuple[str, dict[bytes, bytes]]], limits: Limits, max_buffered: int,
-            run: str | None = None, max_bytes: int | None = None, redactor: object = None,
+            run: str | None = None, max_bytes: int | None = None, redactor: Redactor | None = None,
             max_held_bytes: int = DEFAULT_MAX_HELD_BYTES) -> Rebuilt:
     """entries: the log in stream-id order (raw and control streams merged, see `merge_log`)."""
     by_run: dict[str, list[Entry | _Lost]] = {}
     out = Rebuilt()
     for item in entries:
         sid, fields = item[0], item[1]
-        control = len(item) > 2 and bool(item[2])  # type: ignore[misc]
+        control = len(item) > 2 and bool(item[2])
         if max_bytes is not None and sum(len(k) + len(v) for k, v in fields.items()) > max_bytes:
             out.invalid += 1
             identity = entry_identity(fields)
@@ -110,7 +113,7 @@ def _around_marker(items: list[Entry | _Lost]) -> list[Entry | _Lost]:
     return before + [marker] + after
 
 
-def _feed(run: str, items: list[Entry | _Lost], limits: Limits, max_buffered: int, redactor: object,
+def _feed(run: str, items: list[Entry | _Lost], limits: Limits, max_buffered: int, redactor: Redactor | None,
           max_held_bytes: int, guarded: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     sequencer = RunSequencer(run, limits, max_buffered, redactor, max_held_bytes)
     sequencer.guarded = guarded

@@ -25,6 +25,7 @@ MAX_MISSING_RANGES = 100_000  # a marker names at most this many gaps (a run hol
 MAX_MISSING_BYTES = 2_000_000
 STDOUT, STDERR = "stdout", "stderr"
 _RUN_KEYS: dict[bytes, str] = {}  # run keys already validated (bounded: cleared when full)
+MAX_CACHED = 65_536  # bound of each memo of validated field values
 
 SeqRange = tuple[int, int]
 
@@ -106,6 +107,8 @@ def _text(value: bytes | None, field: str) -> str | None:
 def _int(value: bytes | None, field: str) -> int:
     if value is None:
         raise EntryError(f"missing {field!r}")
+    if len(value) <= 19 and value.isdigit():  # the usual form, without the regex (bytes: ASCII digits only)
+        return int(value)
     m = _INT_RE.fullmatch(value)
     if m is None:
         raise EntryError(f"{field!r} is not an integer (at most 19 ASCII digits)")
@@ -172,7 +175,7 @@ def _run_key(value: bytes | None) -> str:
         if not _RUN_RE.fullmatch(value):
             raise EntryError("'run' is not a run key (1-200 chars of [A-Za-z0-9._:/@-])")
         run = value.decode("ascii")
-        if len(_RUN_KEYS) >= 65_536:
+        if len(_RUN_KEYS) >= MAX_CACHED:
             _RUN_KEYS.clear()
         _RUN_KEYS[value] = run
     return run
@@ -203,36 +206,74 @@ def parse_fields(fields: dict[bytes, bytes], sid: str, control: bool = False) ->
         raise EntryError(str(exc), run, seq) from None
 
 
+class Labels(NamedTuple):
+    """The label fields of an entry, decoded and validated."""
+
+    host: str | None
+    agent: str | None
+    format: str | None
+    parent: str | None
+    continues: str | None
+
+
+LabelFields = tuple[bytes | None, bytes | None, bytes | None, bytes | None, bytes | None]
+_LABELS: dict[LabelFields, Labels] = {}  # label fields already decoded (bounded: cleared when full)
+
+
+def decode_labels(raw: LabelFields) -> Labels:
+    """The reference decoding of (host, agent, format, parent, continues) fields."""
+    host_b, agent_b, fmt_b, parent_b, continues_b = raw
+    host = _text(host_b, "host")
+    agent = _text(agent_b, "agent")
+    fmt = _text(fmt_b, "format")
+    if fmt is not None and (not fmt or len(fmt) > MAX_LABEL_CHARS or not fmt.isprintable()):
+        raise EntryError(f"'format' is not a short printable label (1-{MAX_LABEL_CHARS} chars)")
+    return Labels(host, agent, fmt, _label_run(parent_b), _label_run(continues_b))
+
+
+def labels_of(fields: dict[bytes, bytes]) -> Labels:
+    """`decode_labels` memoized: a run's entries repeat the same labels, so each distinct set is
+    decoded once (a property test checks the memo against the reference). Labels that raise are
+    not kept."""
+    get = fields.get
+    raw = (get(b"host"), get(b"agent"), get(b"format"), get(b"parent"), get(b"continues"))
+    labels = _LABELS.get(raw)
+    if labels is None:
+        labels = decode_labels(raw)
+        if len(_LABELS) >= MAX_CACHED:
+            _LABELS.clear()
+        _LABELS[raw] = labels
+    return labels
+
+
 def _parse_rest(fields: dict[bytes, bytes], sid: str, control: bool, run: str, seq: int) -> Entry:
-    ts = _ts(fields.get(b"ts"), sid)
-    kind_b = fields.get(b"kind", b"line")
+    get = fields.get
+    ts = _ts(get(b"ts"), sid)
+    kind_b = get(b"kind", b"line")
     if control:
         if kind_b != b"abandon":
             raise EntryError("a control stream holds only kind=abandon")
-    stream_b = fields.get(b"stream", b"stdout")
-    if stream_b not in (b"stdout", b"stderr"):
+    stream_b = get(b"stream", b"stdout")
+    if stream_b == b"stdout":
+        stream = STDOUT
+    elif stream_b == b"stderr":
+        stream = STDERR
+    else:
         raise EntryError("'stream' is neither stdout nor stderr")
-    host = _text(fields.get(b"host"), "host")
-    agent = _text(fields.get(b"agent"), "agent")
-    fmt = _text(fields.get(b"format"), "format")
-    if fmt is not None and (not fmt or len(fmt) > MAX_LABEL_CHARS or not fmt.isprintable()):
-        raise EntryError(f"'format' is not a short printable label (1-{MAX_LABEL_CHARS} chars)")
-    parent = _label_run(fields.get(b"parent"))
-    continues = _label_run(fields.get(b"continues"))
-    stream = STDERR if stream_b == b"stderr" else STDOUT
+    host, agent, fmt, parent, continues = labels_of(fields)
     if kind_b == b"line":
-        line_b = fields.get(b"line")
+        line_b = get(b"line")
         if line_b is None:
             raise EntryError("kind=line without 'line'")
+        # Positional: a NamedTuple built with keywords costs a third more.
         return Entry(run, seq, ts, LINE, stream, line_b.decode("utf-8", "replace"), None, host, agent, sid,
-                     parent=parent, continues=continues, format=fmt)
+                     -1, (), parent, continues, fmt)
     if kind_b == b"eof":
-        exit_b = fields.get(b"exit")
+        exit_b = get(b"exit")
         exit_code = _int(exit_b, "exit") if exit_b not in (None, b"") else None
         if exit_code is not None and not MIN_EXIT <= exit_code <= MAX_EXIT:
             raise EntryError("'exit' is out of range (a 32-bit exit code)")
-        return Entry(run, seq, ts, EOF, stream, "", exit_code, host, agent, sid,
-                     parent=parent, continues=continues, format=fmt)
+        return Entry(run, seq, ts, EOF, stream, "", exit_code, host, agent, sid, -1, (), parent, continues, fmt)
     if kind_b == b"abandon":
         through = _int(fields.get(b"through"), "through")
         if not -1 <= through <= MAX_SEQ:

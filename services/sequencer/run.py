@@ -25,7 +25,7 @@ do not raise.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -39,6 +39,7 @@ from contracts.raw import (
     DUPLICATE,
     EOF,
     HOLD_LIMIT,
+    LINE,
     OUT_OF_WINDOW,
     PROCESSED,
     PROCESSING_ERROR,
@@ -265,6 +266,83 @@ class RunSequencer:
         if self.redactor is not None and len(out.events) > first:
             self._redact_new(out, first)
         return out
+
+    def accept_many(self, entries: Sequence[Entry], out: Outcome | None = None) -> Outcome:
+        """Process entries in order: the same results as one `accept` per entry (a property test
+        checks it). Stretches of in-order line entries of a running run, the common case, go
+        through the normalizer's batch call (`RunNormalizer.lines`) instead of a call chain per line."""
+        if out is None:
+            out = Outcome()
+        i, n = 0, len(entries)
+        while i < n:
+            j = self._in_order_end(entries, i)
+            if j > i:
+                self._accept_lines(entries[i:j], out)
+                i = j
+            else:
+                self.accept(entries[i], out)
+                i += 1
+        return out
+
+    def _in_order_end(self, entries: Sequence[Entry], i: int) -> int:
+        """The end of the stretch entries[i:j] that `_accept_lines` may take: line entries with
+        consecutive seqs from `next`, while nothing is held or lost (so no drain can interleave)
+        and the run is running (no start record; seq 0, which fixes the format, is never in it)."""
+        if self.guarded or self.state != RUNNING or self.buffer or self.lost:
+            return i
+        expected = self.next
+        j = i
+        n = len(entries)
+        while j < n:
+            entry = entries[j]
+            if entry.kind != LINE or entry.seq != expected:
+                break
+            expected += 1
+            j += 1
+        return j
+
+    def _accept_lines(self, entries: Sequence[Entry], out: Outcome) -> None:
+        """`accept` of each entry (see `_in_order_end` for what they are), in one normalizer call.
+        The per-entry bookkeeping of `_process` runs in the generator the normalizer pulls from:
+        when it asks for entry k+1, entry k is fully normalized, which is the moment `_process`
+        checks for a new usage (a `completed` record with the counts of that moment)."""
+        norm = self.norm
+        first = len(out.events)
+        dispositions = out.dispositions
+        usage = norm.usage
+        pulled = 0
+
+        def after(entry: Entry) -> None:
+            nonlocal usage
+            dispositions.append(Disposition(entry, PROCESSED))
+            if norm.usage is not usage:
+                usage = norm.usage
+                self._record(out, COMPLETED, entry.ts, entry.seq, usage=True)
+
+        def feed() -> Iterator[tuple[int, int, str, str]]:
+            nonlocal pulled
+            for entry in entries:
+                if pulled:
+                    after(entries[pulled - 1])
+                if self.host is None and entry.host:
+                    self.host = entry.host
+                if self.agent is None and entry.agent:
+                    self.agent = entry.agent
+                if self.parent is None and entry.parent:
+                    self.parent = entry.parent
+                if self.continues is None and entry.continues:
+                    self.continues = entry.continues
+                self.next = entry.seq + 1
+                pulled += 1
+                yield entry.seq, entry.ts, entry.line, entry.stream
+
+        events = norm.lines(feed())
+        if pulled != len(entries):  # the batch call must take every entry; the caller retries guarded
+            raise RuntimeError(f"the normalizer took {pulled} of {len(entries)} entries")
+        after(entries[-1])
+        out.events.extend(events)
+        if self.redactor is not None and len(out.events) > first:
+            self._redact_new(out, first)
 
     def lose(self, seq: int, ts: int, out: Outcome | None = None) -> Outcome:
         """A seq of this run whose entry was dead-lettered outside the sequencer (invalid, oversize,

@@ -32,7 +32,7 @@ RECORD_RANK, EVENT_RANK = 0, 1  # a record written when the run had N events com
 HOLD_MARGIN_MS = 1000  # entries this close to an unfinished page wait for it (a commit takes far less)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "tail",
         help="follow harness events and run records, printed for a human",

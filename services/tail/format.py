@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 _WIDTH = 100
+_SUCCESS_MARK: dict[object, str] = {True: " ✓", False: " ✗"}  # keyed by `isSuccess`; absent: no mark
 
 
 def _short(text: Any, width: int = _WIDTH) -> str:
@@ -13,9 +15,9 @@ def _short(text: Any, width: int = _WIDTH) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def summary(event: dict) -> str:
+def summary(event: Mapping[str, Any]) -> str:
     t = event.get("type")
-    ok = {True: " ✓", False: " ✗"}.get(event.get("isSuccess"), "")
+    ok = _SUCCESS_MARK.get(event.get("isSuccess"), "")
     if t in ("agent", "reasoning", "error", "warning"):
         code = f" [{event['code']}]" if event.get("code") else ""
         return _short(event.get("message", "")) + code
@@ -40,18 +42,18 @@ def summary(event: dict) -> str:
     return f"<{kind}>{tool}"
 
 
-def when(item: dict) -> str:
+def when(item: Mapping[str, Any]) -> str:
     """`2026-12-01 05:02:42.674` from the contract's ISO timestamp (date included: runs outlive a day)."""
     ts = str(item.get("timestamp", ""))
     return f"{ts[:10]} {ts[11:23]}" if len(ts) >= 23 else ts
 
 
-def event_line(event: dict) -> str:
+def event_line(event: Mapping[str, Any]) -> str:
     ts = when(event)
     return f"{ts} {event.get('runId', '')}#{event.get('seq', '')} {event.get('type', ''):<9} {summary(event)}"
 
 
-def record_line(record: dict) -> str:
+def record_line(record: Mapping[str, Any]) -> str:
     ts = when(record)
     counts = record.get("counts") or {}
     nonzero = " ".join(f"{k}={v}" for k, v in counts.items() if v)

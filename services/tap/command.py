@@ -22,6 +22,7 @@ from typing import BinaryIO
 from contracts.events import FORMATS
 from services.broker.helpers import redact_url
 from services.settings import Settings
+from services.tap.lines import LineSplitter
 from services.tap.publisher import Publisher, RunFinished, now_ms
 from services.tap.runkey import RUN_KEY_RULE, is_valid_run, new_run_key
 from services.tap.spool import SpoolCorrupt, SpoolLocked
@@ -29,6 +30,7 @@ from services.tap.spool import SpoolCorrupt, SpoolLocked
 log = logging.getLogger("goose_ingest.tap")
 PROG = "goose-ingest"
 READER_GRACE_S = 5.0  # after the child exits, how long to wait for its pipes to close (grandchildren)
+PIPE_READ_BYTES = 65536  # a Linux pipe's default capacity: one read takes all that is buffered
 CREDENTIAL_CHECK_TIMEOUT_S = 2.0  # one PING before the command starts; a slow broker only delays the check
 
 # Executables (basename) of the agent CLIs and the npm packages they ship in -> the run's format.
@@ -223,6 +225,8 @@ def _drain(pub: Publisher, timeout: float | None, abort: threading.Event) -> boo
         if pub.flush(step):
             ok = True
             break
+        if not pub.sender_alive:  # it failed (logged): waiting longer would spin forever
+            break
         if deadline is not None and time.monotonic() >= deadline:
             break
     ok = pub.close(timeout=None if ok else 0)
@@ -308,22 +312,40 @@ def cmd_tap(args: argparse.Namespace) -> int:
 
 
 def _pump(pipe: BinaryIO, stream: str, echo, pub: Publisher) -> None:
+    """Echo and publish a pipe's output: one read of up to PIPE_READ_BYTES, one echo write and one
+    spool write per chunk, however many lines it holds (reads return as soon as anything arrived)."""
     out = getattr(echo, "buffer", None) if echo is not None else None
+    fd = pipe.fileno()  # read the fd directly: the BufferedReader's readline costs a call per line
+    splitter = LineSplitter()
     late = 0
-    for raw in iter(pipe.readline, b""):
+    while True:
+        chunk = os.read(fd, PIPE_READ_BYTES)
+        if not chunk:
+            break
         ts = now_ms()
         if out is not None:
             try:
-                out.write(raw)
+                out.write(chunk)
                 out.flush()
             except (OSError, ValueError):
                 out = None  # our own stdout/stderr went away: keep publishing
-        try:
-            pub.add_line(_strip_newline(raw), stream, ts)
-        except (RunFinished, RuntimeError):
-            late += 1
+        lines = splitter.feed(chunk)
+        if lines:
+            late += _add_lines(pub, lines, stream, ts)
+    tail = splitter.rest()
+    if tail is not None:
+        late += _add_lines(pub, [tail], stream, now_ms())
     if late:
         log.warning("%d %s lines arrived after the run ended and were not published", late, stream)
+
+
+def _add_lines(pub: Publisher, lines: list[bytes], stream: str, ts: int) -> int:
+    """Publish lines; returns how many could not be (the run already ended)."""
+    try:
+        pub.add_lines(lines, stream, ts)
+    except (RunFinished, RuntimeError):
+        return len(lines)
+    return 0
 
 
 # --- publish ---------------------------------------------------------------------------------------

@@ -1,21 +1,32 @@
 """Publisher: assigns seqs, spools, and sends raw entries in pipelined batches (docs/raw-entries.md).
 
-Callers (``add_line``/``add_eof``) never wait for the broker: an entry is appended to the run's spool log
-and a background sender thread XADDs batches of up to ``settings.publish_batch`` entries (or whatever
-accumulated within ``max_delay_s``) in one non-transactional pipeline. When the broker is unreachable the
-sender retries the same batch with backoff (capped at ~2 s) while callers keep appending to the spool.
+Callers (``add_line``/``add_lines``/``add_eof``) never wait for the broker: entries are appended to the
+run's spool log (one write per call) and a background sender thread XADDs them in one pipeline per batch.
+
+Batching is Nagle-like, with no timer: an idle sender sends what is spooled at once (a lone line goes out
+within a round trip), and whatever accumulates while a batch is in flight forms the next batch (up to
+``settings.publish_batch``). Low rates thus add no latency and high rates get large batches.
+
+Durability: every batch is read back from the spool (so exactly what is spooled is sent) and fsync'ed
+once before it is sent -- one fsync per batch, not per line. When the broker is unreachable the sender
+retries the same batch with backoff (capped at ~2 s) while callers keep appending to the spool.
 Delivery is at-least-once; a re-sent entry has the same run and seq, and workers drop such duplicates.
+
+On a single-node broker the batch goes out as hand-built RESP (``services/tap/resp.py``, proven
+byte-equivalent to redis-py's XADD) in one socket write; a cluster client uses ``xadd_batch``.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import orjson
 import redis
 
 from contracts.raw import EOF, LINE
@@ -23,8 +34,10 @@ from services.broker.cluster import xadd_batch
 from services.broker.helpers import redact_url, sync_client_with_timeouts
 from services.sequencer.entries import MAX_LABEL_CHARS, Entry
 from services.settings import Settings
+from services.tap.resp import command as resp_command
+from services.tap.resp import xadd_records
 from services.tap.runkey import validate_run
-from services.tap.spool import Spool, decode_record, encode_record, spool_path
+from services.tap.spool import SRC_TAG, Spool, decode_record, encode_record, spool_path
 
 log = logging.getLogger("goose_ingest.tap")
 
@@ -34,6 +47,11 @@ ENTRY_LABELS = ("host", "agent", "format", "parent", "continues")  # labels the 
 STREAMS = ("stdout", "stderr")
 BACKOFF_START_S = 0.05
 BACKOFF_CAP_S = 2.0
+RECV_BYTES = 65536
+# A busy sender starts at most one batch per this interval; an idle one sends at once. Each batch costs a
+# fixed fsync, round trip and thread wake-up: at 1,000 lines/s without this every line would be its own
+# batch. It bounds the added latency at 10 ms, and only while the sender is busy.
+MIN_BATCH_INTERVAL_S = 0.01
 
 
 class RunFinished(RuntimeError):
@@ -69,7 +87,7 @@ class Publisher:
         labels: Mapping[str, str] | None = None,
         *,
         client: redis.Redis | None = None,
-        max_delay_s: float = 0.05,
+        min_interval_s: float | None = None,
         spool_dir: str | Path | None = None,
         format: str | None = None,
     ) -> None:
@@ -83,13 +101,19 @@ class Publisher:
         # Labels the entry type knows are encoded by Entry.to_fields; any others follow them.
         self._entry_labels = {k: labels[k] for k in ENTRY_LABELS if k in labels}
         self._other_labels = {k: v for k, v in labels.items() if k not in ENTRY_LABELS}
+        # The labels of every spool record, in Entry.to_fields order then the others (see _line_record).
+        self._record_labels = {**self._entry_labels, **self._other_labels}
         self.labels = labels
         self.stream_key = settings.layout.raw_stream(settings.layout.shard_of(run))
         self.batch = settings.publish_batch
-        self.max_delay_s = max_delay_s
+        self.min_interval_s = MIN_BATCH_INTERVAL_S if min_interval_s is None else min_interval_s
+        self._last_send = float("-inf")  # monotonic start of the latest batch
+        self._stream_key_b = self.stream_key.encode()
         # the client first: a bad URL must not leave a spool behind (creating it does not connect)
         self._client = client or sync_client_with_timeouts(settings, socket_timeout=10.0, connect_timeout=2.0)
         self._own_client = client is None
+        # A plain client gets the hand-built pipeline; a cluster client keeps xadd_batch (slot routing).
+        self._packed = isinstance(self._client, redis.Redis)
         try:
             self._spool = Spool(Path(spool_dir) if spool_dir is not None else spool_path(settings, run))
         except BaseException:
@@ -128,6 +152,11 @@ class Publisher:
         return self._next - self._sent
 
     @property
+    def sender_alive(self) -> bool:
+        """False once the sender thread stopped (closed, or failed: the reason is logged)."""
+        return self._thread.is_alive()
+
+    @property
     def finished(self) -> bool:
         """True once the run has its eof entry (added now, or found in the spool)."""
         return self._eof
@@ -160,15 +189,27 @@ class Publisher:
         with self._cv:
             self._check_open()
             seq = self._next
-            # The line goes out as the exact bytes read; the Entry carries a placeholder for it.
-            fields = self._fields(self._entry(seq, ts, LINE, stream), line=bytes(line))
-            if fields_extra:
-                fields.update(fields_extra)
-            self._spool.append(encode_record(fields, source), source)
+            self._spool.append(self._line_record(seq, ts, bytes(line), stream, fields_extra, source), source)
             self._next = seq + 1
-            if self._next - self._sent == 1 or self._next - self._sent >= self.batch:
-                self._cv.notify_all()
+            self._cv.notify_all()
             return seq
+
+    def add_lines(self, lines: Sequence[bytes], stream: str = "stdout", ts_ms: int | None = None) -> int:
+        """Add several lines (without their newlines) at once: one lock, one spool write. Returns the
+        seq of the first (the next seq when ``lines`` is empty)."""
+        if stream not in STREAMS:
+            raise ValueError(f"stream must be one of {STREAMS}, not {stream!r}")
+        ts = now_ms() if ts_ms is None else int(ts_ms)
+        with self._cv:
+            self._check_open()
+            first = self._next
+            if lines:
+                record = self._line_record
+                self._spool.append_many(b"".join([record(first + i, ts, line, stream)
+                                                  for i, line in enumerate(lines)]), len(lines))
+                self._next = first + len(lines)
+                self._cv.notify_all()
+            return first
 
     def add_eof(self, exit_code: int | None = None, ts_ms: int | None = None,
                 extra: Mapping[str, str] | None = None) -> int:
@@ -193,6 +234,25 @@ class Publisher:
         labels.update(self._entry_labels)
         return Entry(run=self.run, seq=seq, ts=ts, kind=kind, stream=stream, line="", exit=exit_code, sid="",
                      **labels)  # type: ignore[arg-type]
+
+    def _line_record(self, seq: int, ts: int, line: bytes, stream: str, extra: Mapping[str, str] | None = None,
+                     source: str | None = None) -> bytes:
+        """The spool record of a line entry, built directly (the hot path).
+
+        Byte-identical to ``encode_record(self._fields(self._entry(...), line), source)`` after
+        ``extra`` -- a property test in tests/test_tap.py holds the two together."""
+        try:
+            rec = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": LINE, "stream": stream,
+                   "line": line.decode("utf-8")}
+        except UnicodeDecodeError:
+            rec = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": LINE, "stream": stream,
+                   "line_b64": base64.b64encode(line).decode("ascii")}
+        rec.update(self._record_labels)
+        if extra:
+            rec.update(extra)
+        if source is not None:
+            rec[SRC_TAG] = source
+        return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
 
     def _fields(self, entry: Entry, line: bytes | None = None) -> dict[str, str | bytes]:
         """The spool record of an entry: Entry.to_fields (the one encoder), then the other labels."""
@@ -277,8 +337,55 @@ class Publisher:
             with self._cv:
                 self._cv.notify_all()
 
+    def _send_packed(self, payload: bytes, n: int) -> None:
+        """Send ``n`` pre-encoded XADDs (plus WAIT when configured) in one write; read all their replies.
+
+        Any failure drops the connection (a half-read pipeline must never be reused); the caller retries."""
+        import hiredis  # redis-py's own optional parser (installed with redis[hiredis])
+
+        from services.broker.cluster import ReplicationShortfall
+
+        wait = self.settings.redis_wait_replicas
+        if wait:
+            payload += resp_command(b"WAIT", str(wait).encode(), str(self.settings.redis_wait_timeout_ms).encode())
+        expected = n + (1 if wait else 0)
+        pool = self._client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([payload])  # a list: one sendall of the whole pipeline
+            # redis-py's connection has no public "read N raw replies"; its socket and hiredis' reader do it
+            # without a Python call per reply.
+            sock = conn._sock
+            reader = hiredis.Reader()
+            replies: list[object] = []
+            while len(replies) < expected:
+                reply = reader.gets()
+                if reply is False:
+                    data = sock.recv(RECV_BYTES)
+                    if not data:
+                        raise redis.ConnectionError("the broker closed the connection")
+                    reader.feed(data)
+                    continue
+                replies.append(reply)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        for reply in replies[:n]:
+            if isinstance(reply, hiredis.ReplyError):
+                raise redis.ResponseError(str(reply))
+        if wait:
+            acked = replies[-1]
+            if isinstance(acked, hiredis.ReplyError):
+                raise redis.ResponseError(str(acked))
+            if int(acked) < wait:  # type: ignore[call-overload]
+                raise ReplicationShortfall(
+                    f"{acked} of {wait} replicas acknowledged within {self.settings.redis_wait_timeout_ms} ms")
+
     def _send_loop(self) -> None:
-        batch: list[dict] = []
+        batch: list[bytes] = []
+        payload: bytes | None = None
         backoff = BACKOFF_START_S
         while True:
             with self._cv:
@@ -289,25 +396,31 @@ class Publisher:
                         return
                     if self._abort:
                         return
-                    # batching window: up to `batch` entries or max_delay_s, unless a flush is waiting
-                    deadline = time.monotonic() + self.max_delay_s
+                    # pacing (see MIN_BATCH_INTERVAL_S): no wait at all when the last batch is long gone
+                    deadline = self._last_send + self.min_interval_s
                     while (self._next - self._sent < self.batch and not self._flush_req and not self._closing
                            and (left := deadline - time.monotonic()) > 0):
                         self._cv.wait(left)
                     n = min(self._next - self._sent, self.batch)
-                    raws = self._spool.read_unsent(n)
                 elif self._abort:
                     return
             if not batch:
+                # Outside the lock: only this thread reads the spool, and these n records are written.
+                raws = self._spool.read_unsent(n)
+                self._last_send = time.monotonic()
                 try:
-                    self._spool.sync()
+                    self._spool.sync()  # one fsync per batch: spooled durably before anything is sent
                 except OSError:
                     pass
-                batch = [decode_record(r) for r in raws]
+                batch = raws
+                payload = xadd_records(self._stream_key_b, raws) if self._packed else None
             try:
                 # One pipeline; with REDIS_WAIT_REPLICAS it also WAITs for replicas (services/broker/cluster.py).
-                xadd_batch(self._client, self.stream_key, batch, self.settings.redis_wait_replicas,
-                           self.settings.redis_wait_timeout_ms)
+                if payload is not None:
+                    self._send_packed(payload, len(batch))
+                else:
+                    xadd_batch(self._client, self.stream_key, [decode_record(r) for r in batch],
+                               self.settings.redis_wait_replicas, self.settings.redis_wait_timeout_ms)
             except (redis.RedisError, OSError) as exc:
                 if self.broker_up is not False:
                     log.warning(

@@ -4,7 +4,8 @@ Layout: ``<spool_dir>/<namespace>/<run>/`` (both names escaped to ``[A-Za-z0-9_-
 
 - ``entries.jsonl``: every entry ever assigned for the run, one JSON object a line, in seq order, appended
   (and flushed to the OS) before it is sent. Its line count is the next seq.
-- ``sent``: how many leading entries of the log the broker confirmed (rewritten atomically per batch).
+- ``sent``: how many leading entries of the log the broker confirmed (a fixed-width number, rewritten in place
+  per batch; see ``Spool.mark_sent``).
 - ``lock``: flock'ed by the one process publishing the run.
 
 A line that is valid UTF-8 is stored as ``"line"``; any other bytes as ``"line_b64"``. ``"_src"`` is a local
@@ -32,6 +33,7 @@ LOG = "entries.jsonl"
 SENT = "sent"
 LOCK = "lock"
 SRC_TAG = "_src"
+SENT_WIDTH = 20  # digits of the `sent` count (fits any seq; see Spool.mark_sent)
 
 
 class SpoolLocked(RuntimeError):
@@ -102,6 +104,7 @@ class Spool:
         self._recover()
         self.sent = min(max(self._read_sent(), 0), self.count)
         self._writer = open(self.path / LOG, "ab")
+        self._sent_fd: int | None = None
         self._reader = open(self.path / LOG, "rb")
         for _ in range(self.sent):
             self._reader.readline()
@@ -147,8 +150,15 @@ class Spool:
         if src is not None:
             self.by_source[src] = self.by_source.get(src, 0) + 1
 
+    def append_many(self, records: bytes, count: int) -> None:
+        """Append ``count`` encoded records given as one byte string: one write, one flush."""
+        self._writer.write(records)
+        self._writer.flush()
+        self.count += count
+
     def sync(self) -> None:
-        os.fsync(self._writer.fileno())
+        # fdatasync: the data and the file size, without the inode's timestamps (enough to read it back)
+        getattr(os, "fdatasync", os.fsync)(self._writer.fileno())
 
     # --- sending --------------------------------------------------------------------
     def read_unsent(self, n: int) -> list[bytes]:
@@ -162,10 +172,15 @@ class Spool:
         return out
 
     def mark_sent(self, count: int) -> None:
+        """Record how many entries the broker confirmed: one pwrite of a fixed-width number in place.
+
+        Fixed width, so every write covers the whole previous value (a short write of a few bytes in
+        one block is not torn by a crash of this process). Never fsync'ed: a lost update only makes a
+        resumed run re-send confirmed entries, which the workers drop as duplicates."""
         self.sent = count
-        tmp = self.path / (SENT + ".tmp")
-        tmp.write_text(str(count))
-        os.replace(tmp, self.path / SENT)
+        if self._sent_fd is None:
+            self._sent_fd = os.open(self.path / SENT, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.pwrite(self._sent_fd, b"%0*d\n" % (SENT_WIDTH, count), 0)
 
     # --- closing --------------------------------------------------------------------
     def close(self, remove: bool = False) -> None:
@@ -174,6 +189,12 @@ class Spool:
                 f.close()
             except OSError:
                 pass
+        if self._sent_fd is not None:
+            try:
+                os.close(self._sent_fd)
+            except OSError:
+                pass
+            self._sent_fd = None
         if remove:
             shutil.rmtree(self.path, ignore_errors=True)
             try:  # drop the namespace dir when it became empty

@@ -65,7 +65,6 @@ from services.worker.commit import (
 log = logging.getLogger("goose_ingest.worker")
 
 MAX_ATTEMPTS = 8
-CACHE_RUNS = 4096  # run sequencers kept in process between batches (LRU)
 _DETAILS = {
     AFTER_END: "the run had already ended (eof or abandoned) and this seq is not part of it",
     OUT_OF_WINDOW: "seq is too far ahead of the run's next expected seq",
@@ -152,7 +151,9 @@ class BatchProcessor:
         self.redactor = settings.redactor()
         self.ttl_ms = int(settings.run_state_ttl_hours * 3_600_000)
         self._topics: dict[tuple[str, int], str] = {}
+        # Run sequencers kept between batches (LRU, `run_cache_size`): what bounds the worker's RSS.
         self._cache: OrderedDict[str, tuple[str, RunSequencer]] = OrderedDict()
+        self._cache_size = settings.run_cache_size
 
     def new_sequencer(self, run: str) -> RunSequencer:
         s = self.settings
@@ -284,7 +285,7 @@ class BatchProcessor:
                 result.count(d.outcome, d.reason)
                 if d.outcome == PROCESSED and d.entry.kind != ABANDON:
                     result.latencies_ms.append(now_ms - stream_id_ms(d.entry.sid))
-        while len(cache) > CACHE_RUNS:
+        while len(cache) > self._cache_size:
             cache.popitem(last=False)
         return result
 
@@ -358,14 +359,24 @@ class BatchProcessor:
     def _feed(self, run: str, version: str, sequencer: RunSequencer, items: list[RunItem]) -> RunResult:
         outcome = Outcome()
         last_ms = 0
+        entries: list[Entry] = []  # a stretch of entries between lost seqs: one accept_many call
         for item in items:
             if isinstance(item, Lost):
+                if entries:
+                    sequencer.accept_many(entries, outcome)
+                    entries = []
                 sequencer.lose(item.seq, stream_id_ms(item.sid), outcome)
                 last_ms = max(last_ms, stream_id_ms(item.sid))
                 continue
-            sequencer.accept(item, outcome)
+            entries.append(item)
+        if entries:
+            sequencer.accept_many(entries, outcome)
+        # Items are in stream order, so the last dated one has the latest id (abandon markers come
+        # from the control stream: they are not activity of the run).
+        for item in reversed(entries):
             if item.kind != ABANDON:
                 last_ms = max(last_ms, stream_id_ms(item.sid))
+                break
         return RunResult(run, version, sequencer, outcome, last_ms, sequencer.take_held_changes())
 
     def _give_up(self, batch: _Batch, run: str, items: list[RunItem], error: str) -> None:

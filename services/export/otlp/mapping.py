@@ -164,7 +164,21 @@ class Tally:
         self.dropped_events += other.dropped_events
 
 
-def _bounded(attrs: Mapping[str, Any], max_count: int | None, max_len: int | None, tally: Tally) -> BoundedAttributes:
+_PLAIN_TYPES = (str, bool, int, float)
+
+
+def _bounded(
+    attrs: Mapping[str, Any], max_count: int | None, max_len: int | None, tally: Tally
+) -> Mapping[str, Any]:
+    """The attributes within the SDK's limits (count, value length), truncations counted.
+
+    The common case (plain values within the limits) is returned as it is: the SDK's
+    BoundedAttributes would only copy it, at about a third of the mapping's cost.
+    """
+    if (max_count is None or len(attrs) <= max_count) and all(
+        type(v) in _PLAIN_TYPES and (max_len is None or type(v) is not str or len(v) <= max_len) for v in attrs.values()
+    ):
+        return attrs
     if max_len is not None:
         for value in attrs.values():
             if isinstance(value, str) and len(value) > max_len:

@@ -36,7 +36,7 @@ class OtlpMetrics:
             registry=r,
         )
         self.span_events = Counter(
-            "goose_ingest_otlp_span_events", "Harness events exported as span events of a root.", registry=r
+            "goose_ingest_otlp_span_events", "Harness events kept as span events of their run's root.", registry=r
         )
         self.late_events = Counter(
             "goose_ingest_otlp_late_events",
