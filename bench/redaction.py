@@ -3,8 +3,8 @@
 Corpus: the events the normaliser makes of the shared goose transcripts (every transcript, each
 as its own run), repeated to about ``--events`` events; a second corpus is the same with a
 secret-bearing command event (several families, structural arguments) every ``--dirty-every``
-events. Each event goes through what the sequencer does per event: ``tracker.observe`` of
-``unknown`` payloads, then ``redact_event(event, tracker=...)``.
+events. Each event goes through what the sequencer does per event with redaction on:
+``tracker.observe`` of ``unknown`` payloads, then ``redact_event(event, tracker=...)``.
 
 Variants, interleaved over ``--rounds`` rounds in the same process (CPU speed drifts here):
 - ``no-op``: the same loop calling a function that returns the event unchanged (the floor);
@@ -94,11 +94,11 @@ def run_redactor(redactor: Redactor | None) -> Callable[[list[list[Event]]], int
         for run in event_runs:
             tracker = SecretFieldTracker()
             for event in run:
-                if event["type"] == "unknown":
-                    tracker.observe(event["raw"])
                 if redactor is None:
                     _noop(event, tracker)
-                else:
+                else:  # what RunSequencer._redact does per event
+                    if event["type"] == "unknown":
+                        tracker.observe(event["raw"])
                     redactor.redact_event(event, tracker=tracker)
                 n += 1
         return n

@@ -126,7 +126,8 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, workers: int, log: Path) -> Point:
+def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, workers: int, log: Path,
+            profile: str | None = None) -> Point:
     ns = f"scale{uuid.uuid4().hex[:6]}"
     settings = _settings(url, ns)
     client = redis.Redis.from_url(url)
@@ -134,9 +135,12 @@ def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, work
     ports = [_free_port() for _ in range(workers)]
     env = {**os.environ, "GOOSE_INGEST_REDIS_URL": url, "GOOSE_INGEST_NAMESPACE": ns,
            "GOOSE_INGEST_SHARDS": str(SHARDS)}
-    procs = [subprocess.Popen([sys.executable, "-m", "services.cli", "worker"], cwd=REPO,
+    # --profile: the first worker runs under cProfile (stats written when it is terminated)
+    prof = [[sys.executable, "-m", "cProfile", "-o", f"{profile}.{sweep.replace(' ', '-')}-{x}"]
+            if profile and i == 0 else [sys.executable] for i in range(workers)]
+    procs = [subprocess.Popen([*prof[i], "-m", "services.cli", "worker"], cwd=REPO,
                               env={**env, "GOOSE_INGEST_METRICS_PORT": str(p)},
-                              stdout=log.open("ab"), stderr=subprocess.STDOUT) for p in ports]
+                              stdout=log.open("ab"), stderr=subprocess.STDOUT) for i, p in enumerate(ports)]
     try:
         deadline = time.monotonic() + 60
         while not all(_ready(p) for p in ports):
@@ -181,6 +185,8 @@ def main() -> None:
     ap.add_argument("--sweep", default="runs,size,workers")
     ap.add_argument("--plot", default=str(REPO / "bench" / "results" / "scale.png"))
     ap.add_argument("--json", default=None, help="also write the points as JSON here")
+    ap.add_argument("--active-runs", default="100,1000,10000,100000", help="points of the active-runs sweep")
+    ap.add_argument("--profile", metavar="PREFIX", help="run the first worker of each point under cProfile")
     args = ap.parse_args()
     random.seed(7)
     sweeps = args.sweep.split(",")
@@ -190,9 +196,9 @@ def main() -> None:
         log = Path(tmp) / "workers.log"
         try:
             if "runs" in sweeps:
-                for runs in (100, 1_000, 10_000, 100_000):
+                for runs in (int(r) for r in args.active_runs.split(",")):
                     points.append(measure(server.url, "active runs", runs, runs, max(args.lines, 2 * runs),
-                                          445, 1, log))
+                                          445, 1, log, args.profile))
             if "size" in sweeps:
                 for size in (200, 2_000, 20_000, 100_000):
                     lines = max(2_000, min(args.lines, args.lines * 445 // size))

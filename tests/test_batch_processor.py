@@ -492,3 +492,34 @@ def test_the_run_cache_is_bounded_by_its_setting_and_a_small_one_loses_nothing(p
         assert h.events(run) == expected(run, 4)
         assert [r["state"] for r in h.records(run)] == ["started", "ended"]
     assert h.pending(shard) == 0
+
+
+def test_after_a_conflict_cached_runs_are_checked_so_workers_sharing_runs_stop_conflicting(plain):
+    """Two workers taking turns on the same runs: the first stale cache costs a conflict (and a
+    recomputation); from then on each checks its cached runs' versions in its state read, so the
+    alternation costs no more conflicts, and the output is the one-pass output."""
+    h = Harness(plain)
+    shard = 0
+    runs = [r for r in (f"bp/shared-{i}" for i in range(100)) if h.layout.shard_of(r) == shard][:5]
+    conflicts = []
+
+    async def body(client):
+        a, b = BatchProcessor(plain, client), BatchProcessor(plain, client)
+        for seq in range(6):
+            for run in runs:
+                h.add(line(run, seq))
+            await process_shard(h, a if seq % 2 == 0 else b, shard)
+            conflicts.append(a.conflicts + b.conflicts)
+        for run in runs:
+            h.add(eof(run, 6))
+        await process_shard(h, a, shard)
+        conflicts.append(a.conflicts + b.conflicts)
+
+    run_async(plain, body)
+    # a's cache goes stale once (seq 2), then b's (seq 3): every run conflicts once per worker...
+    assert conflicts[:4] == [0, 0, len(runs), 2 * len(runs)]
+    assert conflicts[-1] == conflicts[3]  # ...and from then on both check their caches: no more
+    for run in runs:
+        assert h.events(run) == expected(run, 6)
+        assert [r["state"] for r in h.records(run)] == ["started", "ended"]
+    assert h.pending(shard) == 0

@@ -82,6 +82,22 @@ def worker(settings: Settings, log: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT)
 
 
+def _diagnose(settings: Settings, runs: dict[str, Path], wlog: Path) -> str:
+    """Which runs did not end, what their raw log and the group hold (for a failing run of this test)."""
+    r = sync_client(settings)
+    layout = settings.layout
+    lines = []
+    for run in sorted(set(runs) - ended_runs(settings)):
+        stream = layout.raw_stream(layout.shard_of(run))
+        seqs = sorted(int(f[b"seq"]) for _, f in r.xrange(stream) if f.get(b"run") == run.encode())
+        pending = r.xpending(stream, settings.group)
+        state = r.hgetall(layout.run_state(run))
+        lines.append(f"{run}: raw seqs {seqs[:3]}..{seqs[-3:]} ({len(seqs)}), expected "
+                     f"{len(runs[run].read_bytes().splitlines()) + 1}; shard pending {pending['pending']}; "
+                     f"state keys {sorted(k.decode() for k in state)} v={state.get(b'v')}")
+    return "\n".join(lines) + "\n" + wlog.read_text(errors="replace")[-4000:]
+
+
 def _published(settings: Settings, run: str) -> int:
     r = sync_client(settings)
     stream = settings.layout.raw_stream(settings.layout.shard_of(run))
@@ -129,7 +145,10 @@ def test_sigkill_of_a_primary_mid_stream_loses_nothing(tmp_path):
             assert proc.wait(timeout=120) == 0, (run, tlog.read_text()[-3000:])
         # the kill hit taps mid-run: they spooled, reconnected to the new primary and delivered
         assert "reachable again" in tlog.read_text(), tlog.read_text()[-3000:]
-        wait_until(lambda: ended_runs(s) >= set(runs), timeout=180, interval=0.5)
+        try:
+            wait_until(lambda: ended_runs(s) >= set(runs), timeout=180, interval=0.5)
+        except AssertionError:
+            raise AssertionError(_diagnose(s, runs, wlog)) from None
         time.sleep(1.0)  # let the consumer catch the last entries
         consumer.done.set()
         consumer.join(timeout=10)

@@ -728,15 +728,19 @@ def _int_text(x: int) -> str | None:
         return None
 
 
-def _iter_dicts(obj: Any) -> Iterator[dict[Any, Any]]:
+def _action_dicts(obj: Any) -> list[dict[Any, Any]]:
+    """Every object inside ``obj`` (any depth, document order) that has an ``actionType``."""
+    found: list[dict[Any, Any]] = []
     stack = [obj]
     while stack:
         x = stack.pop()
         if isinstance(x, dict):
-            yield x
+            if "actionType" in x:
+                found.append(x)
             stack.extend(reversed(list(x.values())))
         elif isinstance(x, (list, tuple)):
             stack.extend(reversed(x))
+    return found
 
 
 def _secret_value_text(v: Any) -> str | None:
@@ -781,7 +785,7 @@ class SecretFieldTracker:
         collected before responses, so both may sit in the same object. Returns True when the
         state changed."""
         changed = False
-        dicts = list(_iter_dicts(obj))
+        dicts = _action_dicts(obj)
         for d in dicts:
             if d.get("actionType") == "elicitation":
                 eid = _id_key(d.get("id"))

@@ -241,8 +241,7 @@ def _command_chars(tool: str) -> int:
 # ASCII whitespace (a netrc file's separators; `\s` would also take Unicode blanks, which the
 # literal pre-check below could not list).
 _WS_CHARS = " \t\r\n\f\v"
-_WS = "[" + _WS_CHARS.replace("\t", "\\t").replace("\r", "\\r").replace("\n", "\\n").replace("\f", "\\f").replace(
-    "\v", "\\v") + "]"
+_WS = "[" + re.escape(_WS_CHARS) + "]"
 
 
 def _follow(words: list[str], chars: str) -> tuple[str, ...]:

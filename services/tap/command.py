@@ -9,6 +9,7 @@ from the first JSON line (harness-events-more-formats.md section 1).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import signal
@@ -30,7 +31,13 @@ from services.tap.spool import SpoolCorrupt, SpoolLocked
 log = logging.getLogger("goose_ingest.tap")
 PROG = "goose-ingest"
 READER_GRACE_S = 5.0  # after the child exits, how long to wait for its pipes to close (grandchildren)
-PIPE_READ_BYTES = 65536  # a Linux pipe's default capacity: one read takes all that is buffered
+PIPE_READ_BYTES = 1 << 20  # one read takes all that is buffered (up to PIPE_BUFFER_BYTES)
+# While the publisher is busy (a batch in flight or paced), the readers let output collect in the pipe
+# this long before the next read: one read and one spool write then carry dozens of lines instead of
+# one each. An idle publisher means no wait (a lone line is read and sent at once). The pipes are grown
+# to PIPE_BUFFER_BYTES so a fast command does not block on a full pipe meanwhile.
+PIPE_COALESCE_S = 0.005
+PIPE_BUFFER_BYTES = 1 << 20
 CREDENTIAL_CHECK_TIMEOUT_S = 2.0  # one PING before the command starts; a slow broker only delays the check
 
 # Executables (basename) of the agent CLIs and the npm packages they ship in -> the run's format.
@@ -276,6 +283,9 @@ def cmd_tap(args: argparse.Namespace) -> int:
         _drain(pub, args.drain_timeout, abort)
         return 127 if isinstance(exc, FileNotFoundError) else 126
 
+    for pipe in (child.stdout, child.stderr):
+        _grow_pipe(pipe)
+
     def on_signal(signum, _frame):
         if child.poll() is None:
             try:
@@ -311,6 +321,17 @@ def cmd_tap(args: argparse.Namespace) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
+def _grow_pipe(pipe: BinaryIO | None) -> None:
+    """Linux: raise the pipe's capacity to PIPE_BUFFER_BYTES (best effort: the default 64 KiB also works)."""
+    setsz = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if pipe is None or setsz is None:
+        return
+    try:
+        fcntl.fcntl(pipe.fileno(), setsz, PIPE_BUFFER_BYTES)
+    except OSError:
+        pass  # above /proc/sys/fs/pipe-max-size for an unprivileged user
+
+
 def _pump(pipe: BinaryIO, stream: str, echo, pub: Publisher) -> None:
     """Echo and publish a pipe's output: one read of up to PIPE_READ_BYTES, one echo write and one
     spool write per chunk, however many lines it holds (reads return as soon as anything arrived)."""
@@ -332,6 +353,8 @@ def _pump(pipe: BinaryIO, stream: str, echo, pub: Publisher) -> None:
         lines = splitter.feed(chunk)
         if lines:
             late += _add_lines(pub, lines, stream, ts)
+        if pub.sender_busy:
+            time.sleep(PIPE_COALESCE_S)
     tail = splitter.rest()
     if tail is not None:
         late += _add_lines(pub, [tail], stream, now_ms())

@@ -34,13 +34,15 @@ from services.broker.cluster import xadd_batch
 from services.broker.helpers import redact_url, sync_client_with_timeouts
 from services.sequencer.entries import MAX_LABEL_CHARS, Entry
 from services.settings import Settings
+from services.tap.resp import bulk, xadd_records
 from services.tap.resp import command as resp_command
-from services.tap.resp import xadd_records
 from services.tap.runkey import validate_run
 from services.tap.spool import SRC_TAG, Spool, decode_record, encode_record, spool_path
 
 log = logging.getLogger("goose_ingest.tap")
 
+_REC_TS = b'","ts":"'
+_RESP_TS = b"$2\r\nts\r\n"
 RESERVED_FIELDS = frozenset({"run", "seq", "ts", "kind", "stream", "line", "exit", "line_b64", "_src", "through",
                              "missing"})
 ENTRY_LABELS = ("host", "agent", "format", "parent", "continues")  # labels the Entry type carries
@@ -52,6 +54,9 @@ RECV_BYTES = 65536
 # fixed fsync, round trip and thread wake-up: at 1,000 lines/s without this every line would be its own
 # batch. It bounds the added latency at 10 ms, and only while the sender is busy.
 MIN_BATCH_INTERVAL_S = 0.01
+# Encoded commands of spooled entries kept in memory for the sender (so it need not read back and re-parse
+# the spool); beyond this (the broker is slow or down) it reads them from the spool instead.
+MEM_CAP_BYTES = 4 << 20
 
 
 class RunFinished(RuntimeError):
@@ -109,6 +114,7 @@ class Publisher:
         self.min_interval_s = MIN_BATCH_INTERVAL_S if min_interval_s is None else min_interval_s
         self._last_send = float("-inf")  # monotonic start of the latest batch
         self._stream_key_b = self.stream_key.encode()
+        self._templates()
         # the client first: a bad URL must not leave a spool behind (creating it does not connect)
         self._client = client or sync_client_with_timeouts(settings, socket_timeout=10.0, connect_timeout=2.0)
         self._own_client = client is None
@@ -123,8 +129,16 @@ class Publisher:
         self._cv = threading.Condition()
         self._next = self._spool.count  # next seq to assign
         self._sent = self._spool.sent  # entries confirmed by the broker
+        self._taken = self._sent  # entries handed to the sender: confirmed + the batch in flight
+        self._taken_offset = self._spool.unsent_offset  # spool byte offset of entry `_taken` (sender only)
+        # Encoded XADDs of exactly the entries [_taken, _next) while `_mem_on`, with their record sizes.
+        self._mem: list[bytes] = []
+        self._mem_lens: list[int] = []
+        self._mem_bytes = 0
+        self._mem_on = self._packed and self._next == self._sent
         self._eof = self._spool.finished
         self._flush_req = 0
+        self._sender_idle = False  # the sender waits for entries (set and read under the lock)
         self._closing = False
         self._abort = False
         self._abort_evt = threading.Event()
@@ -150,6 +164,11 @@ class Publisher:
     @property
     def pending(self) -> int:
         return self._next - self._sent
+
+    @property
+    def sender_busy(self) -> bool:
+        """True while a batch is in flight or the sender paces the next one (False: it waits for entries)."""
+        return not self._sender_idle
 
     @property
     def sender_alive(self) -> bool:
@@ -189,9 +208,11 @@ class Publisher:
         with self._cv:
             self._check_open()
             seq = self._next
-            self._spool.append(self._line_record(seq, ts, bytes(line), stream, fields_extra, source), source)
+            rec = self._line_record(seq, ts, bytes(line), stream, fields_extra, source)
+            self._spool.append(rec, source)
             self._next = seq + 1
-            self._cv.notify_all()
+            self._remember([rec], None)
+            self._wake_sender()
             return seq
 
     def add_lines(self, lines: Sequence[bytes], stream: str = "stdout", ts_ms: int | None = None) -> int:
@@ -203,13 +224,67 @@ class Publisher:
         with self._cv:
             self._check_open()
             first = self._next
-            if lines:
-                record = self._line_record
-                self._spool.append_many(b"".join([record(first + i, ts, line, stream)
-                                                  for i, line in enumerate(lines)]), len(lines))
-                self._next = first + len(lines)
-                self._cv.notify_all()
+            if not lines:
+                return first
+            rec_head, rec_tail = self._rec_head[stream], self._rec_tail
+            dumps = orjson.dumps
+            recs = []
+            for i, line in enumerate(lines):
+                try:
+                    text = dumps(line.decode("utf-8"))
+                except UnicodeDecodeError:
+                    recs.append(self._line_record(first + i, ts, line, stream))
+                    continue
+                recs.append(b"%b%d%b%d%b%b%b" % (self._rec_run, first + i, _REC_TS, ts, rec_head, text, rec_tail))
+            self._spool.append_many(b"".join(recs), len(recs))
+            self._next = first + len(lines)
+            if self._mem_on:
+                head, kind, tail = self._resp_head, self._resp_kind[stream], self._resp_tail
+                ts_b = b"%d" % ts
+                ts_part = b"$%d\r\n%b\r\n" % (len(ts_b), ts_b)
+                resps = []
+                for i, line in enumerate(lines):
+                    seq_b = b"%d" % (first + i)
+                    resps.append(b"%b$%d\r\n%b\r\n%b%b%b$%d\r\n%b\r\n%b" % (
+                        head, len(seq_b), seq_b, _RESP_TS, ts_part, kind, len(line), line, tail))
+                self._remember(recs, resps)
+            self._wake_sender()
             return first
+
+    def _remember(self, recs: list[bytes], resps: list[bytes] | None) -> None:
+        """Keep the encoded XADDs of records just spooled for the sender (lock held), within MEM_CAP_BYTES."""
+        if not self._mem_on:
+            return
+        if resps is None:
+            resps = [xadd_records(self._stream_key_b, [r]) for r in recs]
+        self._mem.extend(resps)
+        self._mem_lens.extend(len(r) for r in recs)
+        self._mem_bytes += sum(len(r) for r in resps)
+        if self._mem_bytes > MEM_CAP_BYTES:  # the sender reads the spool from entry `_taken` on
+            self._mem_on = False
+            self._mem, self._mem_lens, self._mem_bytes = [], [], 0
+
+    def _templates(self) -> None:
+        """Constant parts of a line entry's spool record and XADD (add_lines fills in seq, ts and line).
+
+        Equal to ``_line_record`` and to ``resp.xadd_records`` of it: property tests in tests/test_tap.py."""
+        labels_json = orjson.dumps(self._record_labels)[1:-1]
+        self._rec_run = b'{"run":' + orjson.dumps(self.run) + b',"seq":"'
+        self._rec_head = {s: b'","kind":"line","stream":' + orjson.dumps(s) + b',"line":' for s in STREAMS}
+        self._rec_tail = (b"," + labels_json if labels_json else b"") + b"}\n"
+        label_fields = [(k.encode(), v.encode()) for k, v in self._record_labels.items()]
+        n_fields = 6 + len(label_fields)  # run seq ts kind stream line, then the labels
+        self._resp_head = (b"*%d\r\n" % (3 + 2 * n_fields) + bulk(b"XADD") + bulk(self._stream_key_b) + bulk(b"*")
+                           + bulk(b"run") + bulk(self.run.encode()) + bulk(b"seq"))
+        self._resp_kind = {s: bulk(b"kind") + bulk(LINE.encode()) + bulk(b"stream") + bulk(s.encode()) + bulk(b"line")
+                           for s in STREAMS}
+        self._resp_tail = b"".join(bulk(k) + bulk(v) for k, v in label_fields)
+
+    def _wake_sender(self) -> None:
+        """After adding (lock held): wake the sender only when that changes what it does -- it waits for
+        work, or a batch is full. A notify per line would wake a pacing sender for nothing."""
+        if self._sender_idle or self._next - self._sent >= self.batch:
+            self._cv.notify_all()
 
     def add_eof(self, exit_code: int | None = None, ts_ms: int | None = None,
                 extra: Mapping[str, str] | None = None) -> int:
@@ -222,8 +297,10 @@ class Publisher:
             fields = self._fields(self._entry(seq, ts, EOF, "stdout", None if exit_code is None else int(exit_code)))
             if fields_extra:
                 fields.update(fields_extra)
-            self._spool.append(encode_record(fields))
+            rec = encode_record(fields)
+            self._spool.append(rec)
             self._next = seq + 1
+            self._remember([rec], None)
             self._eof = True
             self._flush_req += 1
             self._cv.notify_all()
@@ -384,42 +461,65 @@ class Publisher:
                     f"{acked} of {wait} replicas acknowledged within {self.settings.redis_wait_timeout_ms} ms")
 
     def _send_loop(self) -> None:
-        batch: list[bytes] = []
-        payload: bytes | None = None
+        payload: bytes | None = None  # the batch in flight: encoded XADDs (plain client) ...
+        dicts: list[dict] | None = None  # ... or field maps (cluster client)
+        n = 0
         backoff = BACKOFF_START_S
         while True:
+            new_batch = from_spool = False
             with self._cv:
-                if not batch:
-                    while self._next == self._sent and not self._closing:
-                        self._cv.wait()
-                    if self._next == self._sent:  # closing and nothing left
+                if payload is None and dicts is None:
+                    while self._next == self._taken and not self._closing:
+                        self._sender_idle = True
+                        try:
+                            self._cv.wait()
+                        finally:
+                            self._sender_idle = False
+                    if self._next == self._taken:  # closing and nothing left
                         return
                     if self._abort:
                         return
                     # pacing (see MIN_BATCH_INTERVAL_S): no wait at all when the last batch is long gone
                     deadline = self._last_send + self.min_interval_s
-                    while (self._next - self._sent < self.batch and not self._flush_req and not self._closing
+                    while (self._next - self._taken < self.batch and not self._flush_req and not self._closing
                            and (left := deadline - time.monotonic()) > 0):
                         self._cv.wait(left)
-                    n = min(self._next - self._sent, self.batch)
+                    n = min(self._next - self._taken, self.batch)
+                    if self._mem_on:  # the memory holds exactly the entries [_taken, _next)
+                        payload = b"".join(self._mem[:n])
+                        del self._mem[:n]
+                        self._mem_bytes -= len(payload)
+                        self._taken_offset += sum(self._mem_lens[:n])
+                        del self._mem_lens[:n]
+                    else:
+                        from_spool = True
+                    self._taken += n
+                    new_batch = True
+                    if not self._mem_on and self._packed and self._taken == self._next:
+                        # caught up with the spool: keep the next entries' commands in memory again (the
+                        # offset of entry `_taken` is set below, by the read of this batch)
+                        self._mem_on = True
                 elif self._abort:
                     return
-            if not batch:
+            if from_spool:
                 # Outside the lock: only this thread reads the spool, and these n records are written.
-                raws = self._spool.read_unsent(n)
+                raws, self._taken_offset = self._spool.read_at(self._taken_offset, n)
+                if self._packed:
+                    payload = xadd_records(self._stream_key_b, raws)
+                else:
+                    dicts = [decode_record(r) for r in raws]
+            if new_batch:
                 self._last_send = time.monotonic()
                 try:
                     self._spool.sync()  # one fsync per batch: spooled durably before anything is sent
                 except OSError:
                     pass
-                batch = raws
-                payload = xadd_records(self._stream_key_b, raws) if self._packed else None
             try:
                 # One pipeline; with REDIS_WAIT_REPLICAS it also WAITs for replicas (services/broker/cluster.py).
                 if payload is not None:
-                    self._send_packed(payload, len(batch))
+                    self._send_packed(payload, n)
                 else:
-                    xadd_batch(self._client, self.stream_key, [decode_record(r) for r in batch],
+                    xadd_batch(self._client, self.stream_key, dicts or [],
                                self.settings.redis_wait_replicas, self.settings.redis_wait_timeout_ms)
             except (redis.RedisError, OSError) as exc:
                 if self.broker_up is not False:
@@ -437,10 +537,10 @@ class Publisher:
             self.broker_up = True
             backoff = BACKOFF_START_S
             with self._cv:
-                self._sent += len(batch)
+                self._sent += n
                 try:
                     self._spool.mark_sent(self._sent)
                 except OSError:
                     pass
                 self._cv.notify_all()
-            batch = []
+            payload = dicts = None

@@ -108,6 +108,7 @@ class Spool:
         self._reader = open(self.path / LOG, "rb")
         for _ in range(self.sent):
             self._reader.readline()
+        self.unsent_offset = self._reader.tell()  # byte offset of the first unconfirmed record
         self.resumed = self.count
 
     # --- recovery -----------------------------------------------------------------
@@ -170,6 +171,13 @@ class Spool:
                 raise SpoolCorrupt(f"spool log {self.path / LOG} ended early")
             out.append(raw)
         return out
+
+    def read_at(self, offset: int, n: int) -> tuple[list[bytes], int]:
+        """``n`` records starting at byte ``offset`` (caller ensures they are written), and the offset after."""
+        if self._reader.tell() != offset:
+            self._reader.seek(offset)
+        out = self.read_unsent(n)
+        return out, self._reader.tell()
 
     def mark_sent(self, count: int) -> None:
         """Record how many entries the broker confirmed: one pwrite of a fixed-width number in place.

@@ -65,6 +65,10 @@ from services.worker.commit import (
 log = logging.getLogger("goose_ingest.worker")
 
 MAX_ATTEMPTS = 8
+# After a commit conflict (another worker commits the same runs), cached runs are checked against
+# their stored version for this long: reading them with the uncached ones costs no extra round
+# trip, and computing from a stale cache would only make the commit conflict again.
+SHARED_RUNS_S = 30.0
 _DETAILS = {
     AFTER_END: "the run had already ended (eof or abandoned) and this seq is not part of it",
     OUT_OF_WINDOW: "seq is too far ahead of the run's next expected seq",
@@ -154,6 +158,8 @@ class BatchProcessor:
         # Run sequencers kept between batches (LRU, `run_cache_size`): what bounds the worker's RSS.
         self._cache: OrderedDict[str, tuple[str, RunSequencer]] = OrderedDict()
         self._cache_size = settings.run_cache_size
+        self._check_cache_until = 0.0  # monotonic time until which cached runs are version-checked
+        self.conflicts = 0  # runs whose commit met a moved version (each was recomputed)
 
     def new_sequencer(self, run: str) -> RunSequencer:
         s = self.settings
@@ -251,6 +257,8 @@ class BatchProcessor:
                     break
                 runs = list(computed)
                 todo = [runs[i] for i in conflicts]
+                self.conflicts += len(todo)
+                self._check_cache_until = time.monotonic() + SHARED_RUNS_S
                 for run in todo:
                     self._cache.pop(run, None)
                 log.debug("commit conflict on %d runs, retrying", len(todo))
@@ -289,9 +297,11 @@ class BatchProcessor:
             cache.popitem(last=False)
         return result
 
-    async def load(self, runs: list[str]) -> dict[str, tuple[str, RunSequencer] | Exception]:
+    async def load(self, runs: list[str], reuse: dict[str, tuple[str, RunSequencer]] | None = None,
+                   ) -> dict[str, tuple[str, RunSequencer] | Exception]:
         """Each run's version and sequencer, or the exception that makes its stored state unusable
-        (a key of another type, a state that does not decode): that run alone is given up."""
+        (a key of another type, a state that does not decode): that run alone is given up.
+        A run in `reuse` whose stored version is still the one given there is not decoded again."""
         pipe = self.client.pipeline(transaction=False)
         for run in runs:
             pipe.hgetall(self.layout.run_state(run))
@@ -302,6 +312,10 @@ class BatchProcessor:
                 continue
             if isinstance(fields, Exception):
                 raise fields
+            kept = reuse.get(run) if reuse is not None else None
+            if kept is not None and isinstance(fields, dict) and kept[0].encode() == (fields.get(VERSION_FIELD) or b"0"):
+                loaded[run] = kept
+                continue
             try:
                 loaded[run] = self._decode_state(run, fields)
             except Exception as exc:  # a corrupt or foreign state: never a reason to stop the shard
@@ -324,7 +338,13 @@ class BatchProcessor:
         if not runs:
             return
         cache = self._cache
-        loaded = await self.load([run for run in runs if run not in cache])
+        if self._check_cache_until > time.monotonic():
+            # Runs are shared with other workers: a cached run counts only at its stored version.
+            loaded = await self.load(runs, reuse=cache)
+            for run in runs:
+                cache.pop(run, None)
+        else:
+            loaded = await self.load([run for run in runs if run not in cache])
         for run in runs:
             got = loaded[run] if run in loaded else cache.pop(run)
             items = batch.by_run[run]
