@@ -8,7 +8,9 @@ private redis-server. Measured per rate:
   emitter's own CPU (the emitter writes its getrusage at exit) and minus the fixed cost of a tap that
   publishes one line (interpreter start, connect, eof), divided by the lines published; the fixed
   cost is printed on its own line;
-- peak RSS: wait4's ru_maxrss (the tap is the largest process of its tree);
+- peak RSS: the tap process's own VmHWM (/proc/PID/status, polled until it exits). Not wait4's
+  ru_maxrss: Linux carries a process's max RSS across exec, so a tap spawned (vfork) by this big
+  bench process would inherit the bench's RSS;
 - added latency: Redis assigns each raw entry's stream id from its clock at XADD time, so
   `id ms - written ms` is the delay the tap adds (p50, p99, max; millisecond resolution).
 
@@ -22,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -74,7 +78,26 @@ def measure(url: str, rate: float, seconds: float, tmp: Path) -> dict:
     cmd = [sys.executable, "-m", "services.cli", "tap", "--quiet", "--run", run, "--",
            sys.executable, str(emitter), str(rate), str(seconds), str(usage)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    hwm_kib = [0]
+    done = threading.Event()
+
+    def poll_hwm() -> None:  # VmHWM only grows: the last read before the exit is the peak (within 20 ms)
+        status_path = f"/proc/{proc.pid}/status"
+        while not done.is_set():
+            try:
+                with open(status_path) as f:
+                    m = re.search(r"VmHWM:\s+(\d+)", f.read())
+            except OSError:
+                return
+            if m:
+                hwm_kib[0] = max(hwm_kib[0], int(m.group(1)))
+            done.wait(0.02)
+
+    poller = threading.Thread(target=poll_hwm, daemon=True)
+    poller.start()
     _, status, ru = os.wait4(proc.pid, 0)
+    done.set()
+    poller.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"tap exited {proc.returncode}")
@@ -96,11 +119,25 @@ def measure(url: str, rate: float, seconds: float, tmp: Path) -> dict:
         "rate": rate,
         "lines": lines,
         "cpu_s": tap_cpu,
-        "rss_mib": ru.ru_maxrss / 1024,
+        "rss_mib": hwm_kib[0] / 1024,
         "p50_ms": statistics.median(delays) if delays else float("nan"),
         "p99_ms": delays[int(0.99 * (len(delays) - 1))] if delays else float("nan"),
         "max_ms": delays[-1] if delays else float("nan"),
     }
+
+
+RSS_FLOOR = (
+    "import re, redis\n"
+    "from services.settings import Settings\n"
+    "Settings().layout\n"
+    "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+)
+
+
+def rss_floor_mib() -> float:
+    """Peak RSS of a process that only imports what every tap needs (redis-py, the pydantic Settings)."""
+    out = subprocess.run([sys.executable, "-c", RSS_FLOOR], cwd=ROOT, capture_output=True, check=True, text=True)
+    return int(out.stdout.strip()) / 1024
 
 
 def main() -> None:
@@ -118,6 +155,7 @@ def main() -> None:
         finally:
             server.close()
     print(f"fixed cost of one tap (start, connect, one line, eof): {fixed_s * 1000:.0f} ms CPU")
+    print(f"RSS floor (python + redis-py + pydantic Settings, no work): {rss_floor_mib():.1f} MiB")
     for r in rows:
         r["cpu_us_per_line"] = 1e6 * max(r["cpu_s"] - fixed_s, 0.0) / max(r["lines"], 1)
     print(f"{'lines/s':>8} {'lines':>7} {'CPU us/line':>12} {'RSS MiB':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}")

@@ -85,7 +85,7 @@ class Settings(BaseSettings):
         description="Cap on the bytes of out-of-order entries a run may hold; beyond it they are dead-lettered hold-limit.",
     )
     run_cache_size: int = Field(
-        default=4096,
+        default=16_384,
         ge=0,
         description="Run sequencers a worker keeps in memory between batches (LRU); bounds the worker's RSS, not the fleet. 0: none.",
     )

@@ -125,6 +125,8 @@ def test_sigkill_of_a_primary_mid_stream_loses_nothing(tmp_path):
         victim_runs = [r for r in long_runs if owner(r) == victim_port]
         wlog, tlog = tmp_path / "workers.log", tmp_path / "taps.log"
         procs += [worker(s, wlog), worker(s, wlog)]
+        # both workers consuming before the taps start: the failover hits running workers
+        wait_until(lambda: wlog.read_text(errors="replace").count(" consuming ") >= 2, timeout=60)
         consumer = FollowingConsumer(s)
         consumer.start()
         taps = {run: tap(s, run, path, tlog) for run, path in runs.items()}

@@ -2,24 +2,32 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import settings as settings_h
+from hypothesis import strategies as st
 
 from services.broker.helpers import redact_url
 from services.broker.keys import shard_of
-from services.tap.command import format_of_command
-from services.tap.publisher import Publisher, RunFinished
+from services.tap import resp
+from services.tap.command import _strip_newline, format_of_command
+from services.tap.lines import LineSplitter
+from services.tap.publisher import ENTRY_LABELS, MEM_CAP_BYTES, LineEncoder, Publisher, RunFinished
+from services.tap.resp import xadd_records
 from services.tap.runkey import is_valid_run, new_run_key, ulid
-from services.tap.spool import LOG, SpoolLocked, spool_path
+from services.tap.spool import LOG, SpoolLocked, decode_record, encode_record, spool_path
 from tests.fixtures import FIXTURES, SHARED
 from tests.support.redis_server import cli_env
 
@@ -553,3 +561,213 @@ def test_spool_recovers_a_torn_last_write(settings):
         assert pub.add_line(b"c") == 2
         pub.add_eof(0)
     assert [e.get("line") for e in entries(settings, run)] == [b"a", b"b", b"c", None]
+
+
+# --- the tap's fast paths against their references (issue 13 part 3) ------------------------------
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+_LINE = st.one_of(st.binary(max_size=60), _TEXT.map(lambda t: t.encode()),
+                  st.lists(st.sampled_from([b"a", b"\r", b"\xff", b"\xc3\xa9", b'"', b"\\", b"\x00", b" "]),
+                           max_size=20).map(b"".join))
+_LABELS = st.fixed_dictionaries({}, optional={"host": _TEXT, "agent": _TEXT, "format": _TEXT, "parent": _TEXT,
+                                              "continues": _TEXT, "team": _TEXT, "zone": _TEXT})
+
+
+def _reference_readline(data: bytes) -> list[bytes]:
+    """What the tap published before: readline() then strip one \\n and one \\r."""
+    return [_strip_newline(raw) for raw in iter(io.BytesIO(data).readline, b"")]
+
+
+@settings_h(max_examples=400, deadline=None)
+@given(data=st.lists(st.sampled_from([b"x", b"\n", b"\r", b"\r\n", b"\xff", b"yz"]), max_size=40).map(b"".join),
+       cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=8))
+def test_line_splitter_gives_the_lines_readline_gave(data, cuts):
+    splitter = LineSplitter()
+    got: list[bytes] = []
+    bounds = sorted({c for c in cuts if c <= len(data)} | {0, len(data)})
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        got += splitter.feed(data[a:b])
+    got += splitter.feed(b"")  # an empty read adds nothing
+    tail = splitter.rest()
+    if tail is not None:
+        got.append(tail)
+    assert got == _reference_readline(data)
+    assert splitter.rest() is None
+
+
+@settings_h(max_examples=300, deadline=None)
+@given(lines=st.lists(_LINE, min_size=1, max_size=5), labels=_LABELS, stream=st.sampled_from(["stdout", "stderr"]),
+       first=st.integers(min_value=0, max_value=2**53), ts=st.integers(min_value=0, max_value=2**47))
+def test_line_encoder_equals_the_reference_encoders(lines, labels, stream, first, ts):
+    """Fast records == encode_record(Publisher._fields(Entry)) and fast XADDs == the spool-record path,
+    which is itself checked against redis-py below."""
+    run, key = "host/run-1", b"ns:goose.raw.1"
+    pub = Publisher.__new__(Publisher)  # only the label state _entry/_fields use: no spool, no thread
+    pub.run = run
+    pub._entry_labels = {k: labels[k] for k in ENTRY_LABELS if k in labels}
+    pub._other_labels = {k: v for k, v in labels.items() if k not in ENTRY_LABELS}
+    enc = LineEncoder(run, key, {**pub._entry_labels, **pub._other_labels})
+    want = [encode_record(pub._fields(pub._entry(first + i, ts, "line", stream), line=line))
+            for i, line in enumerate(lines)]
+    assert enc.records(first, ts, lines, stream) == want
+    assert [enc.record(first + i, ts, line, stream) for i, line in enumerate(lines)] == want
+    assert enc.commands(first, ts, lines, stream) == [xadd_records(key, [r]) for r in want]
+    for rec, line in zip(want, lines, strict=True):
+        assert decode_record(rec)["line"] == line  # the exact bytes survive the spool
+
+
+def _redis_py_xadd_bytes(stream: str, fields: dict) -> bytes:
+    pipe = redis.Redis().pipeline(transaction=False)  # never connects: only builds the command
+    pipe.xadd(stream, fields)
+    args = pipe.command_stack[0][0]
+    conn = redis.connection.Connection()  # hiredis' packer when hiredis is installed
+    packed = b"".join(conn.pack_command(*args))
+    pure = redis.connection.PythonRespSerializer(conn._buffer_cutoff, conn.encoder.encode)
+    assert b"".join(pure.pack(*args)) == packed  # both of redis-py's packers agree
+    return packed
+
+
+@settings_h(max_examples=300, deadline=None)
+@given(line=_LINE, labels=_LABELS, extra=st.dictionaries(_TEXT, _TEXT, max_size=3),
+       seq=st.integers(min_value=0, max_value=2**53))
+def test_hand_built_xadd_is_byte_equal_to_redis_py(line, labels, extra, seq):
+    fields = {"run": "h/r", "seq": str(seq), "ts": "1700000000000", "kind": "line", "stream": "stdout",
+              "line": line, **labels, **extra}
+    raw = encode_record(fields)
+    assert xadd_records(b"s:1", [raw]) == _redis_py_xadd_bytes("s:1", decode_record(raw))
+
+
+def test_hand_built_wait_is_byte_equal_to_redis_py():
+    assert resp.command(b"WAIT", b"1", b"1000") == b"".join(redis.connection.Connection().pack_command("WAIT", 1, 1000))
+
+
+def test_hand_built_pipeline_stores_what_redis_py_stores(settings):
+    """One real Redis: the same spool records as one hand-built pipeline on a socket and through redis-py's
+    xadd give identical entries, in order (non-UTF-8 bytes, CR, empty and 70 kB lines, labels)."""
+    lines = [b"plain", b"", b"caf\xc3\xa9", b"\xff\xfe binary", b"cr\r", b'{"json": "\\u0000"}', b"x" * 70_000]
+    enc = LineEncoder("test/packed", b"unused", {"host": "h", "agent": "a", "format": "goose", "team": "t"})
+    raws = enc.records(5, 1234, lines, "stderr")
+    ns = settings.namespace
+    packed, ref = f"{ns}:packed", f"{ns}:ref"
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        conn = client.connection_pool.get_connection()
+        conn.send_packed_command([xadd_records(packed.encode(), raws)])
+        ids = [conn.read_response() for _ in raws]
+        client.connection_pool.release(conn)
+        assert len(ids) == len(lines)
+        for raw in raws:
+            client.xadd(ref, decode_record(raw))
+        got = [f for _, f in client.xrange(packed)]
+        want = [f for _, f in client.xrange(ref)]
+    finally:
+        client.delete(packed, ref)
+        client.close()
+    assert got == want
+    assert [list(f.items()) for f in got] == [list(f.items()) for f in want]  # same field order too
+    assert [f[b"line"] for f in got] == lines
+
+
+def test_publisher_packed_path_delivers_exact_entries(settings):
+    lines = [b"plain", b"", b"caf\xc3\xa9", b"\xff\xfe binary", b"cr\r", b"x" * 70_000]
+    run = "test/packed-publisher"
+    with Publisher(settings, run, {"host": "h", "agent": "a", "team": "t"}, format="goose") as pub:
+        assert pub._packed
+        assert pub.add_lines(lines, "stderr", ts_ms=1234) == 0
+        assert pub.add_lines([], "stderr") == len(lines)
+        pub.add_line(b"extra", extra={"source": "x"})
+        pub.add_eof(7)
+    got = entries(settings, run)
+    assert [int(e["seq"]) for e in got] == list(range(len(lines) + 2))
+    assert [e["line"] for e in got[:len(lines)]] == lines
+    assert got[0] == {"run": run.encode(), "seq": b"0", "ts": b"1234", "kind": b"line", "stream": b"stderr",
+                      "line": b"plain", "host": b"h", "agent": b"a", "format": b"goose", "team": b"t"}
+    assert got[len(lines)]["source"] == b"x" and got[-1]["kind"] == b"eof" and got[-1]["exit"] == b"7"
+
+
+def test_publisher_sends_from_the_spool_when_its_memory_is_full(settings, private_redis):
+    """Broker down with DEFAULT settings: more than MEM_CAP_BYTES of entries pile up, the in-memory
+    commands are dropped and the sender continues from the spool file; once the broker is back every
+    entry arrives exactly once and in order, and later entries (memory again) follow without a gap."""
+    s = on(settings, private_redis)
+    run = "test/mem-overflow"
+    line = b"y" * 500
+    n = MEM_CAP_BYTES // len(line) + 2000
+    private_redis.stop()
+    pub = Publisher(s, run, {"host": "h"})
+    try:
+        for first in range(0, n, 1000):
+            pub.add_lines([line + b"%d" % i for i in range(first, min(n, first + 1000))])
+        assert not pub._mem_on and pub.pending == n  # the overflow switched to the spool
+        private_redis.start()
+        assert pub.flush(timeout=60)
+        pub.add_lines([b"after-1", b"after-2"])
+        assert pub._mem_on  # caught up: new entries are kept in memory again
+        pub.add_eof(0)
+    finally:
+        assert pub.close(timeout=60)
+    got = entries(s, run)
+    assert [int(e["seq"]) for e in got] == list(range(n + 3))
+    assert [e["line"] for e in got[:n]] == [line + b"%d" % i for i in range(n)]
+    assert [e["line"] for e in got[n:n + 2]] == [b"after-1", b"after-2"]
+
+
+def test_idle_publisher_sends_at_once_and_a_busy_one_paces(settings):
+    """No batching timer for a lone line: with a one-hour pacing interval the first line still goes out
+    at once (the sender was idle); the next one waits for the interval, or for flush()."""
+    run = "test/pacing"
+    with Publisher(settings, run, {"host": "h"}, min_interval_s=3600) as pub:
+        pub.add_line(b"first")
+        wait_for(lambda: len(entries(settings, run)) == 1, 30, "the first line delivered without waiting")
+        pub.add_line(b"second")
+        time.sleep(0.5)
+        assert len(entries(settings, run)) == 1  # paced: the sender sent a batch less than an hour ago
+        assert pub.flush(timeout=30)  # a flush does not wait for the pacing
+        assert [e["line"] for e in entries(settings, run)] == [b"first", b"second"]
+        pub.add_eof(0)
+
+
+@pytest.mark.e2e
+def test_tap_publishes_chunked_output_exactly(settings):
+    """The tap reads its command's pipes in large chunks: lines split across reads, CRLF, non-UTF-8
+    bytes, a 300 kB line, bursts and a last line without a newline all arrive exactly, in order."""
+    child = textwrap.dedent("""
+        import os, sys, time
+        out = sys.stdout.buffer
+        out.write(b"a\\r\\nb\\xff\\n"); out.flush()
+        for i in range(2000):
+            out.write(b"burst %d\\n" % i)
+        out.write(b"part-"); out.flush(); time.sleep(0.05); out.write(b"two\\n")
+        out.write(b"L" * 300_000 + b"\\n")
+        os.write(2, b"err 1\\r\\nerr 2")
+        out.write(b"no newline"); out.flush()
+    """)
+    res = run_cli(settings, "tap", "--run", "test/chunked", "--", sys.executable, "-c", child)
+    assert res.returncode == 0, res.stderr.decode()
+    want_out = [b"a", b"b\xff"] + [b"burst %d" % i for i in range(2000)] + [b"part-two", b"L" * 300_000,
+                                                                            b"no newline"]
+    assert res.stdout == b"a\r\nb\xff\n" + b"".join(b"burst %d\n" % i for i in range(2000)) + \
+        b"part-two\n" + b"L" * 300_000 + b"\nno newline"  # echoed byte for byte
+    got = entries(settings, "test/chunked")
+    assert [int(e["seq"]) for e in got] == list(range(len(got)))
+    assert [e["line"] for e in got if e.get("stream") == b"stdout"] == want_out
+    assert [e["line"] for e in got if e.get("stream") == b"stderr"] == [b"err 1", b"err 2"]
+    assert got[-1]["kind"] == b"eof" and got[-1]["exit"] == b"0"
+
+
+def test_drain_gives_up_when_the_sender_died(settings, caplog):
+    """A sender thread that fails (here: an injected bug) must not leave `tap` waiting forever with
+    the default unlimited drain: _drain reports the undelivered entries and returns False."""
+    from services.tap.command import _drain
+
+    run = "test/sender-died"
+    pub = Publisher(settings, run, {"host": "h"})
+
+    def broken(payload, n):
+        raise ValueError("injected")
+
+    pub._send_packed = broken
+    pub.add_line(b"x")
+    wait_for(lambda: not pub.sender_alive, 30, "the sender to stop")
+    assert _drain(pub, None, threading.Event()) is False
+    assert "publisher for run test/sender-died stopped" in caplog.text
+    assert spool_path(settings, run).exists()  # the entry is kept for a later `publish --drain`

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from redis.cluster import RedisCluster
+from redis.exceptions import (
+    ClusterDownError,
+    NoPermissionError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoPermissionError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.broker.connect import BrokerConfigError, connection_kwargs, target
 from services.broker.keys import KeyLayout
@@ -100,13 +108,13 @@ async def cluster_health(client: Any) -> ClusterHealth:
     try:
         await client.initialize()
         nodes = client.get_primaries()
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:
         return ClusterHealth(False, f"cluster discovery failed ({type(exc).__name__})")
     answered = 0
     for node in nodes:
         try:
             info = await client.execute_command("CLUSTER INFO", target_nodes=node)
-        except RedisError:
+        except (RedisError, RedisClusterException):
             continue
         answered += 1
         if isinstance(info, bytes):
@@ -148,17 +156,24 @@ class BrokerGate:
             return health
         return ClusterHealth(False, f"Redis Cluster not serving: {health.reason}")
 
-    async def open(self, client: Any) -> None:
-        """Wait until the cluster serves every slot (at once on a single node), then check the shard count."""
+    async def open(self, client: Any, prepare: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Wait until the cluster serves every slot (at once on a single node), check the shard count,
+        then run `prepare` (the worker creates its groups). A broker error on the way (a failover
+        while the worker starts) is waited out like missing slots; ShardCountMismatch is not."""
         while True:
-            health = await self._check(client)
-            if health.ok:
-                break
+            try:
+                health = await self._check(client)
+                if health.ok:
+                    await ensure_shard_count_async(client, self.settings.layout)
+                    if prepare is not None:
+                        await prepare()
+                    break
+            except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError) as exc:
+                health = ClusterHealth(False, f"broker unavailable ({type(exc).__name__})")
             if health != self.health:
                 log.warning("%s; waiting (readiness fails meanwhile)", health.reason)
             self.health = health
             await asyncio.sleep(self.poll_s)
-        await ensure_shard_count_async(client, self.settings.layout)
         self.health = ClusterHealth(True, "")
 
     async def watch(self, client: Any, interval_s: float) -> None:
@@ -173,6 +188,13 @@ class BrokerGate:
 # ---------------------------------------------------------------------------------- durable sends
 class ReplicationShortfall(RedisError):
     """Fewer replicas than REDIS_WAIT_REPLICAS acknowledged a batch in time: it counts as not sent."""
+
+
+class SlotsUnavailable(RedisConnectionError):
+    """The stream's slot has no known primary right now (a failover in progress): retry later.
+
+    A ConnectionError, so callers that retry an unreachable broker (the tap's spool) retry this too;
+    redis-py's own RedisClusterException is not a RedisError and would escape them."""
 
 
 _TOPOLOGY_ERRORS = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY")
@@ -192,7 +214,11 @@ def xadd_batch(client: Any, stream: str, entries: list[Mapping[Any, Any]], wait_
     if isinstance(client, RedisCluster):
         # The owning node's own client: one connection (needed by WAIT), and no per-command
         # routing in redis-py's ClusterPipeline (which costs more than the XADDs themselves).
-        conn = client.get_node_from_key(stream).redis_connection
+        try:
+            conn = client.get_node_from_key(stream).redis_connection
+        except RedisClusterException as exc:  # e.g. SlotNotCoveredError mid-failover: not a RedisError
+            _refresh_slots(client)
+            raise SlotsUnavailable(f"no node serves {stream} yet ({type(exc).__name__})") from None
     pipe = conn.pipeline(transaction=False)
     for fields in entries:
         pipe.xadd(stream, fields)
@@ -214,7 +240,7 @@ def xadd_batch(client: Any, stream: str, entries: list[Mapping[Any, Any]], wait_
 def _refresh_slots(client: Any) -> None:
     try:
         client.nodes_manager.initialize()
-    except RedisError as exc:  # a failover in progress: the next attempt refreshes again
+    except (RedisError, RedisClusterException) as exc:  # a failover in progress: the next attempt refreshes again
         log.debug("slot map refresh failed (%s)", type(exc).__name__)
 
 

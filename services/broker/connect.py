@@ -198,7 +198,9 @@ def _cluster_error(exc: RedisClusterException, t: BrokerTarget) -> Exception:
     if "cannot be connected" in text or "reachable" in text:
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         return BrokerUnreachable(f"no seed node of the cluster answered ({seeds}): {type(cause).__name__}")
-    return BrokerConfigError(f"Redis Cluster at {seeds}: {text.splitlines()[0] if text else type(exc).__name__}")
+    # Anything else while discovering (nodes disagreeing on the slot map mid-failover...) is
+    # transient: a ConnectionError, which workers wait out and commands report as unreachable.
+    return BrokerUnreachable(f"Redis Cluster at {seeds} not usable yet: {text.splitlines()[0] if text else type(exc).__name__}")
 
 
 class GooseAsyncRedisCluster(AsyncRedisCluster):

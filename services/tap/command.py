@@ -31,7 +31,7 @@ from services.tap.spool import SpoolCorrupt, SpoolLocked
 log = logging.getLogger("goose_ingest.tap")
 PROG = "goose-ingest"
 READER_GRACE_S = 5.0  # after the child exits, how long to wait for its pipes to close (grandchildren)
-PIPE_READ_BYTES = 1 << 20  # one read takes all that is buffered (up to PIPE_BUFFER_BYTES)
+PIPE_READ_BYTES = 1 << 16  # per read; below malloc's mmap threshold (a larger buffer measured no better)
 # While the publisher is busy (a batch in flight or paced), the readers let output collect in the pipe
 # this long before the next read: one read and one spool write then carry dozens of lines instead of
 # one each. An idle publisher means no wait (a lone line is read and sent at once). The pipes are grown

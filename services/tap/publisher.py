@@ -41,8 +41,6 @@ from services.tap.spool import SRC_TAG, Spool, decode_record, encode_record, spo
 
 log = logging.getLogger("goose_ingest.tap")
 
-_REC_TS = b'","ts":"'
-_RESP_TS = b"$2\r\nts\r\n"
 RESERVED_FIELDS = frozenset({"run", "seq", "ts", "kind", "stream", "line", "exit", "line_b64", "_src", "through",
                              "missing"})
 ENTRY_LABELS = ("host", "agent", "format", "parent", "continues")  # labels the Entry type carries
@@ -78,6 +76,75 @@ def _check_fields(fields: Mapping[str, str] | None, what: str) -> dict[str, str]
     return out
 
 
+class LineEncoder:
+    """A run's line entries as spool records and as XADD commands, from constant parts built once.
+
+    ``record`` is the general form (a dict through orjson, any ``extra``/``source``); ``records`` and
+    ``commands`` are the hot path for plain lines. Property tests in tests/test_tap.py hold them equal to
+    the reference encoders: ``spool.encode_record(Publisher._fields(Entry...))`` for records, and
+    ``resp.xadd_records`` of the record (itself byte-equal to redis-py's XADD) for commands."""
+
+    _REC_TS = b'","ts":"'
+    _RESP_TS = bulk(b"ts")
+
+    def __init__(self, run: str, stream_key: bytes, labels: Mapping[str, str]) -> None:
+        self.run = run
+        self.labels = dict(labels)  # in record order: Entry.to_fields' labels, then the others
+        labels_json = orjson.dumps(self.labels)[1:-1]
+        self._rec_run = b'{"run":' + orjson.dumps(run) + b',"seq":"'
+        self._rec_head = {s: b'","kind":"line","stream":' + orjson.dumps(s) + b',"line":' for s in STREAMS}
+        self._rec_tail = (b"," + labels_json if labels_json else b"") + b"}\n"
+        label_fields = [(k.encode(), v.encode()) for k, v in self.labels.items()]
+        n_fields = 6 + len(label_fields)  # run seq ts kind stream line, then the labels
+        self._cmd_head = (b"*%d\r\n" % (3 + 2 * n_fields) + bulk(b"XADD") + bulk(stream_key) + bulk(b"*")
+                          + bulk(b"run") + bulk(run.encode()) + bulk(b"seq"))
+        self._cmd_kind = {s: bulk(b"kind") + bulk(LINE.encode()) + bulk(b"stream") + bulk(s.encode()) + bulk(b"line")
+                          for s in STREAMS}
+        self._cmd_tail = b"".join(bulk(k) + bulk(v) for k, v in label_fields)
+
+    def record(self, seq: int, ts: int, line: bytes, stream: str, extra: Mapping[str, str] | None = None,
+               source: str | None = None) -> bytes:
+        """The spool record of a line entry (valid UTF-8 as ``line``, other bytes as ``line_b64``)."""
+        try:
+            rec = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": LINE, "stream": stream,
+                   "line": line.decode("utf-8")}
+        except UnicodeDecodeError:
+            rec = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": LINE, "stream": stream,
+                   "line_b64": base64.b64encode(line).decode("ascii")}
+        rec.update(self.labels)
+        if extra:
+            rec.update(extra)
+        if source is not None:
+            rec[SRC_TAG] = source
+        return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
+
+    def records(self, first: int, ts: int, lines: Sequence[bytes], stream: str) -> list[bytes]:
+        """Spool records of consecutive lines from seq ``first``, all stamped ``ts``."""
+        head, tail, run_part, ts_part = self._rec_head[stream], self._rec_tail, self._rec_run, self._REC_TS
+        dumps = orjson.dumps
+        out = []
+        for i, line in enumerate(lines):
+            try:
+                text = dumps(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(self.record(first + i, ts, line, stream))
+                continue
+            out.append(b"%b%d%b%d%b%b%b" % (run_part, first + i, ts_part, ts, head, text, tail))
+        return out
+
+    def commands(self, first: int, ts: int, lines: Sequence[bytes], stream: str) -> list[bytes]:
+        """The XADD command of each line (the line's exact bytes, whatever their encoding)."""
+        head, kind, tail = self._cmd_head, self._cmd_kind[stream], self._cmd_tail
+        ts_b = b"%d" % ts
+        ts_part = self._RESP_TS + bulk(ts_b)
+        out = []
+        for i, line in enumerate(lines):
+            seq_b = b"%d" % (first + i)
+            out.append(b"%b$%d\r\n%b\r\n%b%b$%d\r\n%b\r\n%b" % (
+                head, len(seq_b), seq_b, ts_part, kind, len(line), line, tail))
+        return out
+
+
 class Publisher:
     """Publishes the raw entries of one run. Thread-safe; seqs follow the order of ``add_*`` calls.
 
@@ -106,7 +173,7 @@ class Publisher:
         # Labels the entry type knows are encoded by Entry.to_fields; any others follow them.
         self._entry_labels = {k: labels[k] for k in ENTRY_LABELS if k in labels}
         self._other_labels = {k: v for k, v in labels.items() if k not in ENTRY_LABELS}
-        # The labels of every spool record, in Entry.to_fields order then the others (see _line_record).
+        # The labels of every spool record, in Entry.to_fields order then the others (see LineEncoder).
         self._record_labels = {**self._entry_labels, **self._other_labels}
         self.labels = labels
         self.stream_key = settings.layout.raw_stream(settings.layout.shard_of(run))
@@ -114,7 +181,7 @@ class Publisher:
         self.min_interval_s = MIN_BATCH_INTERVAL_S if min_interval_s is None else min_interval_s
         self._last_send = float("-inf")  # monotonic start of the latest batch
         self._stream_key_b = self.stream_key.encode()
-        self._templates()
+        self._encoder = LineEncoder(self.run, self._stream_key_b, self._record_labels)
         # the client first: a bad URL must not leave a spool behind (creating it does not connect)
         self._client = client or sync_client_with_timeouts(settings, socket_timeout=10.0, connect_timeout=2.0)
         self._own_client = client is None
@@ -208,7 +275,7 @@ class Publisher:
         with self._cv:
             self._check_open()
             seq = self._next
-            rec = self._line_record(seq, ts, bytes(line), stream, fields_extra, source)
+            rec = self._encoder.record(seq, ts, bytes(line), stream, fields_extra, source)
             self._spool.append(rec, source)
             self._next = seq + 1
             self._remember([rec], None)
@@ -226,28 +293,11 @@ class Publisher:
             first = self._next
             if not lines:
                 return first
-            rec_head, rec_tail = self._rec_head[stream], self._rec_tail
-            dumps = orjson.dumps
-            recs = []
-            for i, line in enumerate(lines):
-                try:
-                    text = dumps(line.decode("utf-8"))
-                except UnicodeDecodeError:
-                    recs.append(self._line_record(first + i, ts, line, stream))
-                    continue
-                recs.append(b"%b%d%b%d%b%b%b" % (self._rec_run, first + i, _REC_TS, ts, rec_head, text, rec_tail))
+            recs = self._encoder.records(first, ts, lines, stream)
             self._spool.append_many(b"".join(recs), len(recs))
             self._next = first + len(lines)
             if self._mem_on:
-                head, kind, tail = self._resp_head, self._resp_kind[stream], self._resp_tail
-                ts_b = b"%d" % ts
-                ts_part = b"$%d\r\n%b\r\n" % (len(ts_b), ts_b)
-                resps = []
-                for i, line in enumerate(lines):
-                    seq_b = b"%d" % (first + i)
-                    resps.append(b"%b$%d\r\n%b\r\n%b%b%b$%d\r\n%b\r\n%b" % (
-                        head, len(seq_b), seq_b, _RESP_TS, ts_part, kind, len(line), line, tail))
-                self._remember(recs, resps)
+                self._remember(recs, self._encoder.commands(first, ts, lines, stream))
             self._wake_sender()
             return first
 
@@ -263,22 +313,6 @@ class Publisher:
         if self._mem_bytes > MEM_CAP_BYTES:  # the sender reads the spool from entry `_taken` on
             self._mem_on = False
             self._mem, self._mem_lens, self._mem_bytes = [], [], 0
-
-    def _templates(self) -> None:
-        """Constant parts of a line entry's spool record and XADD (add_lines fills in seq, ts and line).
-
-        Equal to ``_line_record`` and to ``resp.xadd_records`` of it: property tests in tests/test_tap.py."""
-        labels_json = orjson.dumps(self._record_labels)[1:-1]
-        self._rec_run = b'{"run":' + orjson.dumps(self.run) + b',"seq":"'
-        self._rec_head = {s: b'","kind":"line","stream":' + orjson.dumps(s) + b',"line":' for s in STREAMS}
-        self._rec_tail = (b"," + labels_json if labels_json else b"") + b"}\n"
-        label_fields = [(k.encode(), v.encode()) for k, v in self._record_labels.items()]
-        n_fields = 6 + len(label_fields)  # run seq ts kind stream line, then the labels
-        self._resp_head = (b"*%d\r\n" % (3 + 2 * n_fields) + bulk(b"XADD") + bulk(self._stream_key_b) + bulk(b"*")
-                           + bulk(b"run") + bulk(self.run.encode()) + bulk(b"seq"))
-        self._resp_kind = {s: bulk(b"kind") + bulk(LINE.encode()) + bulk(b"stream") + bulk(s.encode()) + bulk(b"line")
-                           for s in STREAMS}
-        self._resp_tail = b"".join(bulk(k) + bulk(v) for k, v in label_fields)
 
     def _wake_sender(self) -> None:
         """After adding (lock held): wake the sender only when that changes what it does -- it waits for
@@ -311,25 +345,6 @@ class Publisher:
         labels.update(self._entry_labels)
         return Entry(run=self.run, seq=seq, ts=ts, kind=kind, stream=stream, line="", exit=exit_code, sid="",
                      **labels)  # type: ignore[arg-type]
-
-    def _line_record(self, seq: int, ts: int, line: bytes, stream: str, extra: Mapping[str, str] | None = None,
-                     source: str | None = None) -> bytes:
-        """The spool record of a line entry, built directly (the hot path).
-
-        Byte-identical to ``encode_record(self._fields(self._entry(...), line), source)`` after
-        ``extra`` -- a property test in tests/test_tap.py holds the two together."""
-        try:
-            rec = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": LINE, "stream": stream,
-                   "line": line.decode("utf-8")}
-        except UnicodeDecodeError:
-            rec = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": LINE, "stream": stream,
-                   "line_b64": base64.b64encode(line).decode("ascii")}
-        rec.update(self._record_labels)
-        if extra:
-            rec.update(extra)
-        if source is not None:
-            rec[SRC_TAG] = source
-        return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
 
     def _fields(self, entry: Entry, line: bytes | None = None) -> dict[str, str | bytes]:
         """The spool record of an entry: Entry.to_fields (the one encoder), then the other labels."""

@@ -160,8 +160,9 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         runtime.client = client
         if metrics is not None:  # serving /healthz before waiting: a cluster outage is "not ready", not a crash loop
             runtime.server = serve(metrics, settings.metrics_host, settings.metrics_port, gate.readiness)
-        await gate.open(client)  # cluster: until every slot is served; then the shard-count check
-        await ensure_groups(client, settings)
+        # cluster: until every slot is served; then the shard-count check and the groups (retried
+        # through a failover while starting)
+        await gate.open(client, prepare=lambda: ensure_groups(client, settings))
         processor = runtime.processor = BatchProcessor(settings, client)
         if metrics is not None and processor.redactor is not None:
             metrics.known_rules = processor.redactor.rule_names

@@ -29,6 +29,14 @@ TRANSIENT_ERRORS = frozenset({"OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN"
                               "MOVED", "ASK", "NOREPLICAS", "NOSCRIPT"})
 
 
+def is_transient(exc: BaseException) -> bool:
+    """An error reply about the broker's state, not the batch's content. redis-py maps some codes to
+    classes and drops the code from the message (CLUSTERDOWN -> ClusterDownError("The cluster is
+    down")), keeping it in `status_code`; the others keep it as the message's first word."""
+    code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
+    return code in TRANSIENT_ERRORS
+
+
 class CommitFailed(RuntimeError):
     """Redis refused the commit script itself (e.g. a value above its limits): not a conflict."""
 
@@ -108,7 +116,7 @@ class Committer:
         try:
             reply = await self.script(keys=[commit.raw_stream], args=_argv(commit))
         except ResponseError as exc:
-            if str(exc).split(" ", 1)[0] in TRANSIENT_ERRORS:
+            if is_transient(exc):
                 raise  # the broker's state, not this batch's content: the entries stay pending
             raise CommitFailed(type(exc).__name__) from exc  # e.g. a value above Redis's limits
         if int(reply[0]) == 1:

@@ -52,7 +52,6 @@ from services.sequencer import (
 from services.settings import Settings
 from services.worker.commit import (
     STATE_FIELD,
-    TRANSIENT_ERRORS,
     VERSION_FIELD,
     Commit,
     CommitFailed,
@@ -60,6 +59,7 @@ from services.worker.commit import (
     Output,
     RunWrite,
     decode_held,
+    is_transient,
 )
 
 log = logging.getLogger("goose_ingest.worker")
@@ -307,7 +307,7 @@ class BatchProcessor:
             pipe.hgetall(self.layout.run_state(run))
         loaded: dict[str, tuple[str, RunSequencer] | Exception] = {}
         for run, fields in zip(runs, await pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(fields, ResponseError) and str(fields).split(" ", 1)[0] not in TRANSIENT_ERRORS:
+            if isinstance(fields, ResponseError) and not is_transient(fields):
                 loaded[run] = fields
                 continue
             if isinstance(fields, Exception):
