@@ -179,22 +179,69 @@ def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, work
     return Point(sweep, x, lines, seconds, lines / seconds, rss, per_state + index)
 
 
+def cache_costs(counts: tuple[int, ...] = (4_096, 16_384)) -> None:
+    """What one cached run costs the worker (in process, no Redis): its stored state's size, the
+    time to encode and decode it, the Python heap it holds, and a full GC pass with the cache full
+    (the run cache is the worker's largest set of long-lived objects)."""
+    import gc
+    import tracemalloc
+
+    import orjson
+
+    from services.sequencer import Entry, RunSequencer
+
+    settings = Settings()
+    redactor = settings.redactor()
+    seq = RunSequencer("scale/abcdef12-000001", redactor=redactor)
+    for i in range(12):
+        line = _request(i // 2) if i % 2 == 0 else _response(i // 2, 445)
+        seq.accept(Entry(seq.run, i, 1_790_000_000_000 + i, "line", "stdout", line.decode(), None, "bench", None,
+                         f"{i}-0"))
+    state = orjson.dumps(seq.to_state(include_held=False))
+    n = 20_000
+    started = time.perf_counter()
+    for _ in range(n):
+        orjson.dumps(seq.to_state(include_held=False))
+    encode = (time.perf_counter() - started) / n
+    started = time.perf_counter()
+    for _ in range(n):
+        RunSequencer.from_state(orjson.loads(state), redactor=redactor, held={})
+    decode = (time.perf_counter() - started) / n
+    print(f"run state {len(state)} B; encode {encode * 1e6:.1f} us, decode {decode * 1e6:.1f} us per run")
+    for count in counts:
+        gc.collect()  # the garbage of the loops above is not the cache's
+        tracemalloc.start()
+        cache = [RunSequencer.from_state(orjson.loads(state), redactor=redactor, held={}) for _ in range(count)]
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        started = time.perf_counter()
+        gc.collect()
+        pause = time.perf_counter() - started
+        print(f"{count:>6} cached runs: {held / count:,.0f} B of Python heap per run, {held / 2**20:.1f} MiB; "
+              f"a full GC pass {pause * 1000:.1f} ms")
+        del cache
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=60_000, help="lines per point (the 100,000-run point uses 2 per run)")
-    ap.add_argument("--sweep", default="runs,size,workers")
+    ap.add_argument("--sweep", default="runs,size,workers", help="any of runs,size,workers,cache (per cached run costs)")
     ap.add_argument("--plot", default=str(REPO / "bench" / "results" / "scale.png"))
     ap.add_argument("--json", default=None, help="also write the points as JSON here")
     ap.add_argument("--active-runs", default="100,1000,10000,100000", help="points of the active-runs sweep")
     ap.add_argument("--profile", metavar="PREFIX", help="run the first worker of each point under cProfile")
+    ap.add_argument("--workers", default="1,2,3,4", help="points of the workers sweep")
+    ap.add_argument("--log", help="append the workers' output here (default: a temporary file)")
     args = ap.parse_args()
     random.seed(7)
     sweeps = args.sweep.split(",")
     points: list[Point] = []
     with tempfile.TemporaryDirectory() as tmp:
         server = start_redis(dir=str(Path(tmp) / "redis"))
-        log = Path(tmp) / "workers.log"
+        log = Path(args.log) if args.log else Path(tmp) / "workers.log"
         try:
+            if "cache" in sweeps:
+                cache_costs()
             if "runs" in sweeps:
                 for runs in (int(r) for r in args.active_runs.split(",")):
                     points.append(measure(server.url, "active runs", runs, runs, max(args.lines, 2 * runs),
@@ -204,10 +251,12 @@ def main() -> None:
                     lines = max(2_000, min(args.lines, args.lines * 445 // size))
                     points.append(measure(server.url, "line bytes", size, 100, lines, size, 1, log))
             if "workers" in sweeps:
-                for workers in (1, 2, 3, 4):
+                for workers in (int(w) for w in args.workers.split(",")):
                     points.append(measure(server.url, "workers", workers, 1_000, args.lines, 445, workers, log))
         finally:
             server.close()
+    if not points:
+        return
     print(f"{'sweep':<12} {'x':>7} {'lines':>7} {'lines/s':>9} {'ratio':>6} {'RSS MiB':>8} {'Redis B/run':>11}")
     first: dict[str, float] = {}
     for p in points:

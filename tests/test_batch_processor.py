@@ -523,3 +523,34 @@ def test_after_a_conflict_cached_runs_are_checked_so_workers_sharing_runs_stop_c
         assert h.events(run) == expected(run, 6)
         assert [r["state"] for r in h.records(run)] == ["started", "ended"]
     assert h.pending(shard) == 0
+
+
+def test_workers_committing_the_same_runs_at_once_all_commit_and_lose_nothing(plain):
+    """Three processors given interleaved thirds of the same runs' entries at the same time (as
+    three workers reading one shard): they conflict, back off and retry until each has committed;
+    the runs come out as if one worker had processed them, with nothing left pending."""
+    h = Harness(plain)
+    shard = 0
+    runs = [r for r in (f"bp/contended-{i}" for i in range(400)) if h.layout.shard_of(r) == shard][:40]
+    n = 9
+
+    async def body(client):
+        procs = [BatchProcessor(plain, client) for _ in range(3)]
+        for seq in range(n):
+            for run in runs:
+                h.add(line(run, seq))
+        for run in runs:
+            h.add(eof(run, n))
+        ids, fields = h.read(shard)
+        parts = [(ids[i::3], fields[i::3]) for i in range(3)]
+        got = await asyncio.gather(*(p.process(shard, i, f) for p, (i, f) in zip(procs, parts, strict=True)))
+        return got, sum(p.conflicts for p in procs)
+
+    results, conflicts = run_async(plain, body)
+    assert conflicts > 0  # they did get in each other's way
+    assert sum(sum(r.outcomes.values()) for r in results) >= len(runs) * (n + 1)
+    for run in runs:
+        assert h.events(run) == expected(run, n)
+        assert [r["state"] for r in h.records(run)] == ["started", "ended"]
+    assert h.pending(shard) == 0
+    assert not h.dead()

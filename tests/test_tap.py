@@ -771,3 +771,35 @@ def test_drain_gives_up_when_the_sender_died(settings, caplog):
     assert _drain(pub, None, threading.Event()) is False
     assert "publisher for run test/sender-died stopped" in caplog.text
     assert spool_path(settings, run).exists()  # the entry is kept for a later `publish --drain`
+
+
+def test_packed_pipeline_waits_for_replicas(settings, private_redis, tmp_path):
+    """REDIS_WAIT_REPLICAS on a single node: the hand-built pipeline ends with WAIT. With one replica a
+    batch counts as sent; asking for two, WAIT falls short, the batch is not confirmed (and retried),
+    and nothing is lost once the requirement is met."""
+    from services.broker.embedded import start_redis
+
+    primary_port = int(private_redis.url.rsplit(":", 1)[1].split("/")[0])
+    replica = start_redis(dir=str(tmp_path / "replica"), extra_args=["--replicaof", "127.0.0.1", str(primary_port)])
+    try:
+        client = redis.Redis.from_url(private_redis.url)
+        wait_for(lambda: client.info("replication").get("connected_slaves") == 1, 30, "the replica to attach")
+        client.close()
+        s = on(settings, private_redis).model_copy(update={"redis_wait_replicas": 1})  # default WAIT timeout
+        with Publisher(s, "test/wait-1", {"host": "h"}) as pub:
+            assert pub._packed
+            pub.add_lines([b"a", b"b"])
+            assert pub.flush(timeout=30)
+            pub.add_eof(0)
+        by_seq = {int(e["seq"]): e.get("line") for e in entries(s, "test/wait-1")}  # a slow ack re-sends
+        assert by_seq == {0: b"a", 1: b"b", 2: None}
+
+        s2 = s.model_copy(update={"redis_wait_replicas": 2})
+        pub = Publisher(s2, "test/wait-2", {"host": "h"})
+        pub.add_line(b"c")
+        assert not pub.flush(timeout=3)  # WAIT 2 answers at most 1 after its 1 s: never confirmed
+        assert pub.pending == 1 and pub.broker_up is False
+        assert not pub.close(timeout=0)
+        assert spool_path(s2, "test/wait-2").exists()  # kept for a later delivery
+    finally:
+        replica.close()

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from contracts.events import FORMATS
 from services.broker.helpers import redact_url
@@ -321,7 +321,7 @@ def cmd_tap(args: argparse.Namespace) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
-def _grow_pipe(pipe: BinaryIO | None) -> None:
+def _grow_pipe(pipe: IO[bytes] | None) -> None:
     """Linux: raise the pipe's capacity to PIPE_BUFFER_BYTES (best effort: the default 64 KiB also works)."""
     setsz = getattr(fcntl, "F_SETPIPE_SZ", None)
     if pipe is None or setsz is None:
@@ -353,7 +353,7 @@ def _pump(pipe: BinaryIO, stream: str, echo, pub: Publisher) -> None:
         lines = splitter.feed(chunk)
         if lines:
             late += _add_lines(pub, lines, stream, ts)
-        if pub.sender_busy:
+        if pub.sender_busy and len(chunk) < PIPE_READ_BYTES:  # a full read: more is waiting, read on
             time.sleep(PIPE_COALESCE_S)
     tail = splitter.rest()
     if tail is not None:

@@ -16,7 +16,9 @@ Totality (nothing a tap writes can cost another run its data):
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -64,11 +66,18 @@ from services.worker.commit import (
 
 log = logging.getLogger("goose_ingest.worker")
 
-MAX_ATTEMPTS = 8
+# Attempts before a batch is given up (its entries then wait for a reclaim, claim_idle_ms later).
+# With the backoff below, 32 attempts last up to ~5 s; 8 without it were used up by 3 workers
+# sharing 1,000 runs, and the 30 s reclaim wait cut their throughput to a tenth (bench/scale.py).
+MAX_ATTEMPTS = 32
 # After a commit conflict (another worker commits the same runs), cached runs are checked against
 # their stored version for this long: reading them with the uncached ones costs no extra round
 # trip, and computing from a stale cache would only make the commit conflict again.
 SHARED_RUNS_S = 30.0
+# Workers committing the same runs at once keep invalidating each other's retries. From the second
+# retry on, a worker waits a random time, doubling per attempt, so that one of them commits first.
+CONFLICT_BACKOFF_S = 0.002
+MAX_CONFLICT_BACKOFF_S = 0.2
 _DETAILS = {
     AFTER_END: "the run had already ended (eof or abandoned) and this seq is not part of it",
     OUT_OF_WINDOW: "seq is too far ahead of the run's next expected seq",
@@ -250,7 +259,9 @@ class BatchProcessor:
         computed: dict[str, RunResult] = {}
         todo = list(batch.by_run)
         try:
-            for _attempt in range(MAX_ATTEMPTS):
+            for attempt in range(MAX_ATTEMPTS):
+                if attempt >= 2:
+                    await asyncio.sleep(random.uniform(0, min(CONFLICT_BACKOFF_S * 2**attempt, MAX_CONFLICT_BACKOFF_S)))
                 await self._compute(todo, batch, computed)
                 conflicts = await self.committer.commit(self._commit(batch, computed))
                 if not conflicts:
