@@ -407,7 +407,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if fh is not None and pub.finished:
             _err(f"run {args.run} already ended (its eof is in the spool {pub.spool_dir}); delivering what is spooled")
         elif fh is not None:
-            skip = 0 if args.no_skip else pub.lines_from(source)
+            skip = 0 if args.no_skip or source is None else pub.lines_from(source)
             if skip:
                 log.info("skipping the first %d lines of %s: already spooled for run %s", skip, args.file, args.run)
             for i, raw in enumerate(iter(fh.readline, b"")):

@@ -31,6 +31,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+class _AtLeast(logging.Filter):
+    """Passes records at or above a level (a handler's level alone would also gate DEBUG runs)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level
+
+
 def configure_logging(level: str) -> None:
     """Everything on stderr in one plain format (no ANSI colour), FastStream's loggers included."""
     numeric = getattr(logging, level.upper(), logging.INFO)
@@ -45,7 +56,7 @@ def configure_logging(level: str) -> None:
             logger.removeHandler(handler)
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(formatter)
-        handler.addFilter(lambda record, t=threshold: record.levelno >= t)
+        handler.addFilter(_AtLeast(threshold))
         logger.addHandler(handler)
         logger.propagate = False
 

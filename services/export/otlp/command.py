@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
-async def serve_exporter(settings: Settings, sink, cfg) -> int:  # type: ignore[no-untyped-def]
+async def serve_exporter(settings: Settings, sink, cfg) -> int:
     from services.export.otlp.app import build_app
     from services.worker.command import wait_for_broker
 
