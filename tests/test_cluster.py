@@ -179,9 +179,9 @@ def test_a_cluster_with_slots_missing_fails_readiness_and_the_worker_recovers(tm
     try:
         s = Settings(redis_url=cluster.url, redis_cluster=True, namespace="slots", spool_dir=str(tmp_path / "spool"))
         victim = cluster.nodes[2]
+        log = tmp_path / "worker.log"
         victim.kill()
         wait_until(lambda: not _cluster_ok(cluster), timeout=30)
-        log = tmp_path / "worker.log"
         port = free_port()  # known before the worker is ready: it serves /readyz while it waits
         worker = subprocess.Popen([sys.executable, "-m", "services.cli", "worker", "--metrics-port", str(port)],
                                   cwd=REPO, env=cli_env(s), stdout=log.open("ab"), stderr=subprocess.STDOUT)
@@ -203,10 +203,11 @@ def test_a_cluster_with_slots_missing_fails_readiness_and_the_worker_recovers(tm
         victim.start()
         wait_until(lambda: _readyz(port)[0] == 200, timeout=60)
         _publish_and_check(s, "after-second-outage")
+    except AssertionError as exc:  # say what the worker did
+        raise AssertionError(f"{exc}\n--- worker log ---\n{log.read_text(errors='replace')[-4000:]}") from None
     finally:
         if worker is not None:
             stop(worker)
-            print(log.read_text(errors="replace")[-3000:])
         cluster.stop()
 
 

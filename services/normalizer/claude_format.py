@@ -22,7 +22,7 @@ from services.normalizer.run_normalizer import (
     is_number,
     nonempty_str,
 )
-from services.normalizer.tools import classify_extended, extended_consumed
+from services.normalizer.tools import Kinds, classify_extended, extended_consumed
 
 MCP_PREFIX = "mcp__"
 # C-R2: progress and bookkeeping subtypes, mapped to nothing.
@@ -43,7 +43,7 @@ def consumed(name: str) -> bool:
     return extended_consumed(tool_name(name))
 
 
-def classify(name: str, args: Any) -> list[dict[str, Any]] | None:
+def classify(name: str, args: Any) -> Kinds | None:
     return classify_extended(tool_name(name), args)
 
 

@@ -8,6 +8,7 @@ Codex items arrive whole, so no span is ever held: each item's events are emitte
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.normalizer.claude_format import classify as classify_mcp
@@ -24,7 +25,7 @@ from services.normalizer.run_normalizer import (
     is_int,
     nonempty_str,
 )
-from services.normalizer.shell import classify_shell
+from services.normalizer.shell import shell_kinds
 
 # X-R3: items that are tool calls (recorded when started).
 TOOL_ITEMS = frozenset(("command_execution", "file_change", "mcp_tool_call", "web_search", "collab_tool_call"))
@@ -93,44 +94,74 @@ def _completed(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec:
     if type(item) is not dict:
         norm.unknown(out, ts_ms, rec, seq, seq)
         return
-    item_id = _item_id(item)
     itype = item.get("type")
-    if itype in ("agent_message", "plan", "reasoning"):
-        text = item.get("text")
-        if type(text) is str and text:
-            norm.whole_text(out, ts_ms, "reasoning" if itype == "reasoning" else "agent", text, seq)
-        return
-    if itype == "todo_list":
-        return  # X-I7
-    if itype == "error":
-        message = item.get("message")
-        text = message if nonempty_str(message) else "codex reported a non-fatal error"
-        norm.emit(out, ts_ms, "warning", {"message": text}, seq, seq)  # X-I8
-        return
-    if type(itype) is not str or itype not in TOOL_ITEMS:
-        norm.unknown(out, ts_ms, item, seq, seq)  # X-I9: no tool extras
-        return
+    # One function per item type (the hot ones first in no particular order: a dict lookup).
+    handler = _COMPLETED.get(itype, _completed_other) if type(itype) is str else _completed_other
+    handler(norm, out, seq, ts_ms, item)
+
+
+def _completed_text(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
+    text = item.get("text")
+    if type(text) is str and text:
+        norm.whole_text(out, ts_ms, "reasoning" if item["type"] == "reasoning" else "agent", text, seq)
+
+
+def _completed_todo(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
+    pass  # X-I7
+
+
+def _completed_error(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
+    message = item.get("message")
+    text = message if nonempty_str(message) else "codex reported a non-fatal error"
+    norm.emit(out, ts_ms, "warning", {"message": text}, seq, seq)  # X-I8
+
+
+def _completed_other(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
+    norm.unknown(out, ts_ms, item, seq, seq)  # X-I9: no tool extras
+
+
+def _completed_tool(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
+    item_id = item.get("id")
+    if type(item_id) is not str:
+        item_id = ""  # X-P1: a missing id is the empty id
+    itype = item["type"]
     # X-P2. Only a tool item settles a started record (only those are recorded), so a forged
     # non-tool item reusing an id never makes a pending call vanish without its `unknown`.
     started = norm.take_call(item_id)
+    label = tool_label(item)
     first = seq
-    tail: dict[str, Any] = {"tool": tool_label(item), "toolCallId": item_id}
+    tail: dict[str, Any]
     if started is not None:
         first = started[4]
-        tail["durationMs"] = ts_ms - started[5]  # X-S2
-    kinds: list[dict[str, Any]] | None = None
+        tail = {"tool": label, "toolCallId": item_id, "durationMs": ts_ms - started[5]}  # X-S2
+    else:
+        tail = {"tool": label, "toolCallId": item_id}
+    kinds: Sequence[Mapping[str, Any]] | None = None
     if itype == "command_execution":
         command = item.get("command")
-        if nonempty_str(command):
-            assert type(command) is str
-            kinds = classify_shell(command) or [{"type": "command", "command": command}]
+        if type(command) is str and command:
+            kinds = shell_kinds(command) or ({"type": "command", "command": command},)
     elif itype == "file_change":
         kinds = _writes(item.get("changes"))
     elif itype == "mcp_tool_call":
-        label = tail["tool"]
         if label.startswith(MCP_PREFIX):
             kinds = classify_mcp(label, item.get("arguments"))
     norm.tool_events(out, ts_ms, kinds, item, tail, first, seq, success(item), item.get("exit_code"))
+
+
+_COMPLETED = {
+    "command_execution": _completed_tool,
+    "agent_message": _completed_text,
+    "reasoning": _completed_text,
+    "plan": _completed_text,
+    "file_change": _completed_tool,
+    "mcp_tool_call": _completed_tool,
+    "web_search": _completed_tool,
+    "collab_tool_call": _completed_tool,
+    "todo_list": _completed_todo,
+    "error": _completed_error,
+}
+assert {t for t, h in _COMPLETED.items() if h is _completed_tool} == TOOL_ITEMS
 
 
 def _writes(changes: Any) -> list[dict[str, Any]] | None:

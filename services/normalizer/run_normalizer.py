@@ -15,7 +15,7 @@ Everything kept is plain data so ``to_bytes``/``from_bytes`` round-trip exactly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeGuard
 
 import orjson
@@ -203,6 +203,8 @@ class RunNormalizer:
         "_ts_ms",
         "_ts_text",
         "_text",
+        "_counted_text",
+        "_bracket_heavy",
     )
 
     def __init__(self, run: str, limits: Limits = DEFAULT_LIMITS, fmt: str | None = None) -> None:
@@ -221,6 +223,8 @@ class RunNormalizer:
         self._ts_ms = -1
         self._ts_text = ""
         self._text = ""  # the stdout line being mapped (for the depth guard)
+        self._counted_text = ""  # the last line whose brackets `_too_deep` counted, and the verdict
+        self._bracket_heavy = False
         if fmt is not None:
             self.set_format(fmt)
 
@@ -455,7 +459,7 @@ class RunNormalizer:
         self,
         out: list[Event],
         ts_ms: int,
-        kinds: list[dict[str, Any]] | None,
+        kinds: Sequence[Mapping[str, Any]] | None,
         raw: Any,
         tail: dict[str, Any],
         first: int,
@@ -529,9 +533,12 @@ class RunNormalizer:
         """Is a value of the current line nested deeper than MAX_JSON_DEPTH? Counting the line's
         brackets is a cheap bound; only a line that could be that deep is walked."""
         text = self._text
-        if len(text) <= 2 * MAX_JSON_DEPTH or text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        if len(text) <= 2 * MAX_JSON_DEPTH:
             return False
-        return json_depth(value) > MAX_JSON_DEPTH
+        if text is not self._counted_text:  # counted once per line, however many values it has
+            self._counted_text = text
+            self._bracket_heavy = text.count("[") + text.count("{") > MAX_JSON_DEPTH
+        return self._bracket_heavy and json_depth(value) > MAX_JSON_DEPTH
 
     def _emit(self, out: list[Event], ts_ms: int, etype: str, fields: dict[str, Any], first: int, last: int) -> None:
         event = self._envelope(ts_ms, etype, first, last)
@@ -541,9 +548,6 @@ class RunNormalizer:
     def _envelope(self, ts_ms: int, etype: str, first: int, last: int) -> Event:
         """The next event's envelope (contract section 2), counted; the caller adds the kind's fields."""
         n = self.n
-        self.n = n + 1
-        counts = self.counts
-        counts[etype] = counts.get(etype, 0) + 1
         if ts_ms != self._ts_ms:
             self._ts_ms = ts_ms
             self._ts_text = format_ms(ts_ms)

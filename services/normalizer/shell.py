@@ -122,7 +122,7 @@ always get fresh dicts.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -856,8 +856,21 @@ _CACHE_MAX_LEN = 8192
 
 
 @lru_cache(maxsize=4096)
-def _classify_cached(command: str) -> tuple[Any, ...] | None:
-    return _classify(command)
+def _kinds_cached(command: str) -> tuple[Mapping[str, Any], ...] | None:
+    ops = _classify(command)
+    return tuple(dict(op) for op in ops) if ops else None
+
+
+def shell_kinds(command: str) -> tuple[Mapping[str, Any], ...] | None:
+    """:func:`classify_shell` for callers that only read the result (the normalizer copies each
+    kind into its event): the same operations, shared between calls, so never to be mutated."""
+    try:
+        if len(command) <= _CACHE_MAX_LEN:
+            return _kinds_cached(command)
+        ops = _classify(command)
+        return tuple(dict(op) for op in ops) if ops else None
+    except Exception:  # pragma: no cover - defensive: the contract is "never raises"
+        return None
 
 
 def classify_shell(command: str) -> list[dict[str, Any]] | None:
@@ -867,16 +880,8 @@ def classify_shell(command: str) -> list[dict[str, Any]] | None:
       {"type": "write", "path": str}
       {"type": "search", "query": str, "path"?: str}
       {"type": "list", "path"?: str}
-    Optional keys are omitted (never None)."""
-    try:
-        if not isinstance(command, str) or not command:
-            return None
-        if len(command) <= _CACHE_MAX_LEN:
-            ops = _classify_cached(command)
-        else:
-            ops = _classify(command)
-        if not ops:
-            return None
-        return [dict(op) for op in ops]
-    except Exception:  # pragma: no cover - defensive: the contract is "never raises"
+    Optional keys are omitted (never None). The dicts are the caller's own."""
+    if not isinstance(command, str) or not command:
         return None
+    kinds = shell_kinds(command)
+    return None if kinds is None else [dict(kind) for kind in kinds]

@@ -38,16 +38,18 @@ def parse_ts(value: object) -> int | None:
 
 
 _last_second: tuple[int | None, str] = (None, "")
+# ".000Z" .. ".999Z": the millisecond tail of every timestamp, formatted once.
+_MILLIS = tuple(f".{milli:03d}Z" for milli in range(1000))
 
 
 def format_ms(ms: int) -> str:
     global _last_second
-    seconds, milli = divmod(ms, 1000)
+    seconds = ms // 1000
     # Consecutive lines mostly share a second: reuse its formatted prefix. One tuple, swapped
     # in a single assignment, so concurrent threads never pair a second with another's text.
     cached = _last_second
     if cached[0] == seconds:
-        return f"{cached[1]}.{milli:03d}Z"
+        return cached[1] + _MILLIS[ms - seconds * 1000]
     text = _format(ms)
     _last_second = (seconds, text[:19])
     return text

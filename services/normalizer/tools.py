@@ -8,16 +8,19 @@ the call is consumed (extension ``todo``, or a C-T7 name), or ``None`` when the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from services.normalizer.paths import normalize_path
-from services.normalizer.shell import classify_shell
+from services.normalizer.shell import shell_kinds
 
 PATH_KEYS = ("path", "file_path", "filePath", "filepath", "abs_path", "absolutePath", "source")
 START_KEYS = ("offset", "start_line", "startLine", "line")
 END_KEYS = ("end_line", "endLine")
 COUNT_KEYS = ("limit", "line_count", "lineCount", "num_lines", "numLines")
+# The kind fields of a classified call's events (read only: shared with the shell classifier's cache).
+Kinds = Sequence[Mapping[str, Any]]
+
 SHELL_KEYS = ("command", "cmd", "script")
 QUERY_KEYS = ("pattern", "query", "regex", "glob", "search", "searchText", "q")
 SEARCH_PATH_KEYS = ("path", "dir", "directory", "cwd", "scope")
@@ -93,14 +96,11 @@ def _text_editor(args: dict[str, Any]) -> list[dict[str, Any]] | None:
     return None
 
 
-def _shell(args: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _shell(args: dict[str, Any]) -> Kinds | None:
     command = first_string(args, SHELL_KEYS)
     if command is None:
         return None
-    ops = classify_shell(command)
-    if ops is None:
-        return [{"type": "command", "command": command}]
-    return ops
+    return shell_kinds(command) or ({"type": "command", "command": command},)
 
 
 def _search(args: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -200,7 +200,7 @@ def split_name(name: str) -> tuple[str | None, str]:
     return (ext, base) if sep else (None, name)
 
 
-def classify_tool(name: str, args: Any) -> list[dict[str, Any]] | None:
+def classify_tool(name: str, args: Any) -> Kinds | None:
     ext, base = split_name(name)
     if ext == "todo":
         return []
@@ -213,7 +213,7 @@ def extended_consumed(name: str) -> bool:
     return ext == "todo" or (ext is None and base.lower() in CONSUMED_BASES)
 
 
-def classify_extended(name: str, args: Any) -> list[dict[str, Any]] | None:
+def classify_extended(name: str, args: Any) -> Kinds | None:
     """3.5 with the C-T rows, for a name already stripped of a leading `mcp__`."""
     ext, base = split_name(name)
     lowered = base.lower()
@@ -222,7 +222,7 @@ def classify_extended(name: str, args: Any) -> list[dict[str, Any]] | None:
     return _apply(_BY_BASE_EXTENDED.get(lowered), args)
 
 
-def _apply(handler: Callable[[dict[str, Any]], list[dict[str, Any]] | None] | None, args: Any) -> list[dict[str, Any]] | None:
+def _apply(handler: Callable[[dict[str, Any]], Kinds | None] | None, args: Any) -> Kinds | None:
     if handler is None:
         return None
     # goose omits `arguments` when a call has none, and wraps non-object ones as {"value": ...}.
