@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, SecretStr, TypeAdapter, ValidationError, model_validator
@@ -13,6 +13,20 @@ from services.sequencer.run import DEFAULT_MAX_HELD_BYTES
 
 if TYPE_CHECKING:  # imported where used: commands that never redact do not compile the rules
     from services.redaction import Redactor
+
+@lru_cache(maxsize=64)
+def _layout(
+    namespace: str,
+    shards: int,
+    cluster: bool,
+    raw_prefix: str,
+    control_prefix: str,
+    events_topic: str,
+    runs_topic: str,
+    deadletter_stream: str,
+) -> KeyLayout:
+    return KeyLayout(namespace, shards, cluster, raw_prefix, control_prefix, events_topic, runs_topic, deadletter_stream)
+
 
 SINGLE_NODE_SHARDS = 4
 CLUSTER_SHARDS = 16  # enough to spread over many primaries; see docs/scaling.md
@@ -140,18 +154,23 @@ class Settings(BaseSettings):
             data = {**data, "shards": CLUSTER_SHARDS if cluster else SINGLE_NODE_SHARDS}
         return data
 
-    @cached_property
+    @property
     def layout(self) -> KeyLayout:
-        """Every key and stream name (services/broker/keys.py)."""
-        return KeyLayout(
-            namespace=self.namespace,
-            shards=self.shards,
-            cluster=self.redis_cluster,
-            raw_prefix=self.raw_stream_prefix,
-            control_prefix=self.control_stream_prefix,
-            events_topic=self.events_topic,
-            runs_topic=self.runs_topic,
-            deadletter_stream=self.deadletter_stream,
+        """Every key and stream name (services/broker/keys.py).
+
+        Not a cached_property: `model_copy(update=...)` copies the instance dict, cache included,
+        and would keep the names of the settings it was copied from. The layout is memoised by
+        value instead (KeyLayout is frozen and hashable).
+        """
+        return _layout(
+            self.namespace,
+            self.shards,
+            self.redis_cluster,
+            self.raw_stream_prefix,
+            self.control_stream_prefix,
+            self.events_topic,
+            self.runs_topic,
+            self.deadletter_stream,
         )
 
     def redactor(self) -> Redactor | None:

@@ -548,6 +548,9 @@ class RunNormalizer:
     def _envelope(self, ts_ms: int, etype: str, first: int, last: int) -> Event:
         """The next event's envelope (contract section 2), counted; the caller adds the kind's fields."""
         n = self.n
+        self.n = n + 1
+        counts = self.counts
+        counts[etype] = counts.get(etype, 0) + 1
         if ts_ms != self._ts_ms:
             self._ts_ms = ts_ms
             self._ts_text = format_ms(ts_ms)

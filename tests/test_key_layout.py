@@ -1,0 +1,60 @@
+"""The one module that names keys: single-node names unchanged, cluster names one slot per shard."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.events import EVENT_TYPES
+from services.broker.keys import KeyLayout
+from services.settings import CLUSTER_SHARDS, SINGLE_NODE_SHARDS, Settings
+
+RUN = st.from_regex(r"[A-Za-z0-9._:/@-]{1,60}", fullmatch=True)
+
+
+def _tag(key: str) -> str:
+    """The part of a key Redis Cluster hashes: the first non-empty {...}, else the whole key."""
+    m = re.search(r"\{([^}]+)\}", key)
+    return m.group(1) if m else key
+
+
+def test_single_node_keeps_the_historic_names():
+    k = KeyLayout(shards=4)
+    assert k.raw_stream(3) == "goose.raw.3"
+    assert k.control_stream(3) == "goose.control.3"
+    assert k.events_partitions() == ["harness.events"]
+    assert k.type_partitions("error") == ["harness.events.error"]
+    assert k.runs_partitions() == ["harness.runs"] and k.deadletter_partitions() == ["goose.deadletter"]
+    assert k.run_state("h/1") == "goose-ingest:run:h/1" and k.active_runs(2) == "goose-ingest:active"
+    assert KeyLayout(namespace="t1").raw_stream(0) == "t1:goose.raw.0"
+
+
+@given(RUN)
+def test_in_a_cluster_everything_of_a_run_shares_its_shards_slot(run):
+    k = KeyLayout(shards=16, cluster=True, namespace="ns")
+    shard = k.shard_of(run)
+    keys = [
+        k.raw_stream(shard), k.control_stream(shard), k.run_state(run), k.active_runs(shard),
+        k.import_checkpoint(run), k.export_state("otlp", run), k.events_partition(shard),
+        k.runs_partition(shard), k.deadletter_partition(shard),
+        *(k.type_partition(t, shard) for t in EVENT_TYPES),
+    ]
+    assert {_tag(key) for key in keys} == {f"s{shard}"}
+    assert all(key.startswith("ns:") for key in keys)
+
+
+def test_cluster_topics_have_one_partition_per_shard_and_distinct_tags():
+    k = KeyLayout(shards=16, cluster=True)
+    parts = k.events_partitions()
+    assert len(parts) == 16 and len({_tag(p) for p in parts}) == 16
+
+
+def test_shard_default_follows_the_mode_and_a_copy_gets_its_own_names():
+    assert Settings().shards == SINGLE_NODE_SHARDS
+    assert Settings(redis_cluster=True).shards == CLUSTER_SHARDS
+    assert Settings(redis_cluster=True, shards=5).shards == 5
+    a = Settings(namespace="a")
+    assert a.layout.raw_stream(0) == "a:goose.raw.0"
+    assert a.model_copy(update={"namespace": "b"}).layout.raw_stream(0) == "b:goose.raw.0"
