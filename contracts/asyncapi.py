@@ -58,6 +58,24 @@ def _event_entry(description: str) -> dict[str, Any]:
     }
 
 
+def _describe_cluster_partitions(channels: dict[str, Any]) -> None:
+    """On a Redis Cluster every stream is one per shard, in that shard's slot (services/broker/keys.py)."""
+    from services.broker.keys import KeyLayout  # the names' one source; not needed to import the models
+
+    cluster = KeyLayout(shards=1, cluster=True)
+    names = {cluster.raw_stream(0): "goose.raw.{shard}", cluster.control_stream(0): "goose.control.{shard}"}
+    for channel in channels.values():
+        address = channel["address"]
+        example = next((n for n, a in names.items() if a == address), f"{address}.{cluster.tag(0)}")
+        channel["description"] = (
+            "On a Redis Cluster (GOOSE_INGEST_REDIS_CLUSTER=true) this is one stream per shard i: "
+            f"`{example.replace(cluster.tag(0), '{s<i>}')}`, whose hash tag keeps a shard's streams and run "
+            "states in one slot. Per-run order holds within a partition; read every partition "
+            "(docs/consumers.md)."
+        )
+    assert cluster.events_partition(0) == f"{cluster.events_topic}.{cluster.tag(0)}"
+
+
 def document() -> dict[str, Any]:
     channels: dict[str, Any] = {
         "rawShard": {
@@ -94,6 +112,7 @@ def document() -> dict[str, Any]:
             "title": f"Harness events of type {t}",
             "messages": {"harnessEvent": {"$ref": "#/components/messages/HarnessEvent"}},
         }
+    _describe_cluster_partitions(channels)
     operations: dict[str, Any] = {
         "publishRaw": {"action": "receive", "channel": {"$ref": "#/channels/rawShard"},
                        "summary": "Taps and shippers XADD raw entries; workers consume them in a consumer group."},
