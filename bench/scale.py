@@ -18,6 +18,7 @@ per active run after processing (run states and the active-run index: MEMORY USA
 state keys + the index, divided by runs).
 
     python bench/scale.py [--lines 60000] [--sweep runs,size,workers] [--plot bench/results/scale.png]
+    python bench/scale.py --sweep cache,batch   # what one cached run costs; the per-run work of a batch
 
 Targets (issue 13): throughput at 10,000 active runs >= 0.8 of that at 100; worker RSS bounded by a
 setting (the run cache), not by the fleet; Redis memory per idle active run <= 4 KiB.
@@ -222,10 +223,62 @@ def cache_costs(counts: tuple[int, ...] = (4_096, 16_384)) -> None:
         del cache
 
 
+def batch_costs(url: str, spreads: tuple[int, ...] = (25, 500), batches: int = 22) -> None:
+    """The batch processor in process (no FastStream), on the private Redis: µs per line of
+    `BatchProcessor.process` for batches of 500 lines spread over 25 runs (20 lines of each run)
+    or over 500 runs (one line each). The difference is the per-run work of a batch."""
+    import asyncio
+
+    from services.broker.connect import async_client
+    from services.broker.groups import ensure_groups
+    from services.worker.processor import BatchProcessor
+
+    async def one(spread: int) -> float:
+        settings = Settings(redis_url=url, namespace=f"scale{uuid.uuid4().hex[:6]}", shards=1,
+                            run_cache_size=max(spread, 1))
+        client = async_client(settings)
+        sync = redis.Redis.from_url(url)
+        stream = settings.layout.raw_stream(0)
+        try:
+            await ensure_groups(client, settings)
+            processor = BatchProcessor(settings, client)
+            seqs = [0] * spread
+            names = [f"scale/{uuid.uuid4().hex[:8]}-{r:06d}" for r in range(spread)]
+            elapsed, lines = 0.0, 0
+            for b in range(batches):
+                pipe = sync.pipeline(transaction=False)
+                for i in range(500):
+                    r = i % spread
+                    seq = seqs[r]
+                    seqs[r] += 1
+                    line = _request(seq // 2) if seq % 2 == 0 else _response(seq // 2, 445)
+                    pipe.xadd(stream, {b"run": names[r], b"seq": str(seq), b"ts": b"1790000000000", b"line": line,
+                                       b"host": b"bench"})
+                pipe.execute()
+                reply = sync.xreadgroup(settings.group, "bench", {stream: ">"}, count=500)
+                ids, fields = [i for i, _ in reply[0][1]], [f for _, f in reply[0][1]]
+                started = time.perf_counter()
+                await processor.process(0, ids, fields)
+                if b >= 2:  # the first batches start the runs (seq 0 takes the reference path)
+                    elapsed += time.perf_counter() - started
+                    lines += len(ids)
+            return elapsed / lines
+        finally:
+            await client.aclose()
+            for key in sync.scan_iter(match=f"{settings.namespace}:*", count=5000):
+                sync.unlink(key)
+            sync.close()
+
+    for spread in spreads:
+        cost = asyncio.run(one(spread))
+        print(f"batch of 500 lines over {spread:>3} runs: {cost * 1e6:5.1f} us per line in BatchProcessor.process "
+              f"({500 // spread} lines per run and batch)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=60_000, help="lines per point (the 100,000-run point uses 2 per run)")
-    ap.add_argument("--sweep", default="runs,size,workers", help="any of runs,size,workers,cache (per cached run costs)")
+    ap.add_argument("--sweep", default="runs,size,workers", help="any of runs,size,workers,cache (per cached run costs),batch (per run work of a batch)")
     ap.add_argument("--plot", default=str(REPO / "bench" / "results" / "scale.png"))
     ap.add_argument("--json", default=None, help="also write the points as JSON here")
     ap.add_argument("--active-runs", default="100,1000,10000,100000", help="points of the active-runs sweep")
@@ -242,6 +295,9 @@ def main() -> None:
         try:
             if "cache" in sweeps:
                 cache_costs()
+            if "batch" in sweeps:
+                for _ in range(2):  # twice, interleaved: the machine's speed drifts
+                    batch_costs(server.url)
             if "runs" in sweeps:
                 for runs in (int(r) for r in args.active_runs.split(",")):
                     points.append(measure(server.url, "active runs", runs, runs, max(args.lines, 2 * runs),

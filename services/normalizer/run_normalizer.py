@@ -476,15 +476,12 @@ class RunNormalizer:
             return
         for kind in kinds:
             etype = kind["type"]
-            # The kind's own "type" lands on the envelope's (same value, same place).
-            event = self._envelope(ts_ms, etype, first, last)
-            event.update(kind)
+            event = self._emit(out, ts_ms, etype, kind, first, last)
             if etype == "command" and is_int(exit_code):
                 event["exitCode"] = exit_code
             if success is not None:
                 event["isSuccess"] = success
             event.update(tail)
-            out.append(event)
 
     # ------------------------------------------------------------------ errors
     def error(self, out: list[Event], ts_ms: int, message: str, code: str | None, seq: int) -> None:
@@ -540,13 +537,10 @@ class RunNormalizer:
             self._bracket_heavy = text.count("[") + text.count("{") > MAX_JSON_DEPTH
         return self._bracket_heavy and json_depth(value) > MAX_JSON_DEPTH
 
-    def _emit(self, out: list[Event], ts_ms: int, etype: str, fields: dict[str, Any], first: int, last: int) -> None:
-        event = self._envelope(ts_ms, etype, first, last)
-        event.update(fields)
-        out.append(event)
-
-    def _envelope(self, ts_ms: int, etype: str, first: int, last: int) -> Event:
-        """The next event's envelope (contract section 2), counted; the caller adds the kind's fields."""
+    def _emit(self, out: list[Event], ts_ms: int, etype: str, fields: Mapping[str, Any], first: int, last: int) -> Event:
+        """Append the next event, counted, and return it: the envelope (contract section 2)
+        then the kind's fields, built as one dict display (a "type" among the fields lands on
+        the envelope's, same value, same place). The caller may add fields after these."""
         n = self.n
         self.n = n + 1
         counts = self.counts
@@ -554,24 +548,30 @@ class RunNormalizer:
         if ts_ms != self._ts_ms:
             self._ts_ms = ts_ms
             self._ts_text = format_ms(ts_ms)
-        if self.session is None:
-            return {
+        session = self.session
+        if session is None:
+            event = {
                 "eventId": f"{self.run}:{n}",
                 "runId": self.run,
                 "seq": n,
                 "type": etype,
                 "timestamp": self._ts_text,
                 "lines": [first, last],
+                **fields,
             }
-        return {
-            "eventId": f"{self.run}:{n}",
-            "runId": self.run,
-            "seq": n,
-            "type": etype,
-            "timestamp": self._ts_text,
-            "lines": [first, last],
-            "sessionId": self.session,
-        }
+        else:
+            event = {
+                "eventId": f"{self.run}:{n}",
+                "runId": self.run,
+                "seq": n,
+                "type": etype,
+                "timestamp": self._ts_text,
+                "lines": [first, last],
+                "sessionId": session,
+                **fields,
+            }
+        out.append(event)
+        return event
 
     emit = _emit
 

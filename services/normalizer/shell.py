@@ -126,7 +126,7 @@ from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from typing import Any, Literal
 
-__all__ = ["classify_shell"]
+__all__ = ["classify_shell", "shell_kinds"]
 
 # ---------------------------------------------------------------------------
 # Tokenizer
