@@ -56,11 +56,13 @@ def make_broker(settings: Settings, **options: Any) -> Any:
     if not settings.redis_cluster:
         return RedisBroker(t.url_without_credentials, **creds, **options)
     first, *_rest = t.seeds
+    # Missing slots must surface as not-ready (cluster_health), not as a crash at start; FastStream
+    # passes this through to redis-py's RedisCluster but does not declare it in its TypedDict.
+    passthrough: dict[str, Any] = {"require_full_coverage": False}
     return RedisClusterBroker(
         f"redis://{first}",
         startup_nodes=[(s.host, s.port) for s in t.seeds],
-        # Missing slots must surface as not-ready (cluster_health), not as a crash at start.
-        require_full_coverage=False,  # passed through to redis-py's RedisCluster (not in FastStream's TypedDict)
+        **passthrough,
         **creds,
         **options,
     )

@@ -22,7 +22,7 @@ from typing import Any
 from faststream import Context, FastStream
 from faststream.middlewares import AckPolicy
 from faststream.redis import StreamSub
-from faststream.redis.message import RedisBatchStreamMessage
+from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
 from redis.exceptions import ResponseError
 
 from services.broker.cluster import BrokerGate, make_broker
@@ -107,7 +107,8 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
     async def parse(raw: Any) -> RedisBatchStreamMessage:
         # The raw entries are plain fields, not FastStream envelopes: hand them over untouched
         # instead of letting FastStream JSON-decode and re-encode every entry.
-        return RedisBatchStreamMessage(raw_message=raw, body=b"", consumer=runtime.consumer, group=settings.group)
+        # FAKE_CONSUMER: the message's own ack must be a no-op, commit.lua acknowledges atomically.
+        return RedisBatchStreamMessage(raw_message=raw, body=b"", consumer=FAKE_CONSUMER, group=settings.group)
 
     async def decode(msg: Any) -> None:
         return None
