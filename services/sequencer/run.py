@@ -324,14 +324,7 @@ class RunSequencer:
             for entry in entries:
                 if pulled:
                     after(entries[pulled - 1])
-                if self.host is None and entry.host:
-                    self.host = entry.host
-                if self.agent is None and entry.agent:
-                    self.agent = entry.agent
-                if self.parent is None and entry.parent:
-                    self.parent = entry.parent
-                if self.continues is None and entry.continues:
-                    self.continues = entry.continues
+                self._adopt_labels(entry)
                 self.next = entry.seq + 1
                 pulled += 1
                 yield entry.seq, entry.ts, entry.line, entry.stream
@@ -494,7 +487,8 @@ class RunSequencer:
         self.guarded = guarded
         self._held_added, self._held_removed = added, removed
 
-    def _process(self, entry: Entry, out: Outcome) -> None:
+    def _adopt_labels(self, entry: Entry) -> None:
+        """A run's labels are the first non-empty value any of its processed entries carries."""
         if self.host is None and entry.host:
             self.host = entry.host
         if self.agent is None and entry.agent:
@@ -503,6 +497,9 @@ class RunSequencer:
             self.parent = entry.parent
         if self.continues is None and entry.continues:
             self.continues = entry.continues
+
+    def _process(self, entry: Entry, out: Outcome) -> None:
+        self._adopt_labels(entry)
         if self.state == NEW:
             self.state = RUNNING
             self._record(out, STARTED, entry.ts, entry.seq)
