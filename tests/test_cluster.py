@@ -4,6 +4,7 @@ cross-slot checker. On a real local cluster (tests/support/redis_cluster.py)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -249,3 +250,26 @@ def test_cross_slot_checker_flags_commands_and_scripts_spanning_slots(redis_clus
     script_across = [RecordedCommand(port, "client", (b"EVALSHA", b"abc", b"1", b"goose.raw.{s1}", b"x")),
                      RecordedCommand(port, "lua", (b"XADD", b"harness.events.{s2}", b"*", b"f", b"v"))]
     assert len(cross_slot_violations(redis_cluster, script_across)) == 1
+
+
+def test_a_sigterm_while_waiting_for_the_cluster_is_a_requested_stop(tmp_path):
+    """Status 1 means "a subscriber died, restart me"; a stop asked for before consuming is not that."""
+    from tests.pipeline_helpers import stop, wait_until
+
+    cluster = start_cluster(str(tmp_path / "cluster"), replicas=0)
+    worker = None
+    log = tmp_path / "worker.log"
+    try:
+        s = Settings(redis_url=cluster.url, redis_cluster=True, namespace="term", spool_dir=str(tmp_path / "spool"))
+        cluster.nodes[2].kill()
+        wait_until(lambda: not _cluster_ok(cluster), timeout=30)
+        port = free_port()
+        worker = subprocess.Popen([sys.executable, "-m", "services.cli", "worker", "--metrics-port", str(port)],
+                                  cwd=REPO, env=cli_env(s), stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        wait_until(lambda: (r := _readyz(port))[0] == 503 and "not serving" in r[1], timeout=30)
+        stop(worker)
+        assert worker.returncode in (0, -signal.SIGTERM), log.read_text(errors="replace")[-3000:]
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+        cluster.stop()

@@ -60,6 +60,7 @@ class WorkerRuntime:
     stopped: dict[str, str] = field(default_factory=dict)  # stream -> why its subscriber stopped
     groups_recreated: int = 0
     shutting_down: bool = False
+    consuming: bool = False  # the subscribers were started (a stop before that was requested, not a death)
 
     @property
     def exit_code(self) -> int:
@@ -174,6 +175,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
     @app.after_startup
     async def _after() -> None:
         assert runtime.housekeeper is not None
+        runtime.consuming = True
         runtime.tasks.append(asyncio.create_task(runtime.housekeeper.run()))
         runtime.tasks.append(asyncio.create_task(watch()))
         if settings.redis_cluster:
@@ -181,9 +183,10 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
 
     @app.on_shutdown
     async def _shutdown() -> None:
-        # Subscribers still running here: a requested shutdown. Stopped already: they died on their own.
+        # Subscribers still running here: a requested shutdown. Stopped already: they died on their own
+        # (unless they never started: a SIGTERM while waiting for the broker is a requested stop too).
         for stream, sub in runtime.subscribers:
-            if not sub.running and stream not in runtime.stopped:
+            if runtime.consuming and not sub.running and stream not in runtime.stopped:
                 runtime.stopped[stream] = "stopped before shutdown"
         runtime.shutting_down = True
         for task in runtime.tasks:
