@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from services.metrics import Metrics
+from tests.support.needs import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboard.json"
@@ -125,9 +124,7 @@ def test_panel_queries_parse_as_promql(tmp_path):
     """Each query, with Grafana's variables substituted, must parse (via `promtool check rules`)."""
     tool = shutil.which("promtool")
     if not tool:
-        if os.environ.get("CI"):
-            pytest.fail("promtool not found: CI must `apt-get install -y prometheus`")
-        pytest.skip("promtool not installed")
+        missing("promtool", "apt-get install -y prometheus")
     rules = []
     for i, (_, expr) in enumerate(panel_exprs()):
         expr = expr.replace("$__rate_interval", "5m").replace("$__range", "6h").replace("$job", ".*").replace("$format", ".*")

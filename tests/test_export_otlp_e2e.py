@@ -22,6 +22,7 @@ from services.broker.connect import sync_client
 from services.export.otlp import mapping as m
 from tests.fixtures import FIXTURES
 from tests.pipeline_helpers import REPO, events_by_run, start_worker, stop, wait_until
+from tests.support.needs import missing
 from tests.support.otlp_receiver import RunningReceiver
 from tests.support.phoenix_server import Phoenix, PhoenixUnavailable, free_port
 from tests.support.redis_server import cli_env
@@ -36,9 +37,7 @@ def phoenix(tmp_path_factory):
     try:
         server = Phoenix(tmp_path_factory.mktemp("phoenix"))
     except PhoenixUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            raise  # .ci/run installs Phoenix: its absence is a failure there
-        pytest.skip(f"Arize Phoenix cannot run here: {exc}")
+        missing("Arize Phoenix", f"python3 -m tests.support.phoenix_server --install; {exc}")
     yield server
     server.close()
 

@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from services.settings import Settings
+from tests.support.needs import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "goose-ingest"
@@ -174,9 +175,7 @@ def helm():
     try:
         import helm_sdkpy
     except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("helm-sdkpy missing: CI must `pip install --ignore-requires-python helm-sdkpy`")
-        pytest.skip("helm-sdkpy not installed (pip install --ignore-requires-python helm-sdkpy)")
+        missing("helm-sdkpy", "pip install --ignore-requires-python helm-sdkpy")
     return helm_sdkpy
 
 

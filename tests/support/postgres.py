@@ -19,6 +19,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from tests.support.needs import missing
+
 ADMIN_DSN = os.environ.get("GOOSE_INGEST_TEST_PG_ADMIN_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
 PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1] if Path("/usr/lib/postgresql").exists() else None
 
@@ -36,9 +38,7 @@ def pg_database() -> Iterator[str]:
     """DSN of a database created for this test session and dropped afterwards."""
     problem = _reachable()
     if problem:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"PostgreSQL at {ADMIN_DSN} is required under CI: {problem}")
-        pytest.skip(f"no PostgreSQL at {ADMIN_DSN} ({problem}); .ci/run starts it")
+        missing(f"PostgreSQL at {ADMIN_DSN}", f"{problem}; .ci/run starts it")
     name = f"goose_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -111,9 +111,7 @@ def _as_postgres() -> dict:
 @pytest.fixture
 def private_postgres() -> Iterator[PrivateCluster]:
     if PG_BIN is None or not (PG_BIN / "initdb").exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("initdb is required under CI (postgresql package)")
-        pytest.skip("no /usr/lib/postgresql/*/bin/initdb on this machine")
+        missing("/usr/lib/postgresql/*/bin/initdb", "the postgresql package")
     # Not under pytest's tmp_path: its root is 0700 (and reset so by every pytest session), which
     # the postgres user cannot enter.
     base = Path(tempfile.mkdtemp(prefix="goose-ingest-pg-"))

@@ -20,7 +20,6 @@ windows (how long "5 minutes" or "an hour" is) shrink.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -31,8 +30,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests.support.needs import missing
 
 MIN_SAMPLES_PER_WINDOW = 4
 
@@ -52,9 +52,7 @@ def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path:
         return path
-    if os.environ.get("CI"):
-        pytest.fail(f"{name} not found: CI must `apt-get install -y prometheus`")
-    pytest.skip(f"{name} not installed (apt-get install -y prometheus)")
+    missing(name, "apt-get install -y prometheus")
 
 
 # --------------------------------------------------------------------------- durations

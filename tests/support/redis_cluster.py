@@ -8,7 +8,6 @@ its replica's promotion (cluster-node-timeout 2000 ms).
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import socket
@@ -22,6 +21,7 @@ import pytest
 import redis
 
 from services.broker.embedded import EmbeddedRedis, find_redis_server
+from tests.support.needs import missing
 
 CLUSTER_BUS_OFFSET = 10000  # a node also listens on port + 10000 (the cluster bus)
 
@@ -215,9 +215,7 @@ def redis_cluster(tmp_path_factory):
     try:
         cluster = start_cluster(str(tmp_path_factory.mktemp("redis-cluster")))
     except (ClusterUnavailable, OSError) as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the cluster tests: {exc}")
-        pytest.skip(f"no local Redis Cluster: {exc}")
+        missing("a local Redis Cluster", f"redis-server and redis-cli on the PATH; {exc}")
     try:
         yield cluster
     finally:
