@@ -15,7 +15,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,11 +22,10 @@ from faststream import Context, FastStream
 from faststream.middlewares import AckPolicy
 from faststream.redis import StreamSub
 from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
-from redis.exceptions import ResponseError
 
 from services.broker.cluster import BrokerGate, make_broker
 from services.broker.connect import async_client
-from services.broker.groups import create_group, ensure_groups
+from services.broker.groups import ensure_groups, guard_missing_group
 from services.metrics import Metrics, serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
@@ -58,7 +56,6 @@ class WorkerRuntime:
     server: MetricsServer | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     stopped: dict[str, str] = field(default_factory=dict)  # stream -> why its subscriber stopped
-    groups_recreated: int = 0
     shutting_down: bool = False
     consuming: bool = False  # the subscribers were started (a stop before that was requested, not a death)
 
@@ -75,25 +72,6 @@ class WorkerRuntime:
         if not self.subscribers or dead:
             return Readiness(False, "subscribers not running")
         return Readiness(True, "")
-
-
-def _guard_missing_group(runtime: WorkerRuntime, sub: Any, stream: str) -> None:
-    """Wrap the subscriber's XREADGROUP: NOGROUP (Redis lost the group) recreates it at 0 instead of
-    stopping the subscriber. FastStream has no hook for this; the wrapped method is its read call."""
-    read: Callable[..., Awaitable[Any]] = sub._xreadgroup
-
-    async def guarded(**kwargs: Any) -> Any:
-        try:
-            return await read(**kwargs)
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc) or runtime.client is None:
-                raise
-            log.warning("consumer group missing on %s (Redis restarted empty or flushed): recreating it at 0", stream)
-            await create_group(runtime.client, stream, runtime.settings.group)
-            runtime.groups_recreated += 1
-            return ()
-
-    sub._xreadgroup = guarded
 
 
 def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastStream, WorkerRuntime]:
@@ -137,7 +115,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
             ack_policy=AckPolicy.MANUAL,  # the commit script acknowledges, atomically with its outputs
         )
         sub(handle)
-        _guard_missing_group(runtime, sub, stream)
+        guard_missing_group(sub, stream, settings.group, lambda: runtime.client)
         runtime.subscribers.append((stream, sub))
 
     async def watch() -> None:

@@ -14,21 +14,24 @@ import os
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from faststream import Context, FastStream
 from faststream.middlewares import AckPolicy
 from faststream.redis import StreamSub
-from faststream.redis.message import RedisBatchStreamMessage
+from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
 from redis.exceptions import RedisError
 
 from services.broker.cluster import make_broker
 from services.broker.connect import async_client
+from services.broker.groups import guard_missing_group
 from services.export.otlp.mapping import MappingConfig
 from services.export.otlp.metrics import OtlpMetrics
 from services.export.otlp.processor import Stopping, TraceExporter
 from services.export.otlp.sink import SpanSink
 from services.metrics import serve
+from services.metrics.server import MetricsServer
 from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.export.otlp")
@@ -76,26 +79,39 @@ async def housekeeping(exporter: TraceExporter, readiness: Readiness, settings: 
         await asyncio.sleep(settings.sweep_interval_s)
 
 
+@dataclass
+class ExporterRuntime:
+    """The live parts of one exporter process (created at startup)."""
+
+    consumer: str
+    readiness: Readiness
+    metrics: OtlpMetrics
+    client: Any = None
+    exporter: TraceExporter | None = None
+    server: MetricsServer | None = None
+    task: asyncio.Task[None] | None = None
+
+
 def build_app(
     settings: Settings, sink: SpanSink, cfg: MappingConfig, metrics: OtlpMetrics | None = None
-) -> tuple[FastStream, dict[str, Any]]:
-    metrics = metrics if metrics is not None else OtlpMetrics()
+) -> tuple[FastStream, ExporterRuntime]:
     broker = make_broker(settings, log_level=logging.DEBUG)
     app = FastStream(broker, logger=log)
-    consumer = consumer_name()
-    readiness = Readiness(settings)
-    parts: dict[str, Any] = {"consumer": consumer, "readiness": readiness, "metrics": metrics}
+    runtime = ExporterRuntime(consumer_name(), Readiness(settings), metrics if metrics is not None else OtlpMetrics())
+    consumer, readiness, metrics = runtime.consumer, runtime.readiness, runtime.metrics
 
     async def parse(raw: Any) -> RedisBatchStreamMessage:
-        # Topic entries are plain fields, not FastStream envelopes: hand them over untouched.
-        return RedisBatchStreamMessage(raw_message=raw, body=b"", consumer=consumer, group=settings.otlp_group)  # type: ignore[arg-type]
+        # Topic entries are plain fields, not FastStream envelopes: hand them over untouched. The
+        # message's own ack is a no-op (FAKE_CONSUMER): the exporter acks once the spans are accepted.
+        return RedisBatchStreamMessage(raw_message=raw, body=b"", consumer=FAKE_CONSUMER, group=settings.otlp_group)
 
     async def decode(msg: Any) -> None:
         return None
 
     async def handle(message: RedisBatchStreamMessage = Context("message")) -> None:  # noqa: B008 (FastStream DI)
         raw = message.raw_message
-        exporter: TraceExporter = parts["exporter"]
+        exporter = runtime.exporter
+        assert exporter is not None  # set at startup, before any subscriber reads
         stream = raw["channel"]
         stream = stream.decode() if isinstance(stream, bytes) else stream
         try:
@@ -118,30 +134,29 @@ def build_app(
             ack_policy=AckPolicy.MANUAL,  # acked by the exporter once the spans are accepted
         )
         sub(handle)
+        guard_missing_group(sub, stream, settings.otlp_group, lambda: runtime.client)
 
     @app.on_startup
     async def _startup() -> None:
-        client = async_client(settings)
-        parts["client"] = client
-        exporter = TraceExporter(settings, client, sink, cfg, metrics, consumer)
+        client = runtime.client = async_client(settings)
+        exporter = runtime.exporter = TraceExporter(settings, client, sink, cfg, metrics, consumer)
         await exporter.ensure_groups()
-        parts["exporter"] = exporter
         readiness.exporter = exporter
         readiness.last_ok = time.monotonic()
-        parts["server"] = serve(metrics, settings.metrics_host, settings.metrics_port, readiness)  # type: ignore[arg-type]
+        runtime.server = serve(metrics, settings.metrics_host, settings.metrics_port, readiness)  # type: ignore[arg-type]
 
     @app.after_startup
     async def _after() -> None:
+        assert runtime.exporter is not None
         readiness.subscribers_running = True
-        parts["task"] = asyncio.create_task(housekeeping(parts["exporter"], readiness, settings))
+        runtime.task = asyncio.create_task(housekeeping(runtime.exporter, readiness, settings))
 
     @app.on_shutdown
     async def _shutdown() -> None:
         readiness.subscribers_running = False
-        exporter = parts.get("exporter")
-        if exporter is not None:
-            exporter.stopping.set()  # a batch waiting for the collector gives up, unacked
-        task = parts.get("task")
+        if runtime.exporter is not None:
+            runtime.exporter.stopping.set()  # a batch waiting for the collector gives up, unacked
+        task = runtime.task
         if task is not None:
             task.cancel()
             try:
@@ -151,12 +166,10 @@ def build_app(
 
     @app.after_shutdown
     async def _closed() -> None:
-        server = parts.get("server")
-        if server is not None:
-            server.close()
-        client = parts.get("client")
-        if client is not None:
-            await client.aclose()
+        if runtime.server is not None:
+            runtime.server.close()
+        if runtime.client is not None:
+            await runtime.client.aclose()
         sink.close()
 
-    return app, parts
+    return app, runtime

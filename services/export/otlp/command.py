@@ -56,15 +56,15 @@ async def serve_exporter(settings: Settings, sink, cfg) -> int:
 
     log = logging.getLogger("goose_ingest.export.otlp")
     await wait_for_broker(settings, log)
-    app, parts = build_app(settings, sink, cfg)
+    app, runtime = build_app(settings, sink, cfg)
 
     @app.after_startup
     async def _announce() -> None:
-        server = parts.get("server")
+        server = runtime.server
         log.info(
             "otlp exporter %s consuming %d partitions into %s; metrics on port %s",
-            parts["consumer"],
-            len(parts["exporter"].streams()),
+            runtime.consumer,
+            len(runtime.exporter.streams()) if runtime.exporter is not None else 0,
             getattr(sink, "endpoint", "?"),
             server.port if server else "-",
         )
