@@ -2,8 +2,10 @@
 
 Fast paths: the batch loops of ``RunNormalizer.lines`` (goose's inline text delta, the formats'
 dispatch tables), the timestamp formatter's cached second and millisecond table, the shell
-classifier's shared (cached) kinds and the once-per-line bracket count of the depth guard.
-The reference: one ``line`` call per entry, ``timefmt._format``, ``classify_shell``.
+classifier's shared (cached) kinds, the once-per-line bracket count of the depth guard, the
+path normaliser's already-normal shortcut and the tool classifiers' per-name handler memo.
+The reference: one ``line`` call per entry, ``timefmt._format``, ``classify_shell``, ``paths._resolve``,
+``tools.classify_tool`` / ``classify_extended``.
 
 Inputs are the shared fixtures' lines and mutations of them (a key dropped, a value replaced at
 any depth), so the shapes the fast paths take are hit both as they are and just off them.
@@ -18,9 +20,11 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.normalizer import Limits, RawLine, RunNormalizer
+from services.normalizer import Limits, RawLine, RunNormalizer, claude_format, goose_format
+from services.normalizer.paths import _resolve, normalize_path
 from services.normalizer.shell import classify_shell, shell_kinds
 from services.normalizer.timefmt import MAX_MS, MIN_MS, _format, format_ms
+from services.normalizer.tools import HandlerMemo, classify_extended, classify_tool, tool_handler
 from tests.fixtures import SHARED, transcript_lines
 
 FORMATS_DIRS = {"goose": "goose", "claude-code": "claude-code", "codex": "codex"}
@@ -148,3 +152,49 @@ def test_changing_an_event_never_changes_a_later_one():
     again = RunNormalizer("r", fmt="codex").lines([RawLine(0, T0, line)])
     assert again[0]["path"] == "/etc/hosts"
     assert shell_kinds("cat /etc/hosts") == ({"type": "read", "path": "/etc/hosts"},)
+
+
+# Paths built from the characters that matter to the shortcut (`/`, `.`), plus any text.
+path_texts = st.text(alphabet="/.a", max_size=12) | st.text(max_size=12)
+
+
+@settings(max_examples=1000)
+@given(path_texts | path_texts.map(lambda p: "/" + p))
+def test_the_already_normal_path_shortcut_gives_the_reference_result(path):
+    assert normalize_path(path) == (_resolve(path) if path.startswith("/") else path)
+
+
+def test_the_path_shortcut_at_the_edges():
+    for path in ("/", "//", "/.", "/..", "/a/.", "/a/..", "/a/", "/.hidden", "/a/.b", "/a//b", "/a/b"):
+        assert normalize_path(path) == _resolve(path), path
+
+
+TOOL_NAMES = ["read", "Read", "READ", "write", "Edit", "MultiEdit", "NotebookEdit", "NotebookRead", "text_editor",
+              "developer__shell", "shell", "Bash", "PowerShell", "Grep", "glob", "LS", "tree", "load_skill", "Skill",
+              "todo__write", "TodoWrite", "x__todowrite", "mcp__fs__read", "mcp__todo__x", "mcp__", "__read", "a__b__c"]
+tool_args = st.none() | json_values | st.fixed_dictionaries(
+    {},
+    optional={
+        "path": st.sampled_from(["/a//b/../c/", "rel/x", "", "/"]) | json_values,
+        "file_path": st.sampled_from(["/a/b.py", "/a/./b"]) | json_values,
+        "command": st.sampled_from(["view", "write", "cat a b", "ls -la", "npm test"]) | json_values,
+        "offset": st.integers(-2, 5) | json_values,
+        "limit": st.integers(-2, 5),
+        "pattern": st.text(max_size=5),
+        "name": st.text(max_size=5),
+    },
+)
+
+
+@settings(max_examples=500)
+@given(st.lists(st.tuples(st.sampled_from(TOOL_NAMES) | st.text(max_size=10), tool_args), max_size=8))
+def test_classifying_through_the_handler_memo_gives_the_reference_result(calls):
+    # The formats' shared memos, and memos so small that they are forgotten between calls.
+    goose_tiny, claude_tiny = HandlerMemo(tool_handler, most=2), HandlerMemo(claude_format.handler, most=2)
+    for name, args in calls:
+        goose_expected = classify_tool(name, args)
+        assert goose_format.classify(name, args) == goose_expected
+        assert goose_tiny.classify(name, args) == goose_expected
+        claude_expected = classify_extended(claude_format.tool_name(name), args)
+        assert claude_format.classify(name, args) == claude_expected
+        assert claude_tiny.classify(name, args) == claude_expected

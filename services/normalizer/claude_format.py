@@ -22,7 +22,7 @@ from services.normalizer.run_normalizer import (
     is_number,
     nonempty_str,
 )
-from services.normalizer.tools import Kinds, classify_extended, extended_consumed
+from services.normalizer.tools import Handler, HandlerMemo, extended_consumed, extended_handler
 
 MCP_PREFIX = "mcp__"
 # C-R2: progress and bookkeeping subtypes, mapped to nothing.
@@ -43,8 +43,13 @@ def consumed(name: str) -> bool:
     return extended_consumed(tool_name(name))
 
 
-def classify(name: str, args: Any) -> Kinds | None:
-    return classify_extended(tool_name(name), args)
+def handler(name: str) -> Handler:
+    """The 3.5 + C-T handler of a Claude Code (or Codex MCP) tool name."""
+    return extended_handler(tool_name(name))
+
+
+# Classification of a tool call (name as the CLI wrote it), each name's handler worked out once.
+classify = HandlerMemo(handler).classify
 
 
 # ------------------------------------------------------------------- records

@@ -22,7 +22,7 @@ from services.normalizer.run_normalizer import (
     is_int,
     is_number,
 )
-from services.normalizer.tools import classify_tool, split_name
+from services.normalizer.tools import HandlerMemo, split_name, tool_handler
 
 # Usage counters of goose's `complete` record -> lifecycle field names.
 _USAGE_INT = (
@@ -32,6 +32,10 @@ _USAGE_INT = (
     ("cache_read_input_tokens", "cacheReadInputTokens"),
     ("cache_write_input_tokens", "cacheWriteInputTokens"),
 )
+
+
+# 3.5 classification, each tool name's handler worked out once.
+classify = HandlerMemo(tool_handler).classify
 
 
 def consumed(name: str) -> bool:
@@ -169,7 +173,7 @@ def _response(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, block
     structured = value.get("structuredContent") if isinstance(value, dict) else None
     exit_code = structured.get("exit_code") if isinstance(structured, dict) else None
     tail: dict[str, Any] = {"tool": name, "toolCallId": call_id, "durationMs": ts_ms - req_ts}
-    norm.tool_events(out, ts_ms, classify_tool(name, args), block, tail, req_seq, seq, success, exit_code)
+    norm.tool_events(out, ts_ms, classify(name, args), block, tail, req_seq, seq, success, exit_code)
 
 
 def _first_present(block: Record, *paths: tuple[str, ...]) -> Any:
@@ -212,11 +216,14 @@ def _usage(rec: Record) -> dict[str, Any]:
 
 
 def batch(norm: RunNormalizer, out: list[Event], entries: Iterator[tuple[int, int, str, str]]) -> None:
-    """Many entries of a goose run: the dominant line (an assistant text delta continuing the
-    pending agent span) is taken inline; every other line goes the reference way."""
+    """Many entries of a goose run. goose writes one content block per message line, so such a
+    line goes straight to its block's handler: a text delta continuing the pending agent span
+    inline, a tool request or response without the message layer. Every other line goes the
+    reference way (``_message``, ``parsed``), which gives the same events for the lines taken here."""
     loads = orjson.loads
-    extends = _extends_agent_span
     parsed = norm.parsed
+    set_text = norm.set_text
+    cap = norm.limits.max_span_chars
     for seq, ts_ms, text, stream in entries:
         if stream != "stdout":
             norm.line_into(out, seq, ts_ms, text, stream)
@@ -229,18 +236,47 @@ def batch(norm: RunNormalizer, out: list[Event], entries: Iterator[tuple[int, in
         if type(rec) is dict and rec.get("type") == "message":
             message = rec.get("message")
             if type(message) is dict:
-                if not extends(norm, rec, message, seq):
-                    norm.set_text(text)
-                    _message(norm, out, seq, ts_ms, rec, message)
+                content = message.get("content")
+                if type(content) is list and len(content) == 1:
+                    block = content[0]
+                    btype = block.get("type") if type(block) is dict else None
+                    if btype == "toolRequest" or btype == "toolResponse":
+                        assert type(block) is dict
+                        set_text(text)
+                        if norm.span is not None:
+                            norm.flush(out, ts_ms)
+                        (_request if btype == "toolRequest" else _response)(norm, out, seq, ts_ms, block)
+                        continue
+                    if btype == "text":
+                        # ``_extends_agent_span`` inline, the block already in hand: the dominant line.
+                        span = norm.span
+                        if (
+                            span is not None
+                            and span[0] == "agent"
+                            and not span[5]
+                            and "id" not in rec
+                            and message.get("role") == "assistant"
+                            and span[1] == message.get("id")
+                        ):
+                            delta = block.get("text")
+                            if type(delta) is str and delta:
+                                pending = span[2]
+                                joined = delta if delta.startswith(pending) else pending + delta
+                                if len(joined) <= cap:
+                                    span[2] = joined
+                                    span[4] = seq
+                                    continue
+                set_text(text)
+                _message(norm, out, seq, ts_ms, rec, message)
                 continue
-        norm.set_text(text)
+        set_text(text)
         parsed(out, seq, ts_ms, rec)
 
 
 def _extends_agent_span(norm: RunNormalizer, rec: Record, message: Record, seq: int) -> bool:
-    """The hot path (most goose lines): a message record that is one assistant text delta
-    continuing the pending agent span updates the span in place. False: take the general way
-    (which gives the same result for such a record, only slower)."""
+    """The dominant goose line on the one-line path (``batch`` has the same test inline): a
+    message record that is one assistant text delta continuing the pending agent span updates
+    the span in place. False: take the general way (the same result for such a record, slower)."""
     span = norm.span
     if span is None or "id" in rec:
         return False

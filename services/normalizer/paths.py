@@ -11,6 +11,15 @@ def normalize_path(path: str) -> str:
     """
     if not path.startswith("/"):
         return path
+    # Most paths are already normal: no empty part (`//`), no `.` or `..` part (each would
+    # follow a `/`), no trailing `/`. Those are returned as they are, without the split.
+    if "//" not in path and "/." not in path and not path.endswith("/"):
+        return path
+    return _resolve(path)
+
+
+def _resolve(path: str) -> str:
+    """The reference: normalise an absolute path part by part."""
     parts: list[str] = []
     for part in path.split("/"):
         if part == "" or part == ".":

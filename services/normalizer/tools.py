@@ -3,7 +3,9 @@
 ``classify_tool`` (goose, 3.5) and ``classify_extended`` (3.5 plus the C-T rows, used for Claude
 Code and Codex MCP calls) return the kind fields of each event (with "type" first), ``[]`` when
 the call is consumed (extension ``todo``, or a C-T7 name), or ``None`` when the call is unmapped
-(the caller emits ``unknown``). Success and exit code are added by the caller.
+(the caller emits ``unknown``). Success and exit code are added by the caller. The format
+modules classify through a ``HandlerMemo`` of ``tool_handler`` / ``extended_handler``, which
+gives the same results (a property test checks it).
 """
 
 from __future__ import annotations
@@ -200,34 +202,85 @@ def split_name(name: str) -> tuple[str | None, str]:
     return (ext, base) if sep else (None, name)
 
 
-def classify_tool(name: str, args: Any) -> Kinds | None:
+# What a call's classification does, once its arguments are an object: a pure function of the
+# tool name alone, so a name's handler can be worked out once (``HandlerMemo``).
+Handler = Callable[[dict[str, Any]], Kinds | None]
+
+
+def _consumed(args: dict[str, Any]) -> Kinds:
+    return []
+
+
+def _unmapped(args: dict[str, Any]) -> None:
+    return None
+
+
+def tool_handler(name: str) -> Handler:
+    """3.5: the handler of a tool name (goose)."""
     ext, base = split_name(name)
     if ext == "todo":
-        return []
-    return _apply(_BY_BASE.get(base.lower()), args)
+        return _consumed
+    return _BY_BASE.get(base.lower(), _unmapped)
 
 
-def extended_consumed(name: str) -> bool:
-    """Consumed by 3.5 (extension `todo`) or C-T7 (a bare checklist/plumbing tool name)."""
-    ext, base = split_name(name)
-    return ext == "todo" or (ext is None and base.lower() in CONSUMED_BASES)
-
-
-def classify_extended(name: str, args: Any) -> Kinds | None:
+def extended_handler(name: str) -> Handler:
     """3.5 with the C-T rows, for a name already stripped of a leading `mcp__`."""
     ext, base = split_name(name)
     lowered = base.lower()
     if ext == "todo" or (ext is None and lowered in CONSUMED_BASES):
-        return []
-    return _apply(_BY_BASE_EXTENDED.get(lowered), args)
+        return _consumed
+    return _BY_BASE_EXTENDED.get(lowered, _unmapped)
 
 
-def _apply(handler: Callable[[dict[str, Any]], Kinds | None] | None, args: Any) -> Kinds | None:
-    if handler is None:
-        return None
+def classify_tool(name: str, args: Any) -> Kinds | None:
+    """The reference of 3.5 (goose); the mapping uses the same through a ``HandlerMemo``."""
+    return tool_handler(name)(_arguments(args))
+
+
+def extended_consumed(name: str) -> bool:
+    """Consumed by 3.5 (extension `todo`) or C-T7 (a bare checklist/plumbing tool name)."""
+    return extended_handler(name) is _consumed
+
+
+def classify_extended(name: str, args: Any) -> Kinds | None:
+    """The reference of 3.5 with the C-T rows, for a name already stripped of a leading `mcp__`."""
+    return extended_handler(name)(_arguments(args))
+
+
+def _arguments(args: Any) -> dict[str, Any]:
     # goose omits `arguments` when a call has none, and wraps non-object ones as {"value": ...}.
     if args is None:
-        args = {}
-    elif not isinstance(args, dict):
-        args = {"value": args}
-    return handler(args)
+        return {}
+    if not isinstance(args, dict):
+        return {"value": args}
+    return args
+
+
+class HandlerMemo:
+    """Classification with each tool name's handler worked out once (a run uses a handful of
+    names, each thousands of times), not by splitting and lowering the name on every call.
+
+    Bounded: forgotten all at once when full, so made-up names cost only the lookup again.
+    Safe to share: the handlers are pure and a name always gets the same one.
+    """
+
+    __slots__ = ("_handler_of", "_handlers", "_most")
+
+    def __init__(self, handler_of: Callable[[str], Handler], most: int = 1024) -> None:
+        self._handler_of = handler_of
+        self._handlers: dict[str, Handler] = {}
+        self._most = most
+
+    def classify(self, name: str, args: Any) -> Kinds | None:
+        handler = self._handlers.get(name)
+        if handler is None:
+            handler = self._handler_of(name)
+            if len(self._handlers) >= self._most:
+                self._handlers.clear()
+            self._handlers[name] = handler
+        # ``_arguments``, inline: one call fewer on every classification.
+        if args is None:
+            args = {}
+        elif not isinstance(args, dict):
+            args = {"value": args}
+        return handler(args)
