@@ -10,7 +10,8 @@ private redis-server. Measured per rate:
   cost is printed on its own line;
 - peak RSS: the tap process's own VmHWM (/proc/PID/status, polled until it exits). Not wait4's
   ru_maxrss: Linux carries a process's max RSS across exec, so a tap spawned (vfork) by this big
-  bench process would inherit the bench's RSS;
+  bench process would inherit the bench's RSS. "own MiB" is that minus the floor of a process that
+  only builds the Settings (printed above the table);
 - added latency: Redis assigns each raw entry's stream id from its clock at XADD time, so
   `id ms - written ms` is the delay the tap adds (p50, p99, max; millisecond resolution).
 
@@ -75,6 +76,9 @@ def measure(url: str, rate: float, seconds: float, tmp: Path) -> dict:
     usage = tmp / f"emitter-{rate}.cpu"
     run = f"bench/tap-{int(rate)}-{time.time_ns()}"
     env = {**os.environ, "GOOSE_INGEST_REDIS_URL": url, "GOOSE_INGEST_SPOOL_DIR": str(tmp / "spool")}
+    # An installed tap imports cached bytecode; compiling a module whose cache is stale (an edited
+    # tree under PYTHONDONTWRITEBYTECODE) costs MiBs of peak RSS. Let the warm-up runs write the caches.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     cmd = [sys.executable, "-m", "services.cli", "tap", "--quiet", "--run", run, "--",
            sys.executable, str(emitter), str(rate), str(seconds), str(usage)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
@@ -126,17 +130,19 @@ def measure(url: str, rate: float, seconds: float, tmp: Path) -> dict:
     }
 
 
-RSS_FLOOR = (
-    "import re, redis\n"
-    "from services.settings import Settings\n"
-    "Settings().layout\n"
-    "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
-)
+# Peak RSS of processes that only load what every tap needs. "python + Settings()" is the floor no tap
+# can go below (pydantic-settings imports asyncio, hence ssl); the tap's own cost is its RSS minus that.
+# "+ redis-py" is what the tap paid before it had its own connection (cluster taps still do).
+RSS_FLOORS = {
+    "python + Settings()": "from services.settings import Settings\nSettings().layout\n",
+    "python + Settings() + redis-py": "import redis\nfrom services.settings import Settings\nSettings().layout\n",
+}
+_PRINT_HWM = "import re\nprint(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
 
 
-def rss_floor_mib() -> float:
-    """Peak RSS of a process that only imports what every tap needs (redis-py, the pydantic Settings)."""
-    out = subprocess.run([sys.executable, "-c", RSS_FLOOR], cwd=ROOT, capture_output=True, check=True, text=True)
+def rss_floor_mib(code: str) -> float:
+    out = subprocess.run([sys.executable, "-c", code + _PRINT_HWM], cwd=ROOT, capture_output=True, check=True,
+                         text=True)
     return int(out.stdout.strip()) / 1024
 
 
@@ -155,13 +161,17 @@ def main() -> None:
         finally:
             server.close()
     print(f"fixed cost of one tap (start, connect, one line, eof): {fixed_s * 1000:.0f} ms CPU")
-    print(f"RSS floor (python + redis-py + pydantic Settings, no work): {rss_floor_mib():.1f} MiB")
+    floors = {name: rss_floor_mib(code) for name, code in RSS_FLOORS.items()}
+    for name, mib in floors.items():
+        print(f"RSS floor ({name}, no work): {mib:.1f} MiB")
+    floor = floors["python + Settings()"]
     for r in rows:
         r["cpu_us_per_line"] = 1e6 * max(r["cpu_s"] - fixed_s, 0.0) / max(r["lines"], 1)
-    print(f"{'lines/s':>8} {'lines':>7} {'CPU us/line':>12} {'RSS MiB':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}")
+    print(f"{'lines/s':>8} {'lines':>7} {'CPU us/line':>12} {'RSS MiB':>8} {'own MiB':>8} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'max ms':>7}")
     for r in rows:
         print(f"{r['rate']:>8.0f} {r['lines']:>7} {r['cpu_us_per_line']:>12.1f} {r['rss_mib']:>8.1f} "
-              f"{r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f} {r['max_ms']:>7.0f}")
+              f"{r['rss_mib'] - floor:>8.1f} {r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f} {r['max_ms']:>7.0f}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RUN_KEY_PATTERN = r"^[A-Za-z0-9._:/@-]{1,200}$"
+MAX_LABEL_CHARS = 64  # `format` is a short label (goose | claude-code | codex | ...)
+# Bytes of out-of-order entries a run may hold before more are dead-lettered HOLD_LIMIT (the default of
+# GOOSE_INGEST_MAX_HELD_BYTES, docs/contract.md). Here, not in the sequencer, so that Settings can take
+# it without importing the sequencer and the normalizer.
+DEFAULT_MAX_HELD_BYTES = 64 * 1024 * 1024
 
 # Entry kinds. `abandon` is a control entry: only workers write it, on the control streams.
 LINE = "line"
@@ -73,7 +78,7 @@ class RawEntry(BaseModel):
     agent: str = Field(default=None, description="Label copied into run lifecycle records, e.g. goose/1.56.0.")  # type: ignore[assignment]
     format: str = Field(  # type: ignore[assignment]
         default=None,
-        max_length=64,
+        max_length=MAX_LABEL_CHARS,
         description="The agent's output format: goose, claude-code, codex (other short text is kept and reported).",
     )
     parent: str = Field(  # type: ignore[assignment]

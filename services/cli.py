@@ -13,8 +13,7 @@ import argparse
 import importlib
 import re
 import sys
-from collections.abc import Callable
-from importlib import metadata
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.settings import ENV_PREFIX, ConfigError
@@ -35,6 +34,22 @@ _COMMAND_MODULES = [
     "services.export.command",
     "services.broker.acl",
 ]
+# The subcommands each module registers: a command line naming one imports only its module (a tap
+# must not pay for the worker's FastStream or the exporters' clients). tests/test_tap_conn.py holds
+# this map equal to what the modules register.
+_MODULE_OF = {
+    "normalize": "services.normalizer.command",
+    "tap": "services.tap.command",
+    "publish": "services.tap.command",
+    "worker": "services.worker.command",
+    "replay": "services.replay.command",
+    "tail": "services.tail.command",
+    "up": "services.quickstart.command",
+    "demo": "services.quickstart.command",
+    "import-sessions": "services.backfill.command",
+    "export": "services.export.command",
+    "acl": "services.broker.acl",
+}
 
 # Values of these settings are never echoed in an error line (credentials, or URLs that may hold them).
 _SECRET_HINTS = ("password", "secret", "token", "dsn", "url", "key")
@@ -42,21 +57,47 @@ _MAX_SHOWN_VALUE = 60
 
 
 def _version() -> str:
+    from importlib import metadata  # only for --version: it pulls the email and zip packages
+
     try:
         return metadata.version("goose-ingest")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _VersionAction(argparse.Action):
+    """argparse's "version" action, with the version looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = "show program's version number and exit"):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser._print_message(f"{PROG} {_version()}\n", sys.stdout)
+        parser.exit()
+
+
+def _subcommand_in(argv: Sequence[str]) -> str | None:
+    """The subcommand a command line names (the top-level options take no values), or None."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg
+        if arg in ("-h", "--help", "--version"):
+            return None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand; with `only` (a subcommand name), of that one's module only."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Telemetry pipeline for coding agents (goose, Claude Code, Codex): tap their stream output "
         "into Redis Streams, normalize it into harness events, republish them on typed topics. See README.md.",
     )
-    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest=SUBCOMMAND, required=True, metavar="COMMAND")
-    for name in _COMMAND_MODULES:
+    for name in [_MODULE_OF[only]] if only in _MODULE_OF else _COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -108,8 +149,13 @@ def describe_settings_error(exc: Exception) -> str:
     return f"{env_name(field)}: not valid JSON (expected {expected})"
 
 
-def check_settings() -> None:
-    """Load the settings and check what commands would only find out later. Raises ConfigError."""
+# Commands that only write the raw log, which is never redacted: their check skips the redaction rules
+# (compiling them costs ~2.5 MiB, a tenth of a tap's memory budget); the workers that redact check them.
+_NEVER_REDACT = frozenset({"tap", "publish"})
+
+
+def check_settings(command: str | None = None) -> None:
+    """Load the settings and check what `command` would only find out later. Raises ConfigError."""
     from pydantic import ValidationError
     from pydantic_settings.exceptions import SettingsError
 
@@ -122,10 +168,10 @@ def check_settings() -> None:
     except SettingsError as exc:
         raise ConfigError(describe_settings_error(exc)) from None
     if settings.redis_url:
-        from services.broker.connect import target
+        from services.broker.url import target
 
         target(settings)  # a malformed URL or seed list: BrokerConfigError, naming the variable
-    if settings.redaction_enabled:
+    if settings.redaction_enabled and command not in _NEVER_REDACT:
         from services.redaction import Redactor
 
         # Checked one setting at a time so the line names the variable that is wrong.
@@ -140,28 +186,37 @@ def check_settings() -> None:
                 raise ConfigError(f"{env_name(field)}: {exc}") from None
 
 
+def _auth_and_permission_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """(refused credentials, missing permission) error types of the broker clients in use.
+
+    redis-py's only when it is loaded: a command that never imported it cannot raise them, and
+    importing it just to name them would cost the tap its memory budget."""
+    from services.tap.conn import AuthFailed, NoPermission
+
+    auth: tuple[type[BaseException], ...] = (AuthFailed,)
+    perm: tuple[type[BaseException], ...] = (NoPermission,)
+    if "redis" in sys.modules:
+        from redis.exceptions import AuthenticationError, NoPermissionError
+
+        auth += (AuthenticationError,)
+        perm += (NoPermissionError,)
+    return auth, perm
+
+
 def _config_error_types() -> tuple[type[BaseException], ...]:
     """Library errors that mean "fix your configuration", reported like ConfigError."""
-    types: list[type[BaseException]] = [ConfigError]
-    try:
-        from services.broker.connect import BrokerConfigError
+    from services.broker.url import BrokerConfigError
 
-        types.append(BrokerConfigError)
-    except ImportError:  # pragma: no cover - the broker module is always there
-        pass
-    from redis.exceptions import AuthenticationError, NoPermissionError
-
-    types += [AuthenticationError, NoPermissionError]
-    return tuple(types)
+    auth, perm = _auth_and_permission_errors()
+    return (ConfigError, BrokerConfigError, *auth, *perm)
 
 
 def _broker_problem(exc: BaseException) -> str:
-    from redis.exceptions import AuthenticationError, NoPermissionError
-
-    if isinstance(exc, AuthenticationError):
+    auth, perm = _auth_and_permission_errors()
+    if isinstance(exc, auth):
         return (f"the broker refused the credentials ({exc}); check {env_name('redis_username')} / "
                 f"{env_name('redis_password')}")
-    if isinstance(exc, NoPermissionError):
+    if isinstance(exc, perm):
         first = str(exc).splitlines()[0] if str(exc) else "NOPERM"
         return (f"the broker user lacks a permission this command needs (NOPERM: {first}); use the user of the "
                 "command's role (deploy/redis/users.acl, docs/architecture.md)")
@@ -174,26 +229,35 @@ def _fail(command: str | None, message: str) -> int:
     return USAGE_ERROR
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    config_errors = _config_error_types()
-    try:
-        check_settings()
-    except config_errors as exc:
-        return _fail(getattr(args, SUBCOMMAND), _broker_problem(exc))
+def _is_unreachable(exc: BaseException) -> bool:
+    """redis-py's ConnectionError (only possible when redis-py is loaded)."""
+    if "redis" not in sys.modules:
+        return False
     from redis.exceptions import ConnectionError as RedisConnectionError
 
+    return isinstance(exc, RedisConnectionError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser(_subcommand_in(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(argv)
+    try:
+        check_settings(getattr(args, SUBCOMMAND))
+    except _config_error_types() as exc:
+        return _fail(getattr(args, SUBCOMMAND), _broker_problem(exc))
     try:
         return int(args.func(args) or 0)
-    except config_errors as exc:
-        return _fail(getattr(args, SUBCOMMAND), _broker_problem(exc))
-    except RedisConnectionError as exc:
-        from services.broker.helpers import redact_url
-        from services.settings import Settings
+    except Exception as exc:
+        # the error types are looked up now: the command may have loaded redis-py meanwhile
+        if isinstance(exc, _config_error_types()):
+            return _fail(getattr(args, SUBCOMMAND), _broker_problem(exc))
+        if _is_unreachable(exc):
+            from services.broker.url import redact_url
+            from services.settings import Settings
 
-        url = redact_url(Settings().redis_url)
-        return _fail(getattr(args, SUBCOMMAND), f"broker {url} unreachable ({exc.__class__.__name__})")
+            url = redact_url(Settings().redis_url)
+            return _fail(getattr(args, SUBCOMMAND), f"broker {url} unreachable ({exc.__class__.__name__})")
+        raise
 
 
 if __name__ == "__main__":

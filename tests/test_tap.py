@@ -24,7 +24,7 @@ from services.broker.keys import shard_of
 from services.tap import resp
 from services.tap.command import _strip_newline, format_of_command
 from services.tap.lines import LineSplitter
-from services.tap.publisher import ENTRY_LABELS, MEM_CAP_BYTES, LineEncoder, Publisher, RunFinished
+from services.tap.publisher import ENTRY_LABELS, MEM_CAP_BYTES, RESERVED_FIELDS, LineEncoder, Publisher, RunFinished
 from services.tap.resp import xadd_records
 from services.tap.runkey import is_valid_run, new_run_key, ulid
 from services.tap.spool import LOG, SpoolLocked, decode_record, encode_record, spool_path
@@ -613,6 +613,24 @@ def test_line_encoder_equals_the_reference_encoders(lines, labels, stream, first
     assert enc.commands(first, ts, lines, stream) == [xadd_records(key, [r]) for r in want]
     for rec, line in zip(want, lines, strict=True):
         assert decode_record(rec)["line"] == line  # the exact bytes survive the spool
+
+
+@settings_h(max_examples=300, deadline=None)
+@given(labels=_LABELS, seq=st.integers(min_value=0, max_value=2**53), ts=st.integers(min_value=0, max_value=2**47),
+       exit_code=st.one_of(st.none(), st.integers(min_value=-(2**31), max_value=2**31 - 1)),
+       extra=st.dictionaries(_TEXT.filter(lambda k: k not in RESERVED_FIELDS), _TEXT, max_size=3))
+def test_eof_record_equals_the_reference_encoder(labels, seq, ts, exit_code, extra):
+    """The eof record the publisher spools (no sequencer import) == encode_record of Entry.to_fields
+    (what add_eof spooled before), extra fields last."""
+    run = "host/run-1"
+    pub = Publisher.__new__(Publisher)
+    pub.run = run
+    pub._entry_labels = {k: labels[k] for k in ENTRY_LABELS if k in labels}
+    pub._other_labels = {k: v for k, v in labels.items() if k not in ENTRY_LABELS}
+    enc = LineEncoder(run, b"unused", {**pub._entry_labels, **pub._other_labels})
+    fields = pub._fields(pub._entry(seq, ts, "eof", "stdout", exit_code))
+    fields.update(extra)
+    assert enc.eof_record(seq, ts, exit_code, extra or None) == encode_record(fields)
 
 
 def _redis_py_xadd_bytes(stream: str, fields: dict) -> bytes:

@@ -27,19 +27,18 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from services.broker.connect import BrokerConfigError, connection_kwargs, target
+from services.broker.connect import connection_kwargs, target
+from services.broker.facts import META_LAYOUT as META_LAYOUT
+from services.broker.facts import META_SHARDS as META_SHARDS
+from services.broker.facts import ShardCountMismatch as ShardCountMismatch
+from services.broker.facts import check_deployment_facts, judge_meta
+from services.broker.facts import layout_name as _layout_name
 from services.broker.keys import KeyLayout
 from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.broker")
 
 CLUSTER_SLOTS = 16384
-META_SHARDS = "shards"
-META_LAYOUT = "layout"
-
-
-class ShardCountMismatch(BrokerConfigError):
-    """The command's shard count (or layout) differs from the one the deployment's data was created with."""
 
 
 def make_broker(settings: Settings, **options: Any) -> Any:
@@ -247,43 +246,14 @@ def _refresh_slots(client: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------- shard count
-def _layout_name(layout: KeyLayout) -> str:
-    return "cluster" if layout.cluster else "single"
-
-
-def judge_meta(layout: KeyLayout, stored: dict[bytes, bytes] | dict[str, str]) -> None:
-    """Pure: raise ShardCountMismatch when the stored deployment facts differ from `layout`."""
-    facts = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-             for k, v in stored.items()}
-    shards = facts.get(META_SHARDS)
-    if shards is not None and shards != str(layout.shards):
-        raise ShardCountMismatch(
-            f"GOOSE_INGEST_SHARDS={layout.shards} but this deployment's data was created with {shards} shards "
-            f"(key {layout.meta()}): set GOOSE_INGEST_SHARDS={shards}"
-        )
-    kind = facts.get(META_LAYOUT)
-    if kind is not None and kind != _layout_name(layout):
-        raise ShardCountMismatch(
-            f"this deployment's data uses the {kind} key layout (key {layout.meta()}) but "
-            f"GOOSE_INGEST_REDIS_CLUSTER is {'true' if layout.cluster else 'false'}"
-        )
-
-
+# judge_meta and the facts' names live in services/broker/facts.py (no redis-py: the tap uses them too).
 def ensure_shard_count(client: Any, layout: KeyLayout) -> None:
     """Record the shard count on first use (HSETNX), then refuse a different one (sync clients).
 
     Every worker, tap, publish and import calls this before it writes: in cluster mode a changed
     count would move runs' states to other slots mid-run.
     """
-    facts = client.hgetall(layout.meta())
-    judge_meta(layout, facts)
-    if len(facts) < 2:  # first use: record (HSETNX: whoever comes first wins), then check the winner
-        try:
-            client.hsetnx(layout.meta(), META_SHARDS, str(layout.shards))
-            client.hsetnx(layout.meta(), META_LAYOUT, _layout_name(layout))
-        except NoPermissionError:
-            return  # tap and import roles only read the facts (deploy/redis/users.acl); workers record them
-        judge_meta(layout, client.hgetall(layout.meta()))
+    check_deployment_facts(layout, client.hgetall, client.hsetnx, NoPermissionError)
 
 
 async def ensure_shard_count_async(client: Any, layout: KeyLayout) -> None:

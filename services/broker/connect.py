@@ -10,14 +10,15 @@ Bad input never becomes a traceback: a malformed URL or seed list, or a node tha
 cluster, raises `BrokerConfigError`; seeds that cannot be reached raise `BrokerUnreachable`
 (a redis ``ConnectionError``, so everything that already waits for or reports an unreachable
 broker handles it too). Both carry one line, with the password never in it.
+
+The URL parsing itself lives in ``services/broker/url.py`` (no redis-py), shared with the tap's
+own connection; its names are re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -27,115 +28,21 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
+from services.broker.url import (
+    BrokerConfigError,
+    BrokerTarget,
+    Seed,
+    parse_broker_url,
+    require_url,
+    target,
+)
 from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.broker")
 
-DEFAULT_PORT = 6379
-SCHEMES = ("redis", "rediss", "unix")
-
-
-class BrokerConfigError(ValueError):
-    """The broker settings are wrong (malformed URL or seed list, not a cluster...): one line, exit 2."""
-
 
 class BrokerUnreachable(RedisConnectionError):
     """No seed node of the cluster answered (a ConnectionError: callers that wait for a broker wait)."""
-
-
-@dataclass(frozen=True)
-class Seed:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class BrokerTarget:
-    """A parsed broker URL: where to connect (credentials resolved against the settings)."""
-
-    scheme: str
-    seeds: tuple[Seed, ...]
-    db: int
-    username: str | None
-    password: str | None
-    tls: bool
-    url_without_credentials: str  # for single-node clients (keeps the URL's query options)
-
-
-def _parse_hostport(text: str, url_for_errors: str) -> Seed:
-    text = text.strip()
-    if not text:
-        raise BrokerConfigError(f"GOOSE_INGEST_REDIS_URL {url_for_errors}: empty host in the seed list")
-    if text.startswith("["):  # [IPv6]:port
-        host, sep, rest = text[1:].partition("]")
-        if not sep:
-            raise BrokerConfigError(f"GOOSE_INGEST_REDIS_URL {url_for_errors}: unclosed '[' in {text!r}")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    else:
-        host, _, port_text = text.partition(":")
-    if not host:
-        raise BrokerConfigError(f"GOOSE_INGEST_REDIS_URL {url_for_errors}: no host in {text!r}")
-    if not port_text:
-        return Seed(host, DEFAULT_PORT)
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise BrokerConfigError(
-            f"GOOSE_INGEST_REDIS_URL {url_for_errors}: port {port_text!r} of {host} is not a number in 1..65535"
-        )
-    return Seed(host, int(port_text))
-
-
-def parse_broker_url(url: str, *, cluster: bool, username: str | None = None,
-                     password: str | None = None, tls: bool = False) -> BrokerTarget:
-    """Parse a broker URL; `username`/`password` (from the settings) override the URL's own."""
-    from services.broker.helpers import redact_url
-
-    shown = redact_url(url)
-    try:
-        parts = urlsplit(url.strip())
-    except ValueError as exc:
-        raise BrokerConfigError(f"GOOSE_INGEST_REDIS_URL {shown}: not a URL ({exc})") from None
-    if parts.scheme not in SCHEMES:
-        raise BrokerConfigError(
-            f"GOOSE_INGEST_REDIS_URL {shown}: scheme must be redis://, rediss:// or unix://, not {parts.scheme or 'none'!r}"
-        )
-    netloc = parts.netloc
-    userinfo, at, hostlist = netloc.rpartition("@")
-    url_user = url_pw = None
-    if at:
-        user_text, colon, pw_text = userinfo.partition(":")
-        url_user = unquote(user_text) or None
-        url_pw = unquote(pw_text) if colon else None
-    if parts.scheme == "unix":
-        if cluster:
-            raise BrokerConfigError(f"GOOSE_INGEST_REDIS_URL {shown}: a Redis Cluster is not reached over a unix socket")
-        seeds: tuple[Seed, ...] = ()
-    else:
-        seeds = tuple(_parse_hostport(h, shown) for h in hostlist.split(","))
-        if len(seeds) > 1 and not cluster:
-            raise BrokerConfigError(
-                f"GOOSE_INGEST_REDIS_URL {shown}: several hosts given; set GOOSE_INGEST_REDIS_CLUSTER=true for a cluster"
-            )
-    db = 0
-    path = parts.path.strip("/")
-    if parts.scheme != "unix" and path:
-        if not path.isdigit():
-            raise BrokerConfigError(f"GOOSE_INGEST_REDIS_URL {shown}: database {path!r} is not a number")
-        db = int(path)
-        if cluster and db != 0:
-            raise BrokerConfigError(f"GOOSE_INGEST_REDIS_URL {shown}: a Redis Cluster has only database 0")
-    stripped = urlunsplit((parts.scheme, hostlist, parts.path, parts.query, parts.fragment))
-    return BrokerTarget(
-        scheme=parts.scheme,
-        seeds=seeds,
-        db=db,
-        username=username if username else url_user,
-        password=password if password is not None else url_pw,
-        tls=tls or parts.scheme == "rediss",
-        url_without_credentials=stripped,
-    )
 
 
 def _kwargs(settings: Settings) -> dict[str, Any]:
@@ -150,18 +57,6 @@ def _kwargs(settings: Settings) -> dict[str, Any]:
     if settings.redis_tls_ca_file:
         kw["ssl_ca_certs"] = settings.redis_tls_ca_file
     return kw
-
-
-def require_url(settings: Settings) -> str:
-    if not settings.redis_url:
-        raise BrokerConfigError("no broker configured: set GOOSE_INGEST_REDIS_URL (or use `goose-ingest up`)")
-    return settings.redis_url
-
-
-def target(settings: Settings) -> BrokerTarget:
-    password = settings.redis_password.get_secret_value() if settings.redis_password is not None else None
-    return parse_broker_url(require_url(settings), cluster=settings.redis_cluster,
-                            username=settings.redis_username, password=password, tls=settings.redis_tls)
 
 
 def _credentials(t: BrokerTarget) -> dict[str, Any]:

@@ -1,30 +1,16 @@
-"""Small broker helpers: URL redaction for messages, and a sync client with socket timeouts."""
+"""Small broker helpers: a sync client with socket timeouts (and `redact_url`, from url.py)."""
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 
 from services.broker.connect import _cluster_error, _cluster_kwargs, _credentials, _kwargs, target
+from services.broker.url import redact_url as redact_url  # re-exported; defined there (no redis-py)
 from services.settings import Settings
-
-
-def redact_url(url: str | None) -> str:
-    """The URL with any userinfo (user and password) replaced by ``***``: safe to log."""
-    if not url:
-        return "(no broker URL)"
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(unparseable broker URL)"
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
 
 
 def sync_client_with_timeouts(settings: Settings, socket_timeout: float | None, connect_timeout: float) -> Any:

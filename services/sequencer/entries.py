@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import orjson
 
-from contracts.raw import ABANDON, EOF, LINE, RUN_KEY_PATTERN, stream_id_ms
+from contracts.raw import ABANDON, EOF, LINE, MAX_LABEL_CHARS, RUN_KEY_PATTERN, stream_id_ms
 from services.normalizer.timefmt import MAX_MS, MIN_MS, parse_ts
 
 _RUN_RE = re.compile(RUN_KEY_PATTERN.encode())
@@ -20,7 +20,6 @@ _RUN_RE = re.compile(RUN_KEY_PATTERN.encode())
 _INT_RE = re.compile(rb"\s*(-?[0-9]{1,19})\s*")
 MAX_SEQ = 2**53  # beyond what a JSON number holds exactly in every consumer language
 MIN_EXIT, MAX_EXIT = -(2**31), 2**31 - 1  # exit codes and signal numbers fit in a C int
-MAX_LABEL_CHARS = 64  # `format` is a short label (goose | claude-code | codex | ...)
 MAX_MISSING_RANGES = 100_000  # a marker names at most this many gaps (a run holds at most 10k entries)
 MAX_MISSING_BYTES = 2_000_000
 STDOUT, STDERR = "stdout", "stderr"

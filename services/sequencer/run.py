@@ -36,6 +36,7 @@ from contracts.raw import (
     AFTER_END,
     BUFFERED,
     DEAD,
+    DEFAULT_MAX_HELD_BYTES,
     DUPLICATE,
     EOF,
     HOLD_LIMIT,
@@ -52,7 +53,6 @@ from services.sequencer.entries import Entry, SeqRange
 STATE_VERSION = 1
 DEFAULT_MAX_BUFFERED = 10_000
 DEFAULT_LIMITS = Limits()
-DEFAULT_MAX_HELD_BYTES = 64 * 1024 * 1024
 HELD_ENTRY_OVERHEAD = 64  # bytes counted per held entry besides its line (fields, seq, labels)
 
 # Lifecycle of a run: `new` until its first entry, then the record states of contracts.runs.
@@ -230,6 +230,8 @@ class RunSequencer:
 
     def take_held_changes(self) -> HeldChanges:
         """Held entries added/removed since the last call (or since the state was loaded)."""
+        if not self._held_added and not self._held_removed:  # the usual case: nothing held
+            return HeldChanges([], [])
         changes = HeldChanges(list(self._held_added.values()), sorted(self._held_removed))
         self._held_added = {}
         self._held_removed = set()

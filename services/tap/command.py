@@ -18,10 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import IO, BinaryIO
 
-from contracts.events import FORMATS
-from services.broker.helpers import redact_url
+from services.broker.url import redact_url
 from services.settings import Settings
 from services.tap.lines import LineSplitter
 from services.tap.publisher import Publisher, RunFinished, now_ms
@@ -56,6 +56,24 @@ LAUNCHERS: dict[str, frozenset[str]] = {
     "stdbuf": frozenset({"-i", "-o", "-e"}),
 }
 TWO_WORD_LAUNCHERS = {("pnpm", "dlx"), ("yarn", "dlx"), ("npm", "exec"), ("bun", "x")}
+
+
+class _Formats:
+    """contracts.events.FORMATS as argparse choices, loaded only when --format is given or help is shown
+    (with a metavar, argparse does not list them when the option is added): the contract's event models
+    cost a tap ~0.7 MiB it otherwise never needs."""
+
+    @staticmethod
+    def _formats() -> tuple[str, ...]:
+        from contracts.events import FORMATS
+
+        return FORMATS
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._formats()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._formats())
 
 
 def format_of_command(command: list[str]) -> str | None:
@@ -108,9 +126,9 @@ def register(subparsers) -> None:
     tap.add_argument("--run", help=f"run key ({RUN_KEY_RULE}); default <host>/<ULID>")
     tap.add_argument("--quiet", "-q", action="store_true", help="do not echo the command's output")
     tap.add_argument("--agent", help="`agent` label on every entry (default: the agent CLI when recognised)")
-    tap.add_argument("--format", choices=FORMATS,
-                     help="input format label on every entry (default: recognised from COMMAND -- goose, claude, "
-                     "codex, also behind env/npx/nohup; otherwise none and the workers detect it)")
+    tap.add_argument("--format", choices=_Formats(), metavar="FORMAT",
+                     help="input format label on every entry: %(choices)s (default: recognised from COMMAND -- "
+                     "goose, claude, codex, also behind env/npx/nohup; otherwise none and the workers detect it)")
     tap.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
                      help="after the command ends, wait at most this long for an unreachable broker "
                      "(default: wait until delivered); undelivered entries stay in the spool")
@@ -130,8 +148,8 @@ def register(subparsers) -> None:
                      help="when resuming a spooled run, do not skip the lines already taken from this input")
     pub.add_argument("--drain", action="store_true", help="only deliver the run's spooled entries; read no input")
     pub.add_argument("--agent", help="`agent` label on every entry")
-    pub.add_argument("--format", choices=FORMATS,
-                     help="input format label on every entry (default: none, the workers detect it)")
+    pub.add_argument("--format", choices=_Formats(), metavar="FORMAT",
+                     help="input format label on every entry: %(choices)s (default: none, the workers detect it)")
     pub.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
                      help="wait at most this long for an unreachable broker at the end (default: until delivered)")
     pub.set_defaults(func=cmd_publish)
@@ -196,6 +214,35 @@ def _check_credentials(settings: Settings, run: str) -> None:
     under credentials the broker refuses would never be delivered. The role is probed with an XADD of
     id 0-0 to the run's shard: Redis checks the ACL first (NOPERM) and then refuses the id without
     writing anything."""
+    if settings.redis_cluster:
+        _check_credentials_cluster(settings, run)
+        return
+    from services.broker.facts import check_deployment_facts
+    from services.broker.url import target
+    from services.tap.conn import AuthFailed, BrokerError, NoPermission, ReplyError, RespConnection
+
+    conn = RespConnection(target(settings), connect_timeout=CREDENTIAL_CHECK_TIMEOUT_S,
+                          socket_timeout=CREDENTIAL_CHECK_TIMEOUT_S, ca_file=settings.redis_tls_ca_file)
+    try:
+        conn.execute("PING")
+        # another shard count than the data's would route this run elsewhere: one line, exit 2
+        check_deployment_facts(settings.layout, conn.hgetall, conn.hsetnx, NoPermission)
+        try:
+            conn.execute("XADD", settings.layout.raw_stream(settings.layout.shard_of(run)), "0-0", "probe", "1")
+        except NoPermission:
+            raise
+        except ReplyError:
+            pass  # "must be greater than 0-0": allowed, and nothing was written
+    except (AuthFailed, NoPermission):
+        raise  # services/cli.py prints it as one line naming the settings
+    except (BrokerError, OSError):
+        pass  # down or unreachable: spool and deliver later
+    finally:
+        conn.close()
+
+
+def _check_credentials_cluster(settings: Settings, run: str) -> None:
+    """`_check_credentials` through redis-py's RedisCluster (which routes the probe to the shard's node)."""
     from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
     from services.broker.cluster import ensure_shard_count
@@ -206,7 +253,6 @@ def _check_credentials(settings: Settings, run: str) -> None:
                                            connect_timeout=CREDENTIAL_CHECK_TIMEOUT_S)
         try:
             client.ping()
-            # another shard count than the data's would route this run elsewhere: one line, exit 2
             ensure_shard_count(client, settings.layout)
             try:
                 client.execute_command("XADD", settings.layout.raw_stream(settings.layout.shard_of(run)),
@@ -214,13 +260,13 @@ def _check_credentials(settings: Settings, run: str) -> None:
             except NoPermissionError:
                 raise
             except RedisError:
-                pass  # "must be greater than 0-0": allowed, and nothing was written
+                pass
         finally:
             client.close()
     except (AuthenticationError, NoPermissionError):
-        raise  # services/cli.py prints it as one line naming the settings
+        raise
     except (RedisError, OSError):
-        pass  # down or unreachable: spool and deliver later
+        pass
 
 
 def _drain(pub: Publisher, timeout: float | None, abort: threading.Event) -> bool:

@@ -14,7 +14,9 @@ retries the same batch with backoff (capped at ~2 s) while callers keep appendin
 Delivery is at-least-once; a re-sent entry has the same run and seq, and workers drop such duplicates.
 
 On a single-node broker the batch goes out as hand-built RESP (``services/tap/resp.py``, proven
-byte-equivalent to redis-py's XADD) in one socket write; a cluster client uses ``xadd_batch``.
+byte-equivalent to redis-py's XADD) in one socket write, on the tap's own connection
+(``services/tap/conn.py``: redis-py is never imported); a cluster client (redis-py's RedisCluster,
+imported only then) uses ``xadd_batch``.
 """
 
 from __future__ import annotations
@@ -26,20 +28,23 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import redis
 
-from contracts.raw import EOF, LINE
-from services.broker.cluster import xadd_batch
-from services.broker.helpers import redact_url, sync_client_with_timeouts
-from services.sequencer.entries import MAX_LABEL_CHARS, Entry
+from contracts.raw import EOF, LINE, MAX_LABEL_CHARS
+from services.broker.url import redact_url, target
 from services.settings import Settings
-from services.tap.resp import bulk, xadd_records
+from services.tap.conn import BrokerError, ReplicationShortfall, ReplyError, RespConnection
+from services.tap.resp import bulk, xadd_commands, xadd_records
 from services.tap.resp import command as resp_command
 from services.tap.runkey import validate_run
-from services.tap.spool import SRC_TAG, Spool, decode_record, encode_record, spool_path
+from services.tap.spool import SRC_TAG, Spool, decode_record, spool_path
+
+if TYPE_CHECKING:
+    import redis
+
+    from services.sequencer.entries import Entry
 
 log = logging.getLogger("goose_ingest.tap")
 
@@ -50,6 +55,9 @@ STREAMS = ("stdout", "stderr")
 BACKOFF_START_S = 0.05
 BACKOFF_CAP_S = 2.0
 RECV_BYTES = 65536
+# The own connection's timeouts: a hung broker must not hold a batch forever (then: spool and retry).
+SOCKET_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 2.0
 # A busy sender starts at most one batch per this interval; an idle one sends at once. Each batch costs a
 # fixed fsync, round trip and thread wake-up: at 1,000 lines/s without this every line would be its own
 # batch. It bounds the added latency at 20 ms, and only while the sender is busy.
@@ -120,6 +128,16 @@ class LineEncoder:
             rec[SRC_TAG] = source
         return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
 
+    def eof_record(self, seq: int, ts: int, exit_code: int | None, extra: Mapping[str, str] | None = None) -> bytes:
+        """The spool record of the run's eof entry (``Entry.to_fields`` order: run seq ts kind [exit], labels)."""
+        rec = {"run": self.run, "seq": str(seq), "ts": str(ts), "kind": EOF}
+        if exit_code is not None:
+            rec["exit"] = str(exit_code)
+        rec.update(self.labels)
+        if extra:
+            rec.update(extra)
+        return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
+
     def records(self, first: int, ts: int, lines: Sequence[bytes], stream: str) -> list[bytes]:
         """Spool records of consecutive lines from seq ``first``, all stamped ``ts``."""
         head, tail, run_part, ts_part = self._rec_head[stream], self._rec_tail, self._rec_run, self._REC_TS
@@ -160,7 +178,7 @@ class Publisher:
         run: str,
         labels: Mapping[str, str] | None = None,
         *,
-        client: redis.Redis | None = None,
+        client: redis.Redis | Any | None = None,
         min_interval_s: float | None = None,
         spool_dir: str | Path | None = None,
         format: str | None = None,
@@ -184,16 +202,32 @@ class Publisher:
         self._last_send = float("-inf")  # monotonic start of the latest batch
         self._stream_key_b = self.stream_key.encode()
         self._encoder = LineEncoder(self.run, self._stream_key_b, self._record_labels)
-        # the client first: a bad URL must not leave a spool behind (creating it does not connect)
-        self._client = client or sync_client_with_timeouts(settings, socket_timeout=10.0, connect_timeout=2.0)
+        # the connection first: a bad URL must not leave a spool behind (creating it does not connect).
+        # A single node gets the tap's own connection and the hand-built pipeline; a given redis-py client
+        # (the importer's) keeps it too when it is a plain redis.Redis; a cluster keeps redis-py's
+        # RedisCluster and xadd_batch (slot routing).
+        self._conn: RespConnection | None = None
+        self._client: Any = client
+        self._retryable: tuple[type[BaseException], ...] = (OSError, BrokerError)
+        if client is None and not settings.redis_cluster:
+            self._conn = RespConnection(target(settings), connect_timeout=CONNECT_TIMEOUT_S,
+                                        socket_timeout=SOCKET_TIMEOUT_S, ca_file=settings.redis_tls_ca_file)
+            self._packed = True
+        else:
+            import redis
+
+            from services.broker.helpers import sync_client_with_timeouts
+
+            if client is None:
+                self._client = sync_client_with_timeouts(settings, socket_timeout=SOCKET_TIMEOUT_S,
+                                                         connect_timeout=CONNECT_TIMEOUT_S)
+            self._packed = isinstance(self._client, redis.Redis)
+            self._retryable += (redis.RedisError,)
         self._own_client = client is None
-        # A plain client gets the hand-built pipeline; a cluster client keeps xadd_batch (slot routing).
-        self._packed = isinstance(self._client, redis.Redis)
         try:
             self._spool = Spool(Path(spool_dir) if spool_dir is not None else spool_path(settings, run))
         except BaseException:
-            if self._own_client:
-                self._client.close()
+            self._close_client()
             raise
         self._cv = threading.Condition()
         self._next = self._spool.count  # next seq to assign
@@ -330,10 +364,7 @@ class Publisher:
         with self._cv:
             self._check_open()
             seq = self._next
-            fields = self._fields(self._entry(seq, ts, EOF, "stdout", None if exit_code is None else int(exit_code)))
-            if fields_extra:
-                fields.update(fields_extra)
-            rec = encode_record(fields)
+            rec = self._encoder.eof_record(seq, ts, None if exit_code is None else int(exit_code), fields_extra)
             self._spool.append(rec)
             self._next = seq + 1
             self._remember([rec], None)
@@ -342,7 +373,12 @@ class Publisher:
             self._cv.notify_all()
             return seq
 
+    # The reference encoders (Entry.to_fields, the one encoder of entries): property tests hold the fast
+    # encoders above equal to them. Entry is imported here only: the sequencer's package pulls the
+    # normalizer, which a tap has no use for.
     def _entry(self, seq: int, ts: int, kind: str, stream: str, exit_code: int | None = None) -> Entry:
+        from services.sequencer.entries import Entry
+
         labels: dict[str, str | None] = dict.fromkeys(ENTRY_LABELS)
         labels.update(self._entry_labels)
         return Entry(run=self.run, seq=seq, ts=ts, kind=kind, stream=stream, line="", exit=exit_code, sid="",
@@ -409,12 +445,17 @@ class Publisher:
             ok = self._sent >= self._next
             remove = (ok and self._eof) or self._next == 0
             self._spool.close(remove=remove)
-        if self._own_client:
+        self._close_client()
+        return ok
+
+    def _close_client(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        elif self._own_client:
             try:
                 self._client.close()
             except Exception:
                 pass
-        return ok
 
     def __enter__(self) -> Publisher:
         return self
@@ -431,18 +472,35 @@ class Publisher:
             with self._cv:
                 self._cv.notify_all()
 
-    def _send_packed(self, payload: bytes, n: int) -> None:
+    def _send_packed(self, payload: list[bytes], n: int) -> None:
         """Send ``n`` pre-encoded XADDs (plus WAIT when configured) in one write; read all their replies.
 
         Any failure drops the connection (a half-read pipeline must never be reused); the caller retries."""
-        import hiredis  # redis-py's own optional parser (installed with redis[hiredis])
-
-        from services.broker.cluster import ReplicationShortfall
-
         wait = self.settings.redis_wait_replicas
         if wait:
-            payload += resp_command(b"WAIT", str(wait).encode(), str(self.settings.redis_wait_timeout_ms).encode())
+            payload = [*payload, resp_command(b"WAIT", str(wait).encode(),
+                                              str(self.settings.redis_wait_timeout_ms).encode())]
         expected = n + (1 if wait else 0)
+        if self._conn is not None:
+            replies = self._conn.pipeline(payload, expected)
+        else:
+            replies = self._redis_py_pipeline(b"".join(payload), expected)
+        for reply in replies[:n]:
+            if isinstance(reply, ReplyError):
+                raise reply
+        if wait:
+            acked = replies[-1]
+            if isinstance(acked, ReplyError):
+                raise acked
+            if int(acked) < wait:  # type: ignore[call-overload]
+                raise ReplicationShortfall(
+                    f"{acked} of {wait} replicas acknowledged within {self.settings.redis_wait_timeout_ms} ms")
+
+    def _redis_py_pipeline(self, payload: bytes, expected: int) -> list[object]:
+        """`RespConnection.pipeline` on a connection of a given redis-py client (the importer's)."""
+        import hiredis  # redis-py's own optional parser (installed with redis[hiredis])
+        import redis
+
         pool = self._client.connection_pool
         conn = pool.get_connection()
         try:
@@ -452,7 +510,7 @@ class Publisher:
             sock = conn._sock
             if sock is None:  # pragma: no cover - send_packed_command connects or raises
                 raise redis.ConnectionError("not connected")
-            reader = hiredis.Reader()
+            reader = hiredis.Reader(replyError=ReplyError)
             replies: list[object] = []
             while len(replies) < expected:
                 reply = reader.gets()
@@ -468,19 +526,10 @@ class Publisher:
             raise
         finally:
             pool.release(conn)
-        for reply in replies[:n]:
-            if isinstance(reply, hiredis.ReplyError):
-                raise redis.ResponseError(str(reply))
-        if wait:
-            acked = replies[-1]
-            if isinstance(acked, hiredis.ReplyError):
-                raise redis.ResponseError(str(acked))
-            if int(acked) < wait:  # type: ignore[call-overload]
-                raise ReplicationShortfall(
-                    f"{acked} of {wait} replicas acknowledged within {self.settings.redis_wait_timeout_ms} ms")
+        return replies
 
     def _send_loop(self) -> None:
-        payload: bytes | None = None  # the batch in flight: encoded XADDs (plain client) ...
+        payload: list[bytes] | None = None  # the batch in flight: encoded XADDs (plain client) ...
         dicts: list[Mapping[str, Any]] | None = None  # ... or field maps (cluster client)
         n = 0
         backoff = BACKOFF_START_S
@@ -505,9 +554,9 @@ class Publisher:
                         self._cv.wait(left)
                     n = min(self._next - self._taken, self.batch)
                     if self._mem_on:  # the memory holds exactly the entries [_taken, _next)
-                        payload = b"".join(self._mem[:n])
+                        payload = self._mem[:n]
                         del self._mem[:n]
-                        self._mem_bytes -= len(payload)
+                        self._mem_bytes -= sum(map(len, payload))
                         self._taken_offset += sum(self._mem_lens[:n])
                         del self._mem_lens[:n]
                     else:
@@ -524,7 +573,7 @@ class Publisher:
                 # Outside the lock: only this thread reads the spool, and these n records are written.
                 raws, self._taken_offset = self._spool.read_at(self._taken_offset, n)
                 if self._packed:
-                    payload = xadd_records(self._stream_key_b, raws)
+                    payload = xadd_commands(self._stream_key_b, raws)
                 else:
                     dicts = [decode_record(r) for r in raws]
             if new_batch:
@@ -538,9 +587,11 @@ class Publisher:
                 if payload is not None:
                     self._send_packed(payload, n)
                 else:
+                    from services.broker.cluster import xadd_batch  # cluster clients only: redis-py is loaded
+
                     xadd_batch(self._client, self.stream_key, dicts or [],
                                self.settings.redis_wait_replicas, self.settings.redis_wait_timeout_ms)
-            except (redis.RedisError, OSError) as exc:
+            except self._retryable as exc:
                 if self.broker_up is not False:
                     log.warning(
                         "broker unreachable at %s (%s: %s); spooling run %s in %s and retrying",

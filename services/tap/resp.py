@@ -57,7 +57,12 @@ def record_fields(rec: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     return out
 
 
+def xadd_commands(stream: bytes, raws: Iterable[bytes]) -> list[bytes]:
+    """The XADD command of each raw spool record, in order."""
+    loads = orjson.loads
+    return [xadd(stream, record_fields(loads(raw))) for raw in raws]
+
+
 def xadd_records(stream: bytes, raws: Iterable[bytes]) -> bytes:
     """The pipeline (concatenated XADD commands) for raw spool records, in order."""
-    loads = orjson.loads
-    return b"".join([xadd(stream, record_fields(loads(raw))) for raw in raws])
+    return b"".join(xadd_commands(stream, raws))
