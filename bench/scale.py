@@ -4,15 +4,21 @@ Three sweeps on a private ``redis-server``, each point in a namespace of its own
 
 - **active runs** (100, 1,000, 10,000, 100,000): the same number of lines, spread round-robin over
   that many runs that stay open for the whole measurement (no eof until the end), so every batch
-  touches up to `batch size` distinct runs and most of them are not in the worker's in-process cache;
+  touches up to `batch size` distinct runs (beyond `RUN_CACHE_SIZE` runs, 16,384 by default, most
+  of them are not in the worker's in-process cache);
 - **line size** (200 B to 100 KB tool outputs, 100 active runs): tool request/response pairs whose
   output text has the given size;
-- **workers** (1 to 4 worker processes, 1,000 active runs). This machine has 2 cores shared by the
-  workers and Redis, so more than one worker mostly shows contention, not scaling.
+- **workers** (1 to 4 worker processes, 1,000 active runs), which split the shards between them
+  with shard leases (`--no-leases`: every worker reads every shard, as before leases). This
+  machine has 2 cores shared by the workers and Redis, so more workers cannot add much here; the
+  sweep shows whether they get in each other's way. Before the clock starts the workers have
+  split the shards (every lease taken, none holding more than its share).
 
-Each point: raw entries are published first (not timed), the groups are created at ``$`` so the
-workers see nothing, the workers start and report ready on /readyz, then ``XGROUP SETID 0`` opens
-the gate. Time = gate -> every shard's group has no lag and nothing pending. Reported: lines/s, the
+Each point: the first line of every run is published and processed before the clock starts (it
+starts the run: a new state, a `started` record), so the timed lines are lines of runs that are
+already active, as in a fleet where runs last hundreds of lines. Then the workers are stopped
+(SIGSTOP), the timed lines are published, and the clock starts as the workers continue (SIGCONT).
+Time = continue -> every shard's group has no lag and nothing pending. Reported: lines/s, the
 ratio to the first point of the sweep, peak worker RSS (VmHWM, max over workers), Redis memory used
 per active run after processing (run states and the active-run index: MEMORY USAGE of a sample of
 state keys + the index, divided by runs).
@@ -31,6 +37,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -91,12 +98,13 @@ def _settings(url: str, ns: str) -> Settings:
     return Settings(redis_url=url, namespace=ns, shards=SHARDS)
 
 
-def publish(client: redis.Redis, settings: Settings, runs: int, lines: int, size: int) -> None:
-    """`lines` tool lines round-robin over `runs` runs (request then response per run), then groups at $."""
+def publish(client: redis.Redis, settings: Settings, names: list[str], seqs: list[int], lines: int,
+            size: int) -> None:
+    """`lines` tool lines round-robin over the runs `names` (a request then a response per run),
+    continuing each run at `seqs` (updated)."""
     layout = settings.layout
-    names = [f"scale/{uuid.uuid4().hex[:8]}-{r:06d}" for r in range(runs)]
+    runs = len(names)
     streams = [layout.raw_stream(layout.shard_of(n)) for n in names]
-    seqs = [0] * runs
     pipe = client.pipeline(transaction=False)
     ts = str(int(time.time() * 1000)).encode()
     for i in range(lines):
@@ -108,8 +116,32 @@ def publish(client: redis.Redis, settings: Settings, runs: int, lines: int, size
         if len(pipe) >= 2000:
             pipe.execute()
     pipe.execute()
-    for stream in layout.raw_streams():
-        client.xgroup_create(stream, GROUP, id="$", mkstream=True)
+
+
+def _drained(client: redis.Redis, streams: list[str]) -> None:
+    """Wait until every shard's group has no lag and nothing pending."""
+    while True:
+        done = True
+        for stream in streams:
+            for g in client.xinfo_groups(stream):
+                if g["name"].decode() == GROUP and (g.get("lag") or g["pending"]):
+                    done = False
+        if done:
+            return
+        time.sleep(0.02)
+
+
+def _leases_settled(client: redis.Redis, settings: Settings, workers: int, timeout: float = 60.0) -> None:
+    """Wait until the workers have split the shards between them (services/worker/leases.py: a
+    worker gives back shards above its share on its next renewal, every lease ttl / 3)."""
+    deadline = time.monotonic() + timeout
+    share = -(-SHARDS // workers)
+    while time.monotonic() < deadline:
+        owners = [client.get(settings.layout.shard_lease(s)) for s in range(SHARDS)]
+        if all(owners) and max(owners.count(o) for o in owners) <= share:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"the workers did not split the shards within {timeout:.0f} s")
 
 
 def _ready(port: int) -> bool:
@@ -128,13 +160,20 @@ def _rss_mib(pid: int) -> float:
 
 
 def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, workers: int, log: Path,
-            profile: str | None = None) -> Point:
+            profile: str | None = None, leases: bool = True) -> Point:
     ns = f"scale{uuid.uuid4().hex[:6]}"
     settings = _settings(url, ns)
     client = redis.Redis.from_url(url)
-    publish(client, settings, runs, lines, size)
+    names = [f"scale/{uuid.uuid4().hex[:8]}-{r:06d}" for r in range(runs)]
+    seqs = [0] * runs
+    # Warm-up, not timed: the first line of every run (it starts the run: a `started` record, a new
+    # state), so that the timed lines are lines of runs that are already active.
+    publish(client, settings, names, seqs, runs, size)
+    for stream in settings.layout.raw_streams():
+        client.xgroup_create(stream, GROUP, id="$", mkstream=True)
     ports = [_free_port() for _ in range(workers)]
     env = {**os.environ, "GOOSE_INGEST_REDIS_URL": url, "GOOSE_INGEST_NAMESPACE": ns,
+           "GOOSE_INGEST_SHARD_LEASES": "true" if leases else "false",
            "GOOSE_INGEST_SHARDS": str(SHARDS)}
     # --profile: the first worker runs under cProfile (stats written when it is terminated)
     prof = [[sys.executable, "-m", "cProfile", "-o", f"{profile}.{sweep.replace(' ', '-')}-{x}"]
@@ -148,19 +187,23 @@ def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, work
             if time.monotonic() > deadline:
                 raise SystemExit(f"workers not ready within 60 s; see {log}")
             time.sleep(0.1)
+        if leases:
+            _leases_settled(client, settings, workers)
         streams = settings.layout.raw_streams()
-        started = time.perf_counter()
         for stream in streams:
             client.execute_command("XGROUP", "SETID", stream, GROUP, "0")
-        while True:
-            done = True
-            for stream in streams:
-                for g in client.xinfo_groups(stream):
-                    if g["name"].decode() == GROUP and (g.get("lag") or g["pending"]):
-                        done = False
-            if done:
-                break
-            time.sleep(0.02)
+        _drained(client, streams)
+        # The timed lines are published while the workers are stopped (SIGSTOP), so the clock
+        # starts with every line waiting and the publisher's cost is not in the figure.
+        for p in procs:
+            os.kill(p.pid, signal.SIGSTOP)
+        try:
+            publish(client, settings, names, seqs, lines, size)
+        finally:
+            started = time.perf_counter()
+            for p in procs:
+                os.kill(p.pid, signal.SIGCONT)
+        _drained(client, streams)
         seconds = time.perf_counter() - started
         rss = max(_rss_mib(p.pid) for p in procs)
         sample = list(itertools.islice(client.scan_iter(match=f"{ns}:goose-ingest:run:*", count=1000), 1000))
@@ -284,6 +327,8 @@ def main() -> None:
     ap.add_argument("--active-runs", default="100,1000,10000,100000", help="points of the active-runs sweep")
     ap.add_argument("--profile", metavar="PREFIX", help="run the first worker of each point under cProfile")
     ap.add_argument("--workers", default="1,2,3,4", help="points of the workers sweep")
+    ap.add_argument("--no-leases", action="store_true",
+                    help="workers sweep without shard leases (every worker reads every shard), for comparison")
     ap.add_argument("--log", help="append the workers' output here (default: a temporary file)")
     args = ap.parse_args()
     random.seed(7)
@@ -308,7 +353,8 @@ def main() -> None:
                     points.append(measure(server.url, "line bytes", size, 100, lines, size, 1, log))
             if "workers" in sweeps:
                 for workers in (int(w) for w in args.workers.split(",")):
-                    points.append(measure(server.url, "workers", workers, 1_000, args.lines, 445, workers, log))
+                    points.append(measure(server.url, "workers, no leases" if args.no_leases else "workers",
+                                          workers, 1_000, args.lines, 445, workers, log, leases=not args.no_leases))
         finally:
             server.close()
     if not points:
@@ -345,7 +391,7 @@ def _plot(points: list[Point], path: Path) -> None:
         axes[1][col].plot(xs, [p.redis_bytes_per_run / 1024 for p in pts], marker="s", label="Redis KiB/run")
         axes[1][col].legend()
         axes[1][col].set_xlabel(sweep)
-        if sweep != "workers":
+        if not sweep.startswith("workers"):
             axes[0][col].set_xscale("log")
             axes[1][col].set_xscale("log")
         axes[0][col].set_ylim(bottom=0)

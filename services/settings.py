@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, SecretStr, TypeAdapter, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.raw import DEFAULT_MAX_HELD_BYTES
 from services.broker.keys import KeyLayout
-from services.sequencer.run import DEFAULT_MAX_HELD_BYTES
 
 if TYPE_CHECKING:  # imported where used: commands that never redact do not compile the rules
     from services.redaction import Redactor
@@ -87,6 +87,14 @@ class Settings(BaseSettings):
     batch_size: int = Field(default=500, ge=1, le=10_000, description="XREADGROUP COUNT per shard read.")
     block_ms: int = Field(default=200, ge=1, description="XREADGROUP BLOCK: how long an idle read waits.")
     claim_idle_ms: int = Field(default=30_000, ge=100, description="Pending entries idle this long are reclaimed.")
+    shard_leases: bool = Field(
+        default=True,
+        description="One worker reads a shard at a time (services/worker/leases.py); off: every worker reads every shard.",
+    )
+    lease_ttl_ms: int = Field(
+        default=10_000, ge=1_000,
+        description="A shard lease not renewed this long expires (a killed worker's shards move after this).",
+    )
     max_deliveries: int = Field(default=5, ge=1, description="An entry delivered more often is dead-lettered.")
     run_idle_timeout_s: float = Field(default=900.0, gt=0, description="A run with no input this long is abandoned.")
     sweep_interval_s: float = Field(default=5.0, gt=0, description="How often idle runs, reclaim and retention are checked.")

@@ -129,6 +129,37 @@ def test_a_batch_commits_events_records_and_acks(plain):
     assert h.sync.pttl(h.layout.run_state(run)) > 0  # kept for late duplicates, then expires
 
 
+def test_open_runs_are_indexed_once_per_batch_and_keep_no_ttl_and_latency_is_sampled_per_entry(plain):
+    """commit.lua writes the active-runs index with one ZADD (and one ZREM) per batch: every open
+    run of the batch is in it with its last activity, an ended one is not, and an open run's state
+    has no TTL. The batch's latency samples are one per processed entry, dated by the Redis clock."""
+    h = Harness(plain)
+    runs = [f"bp/index-{i}" for i in range(40)]
+    shards = {h.layout.shard_of(r) for r in runs}
+    sids: dict[str, str] = {}
+    for seq in range(2):
+        for r in runs:
+            _, sids[r] = h.add(line(r, seq))
+    h.add(eof(runs[0], 2))
+
+    async def body(client):
+        processor = BatchProcessor(plain, client)
+        return [await process_shard(h, processor, shard) for shard in sorted(shards)]
+
+    results = run_async(plain, body)
+    for r in runs[1:]:
+        shard = h.layout.shard_of(r)
+        assert h.sync.zscore(h.layout.active_runs(shard), r) == stream_id_ms(sids[r])
+        assert h.sync.pttl(h.layout.run_state(r)) == -1
+    assert h.sync.zscore(h.layout.active_runs(h.layout.shard_of(runs[0])), runs[0]) is None
+    assert h.sync.pttl(h.layout.run_state(runs[0])) > 0
+    latencies = [ms for result in results for ms in result.latencies_ms()]
+    assert len(latencies) == 2 * len(runs) + 1
+    assert all(0 <= ms < 60_000 for ms in latencies)
+    every_other = [ms for result in results for ms in result.latencies_ms(step=2)]
+    assert len(every_other) == sum((len(result.processed_ids) + 1) // 2 for result in results)
+
+
 def test_two_processors_with_a_stale_cache_retry_on_conflict_and_lose_nothing(plain):
     h = Harness(plain)
     run = "bp/conflict"

@@ -195,6 +195,9 @@ def test_retention_on_a_cluster_never_trims_uncommitted_entries(cluster_settings
             pub.add_line(f'{{"type":"message","n":{i}}}', "stdout")
     stream = layout.raw_stream(layout.shard_of(keep))
     r.xreadgroup(s.group, "dead-consumer", {stream: ">"})  # read, never committed
+    # ... by a worker that still holds the shard's lease (a live worker would take its entries over
+    # as soon as it got the lease: services/worker/leases.py)
+    r.set(layout.shard_lease(layout.shard_of(keep)), "dead-consumer", px=600_000)
     done = next(f"done/{i}" for i in range(1000) if layout.shard_of(f"done/{i}") != layout.shard_of(keep))
     # 300 entries: XTRIM MINID is approximate (whole stream nodes of 100 entries), a few would stay.
     lines = [b'{"type":"message","message":{"role":"assistant","content":[{"type":"text","text":"x"}]}}'] * 300

@@ -29,6 +29,7 @@ def test_single_node_keeps_the_historic_names():
     assert k.runs_partitions() == ["harness.runs"] and k.deadletter_partitions() == ["goose.deadletter"]
     assert k.run_state("h/1") == "goose-ingest:run:h/1" and k.active_runs(2) == "goose-ingest:active"
     assert KeyLayout(namespace="t1").raw_stream(0) == "t1:goose.raw.0"
+    assert k.shard_lease(3) == "goose-ingest:lease:3" and k.workers() == "goose-ingest:workers"
 
 
 @given(RUN)
@@ -38,7 +39,7 @@ def test_in_a_cluster_everything_of_a_run_shares_its_shards_slot(run):
     keys = [
         k.raw_stream(shard), k.control_stream(shard), k.run_state(run), k.active_runs(shard),
         k.import_checkpoint(run), k.export_state("otlp", run), k.events_partition(shard),
-        k.runs_partition(shard), k.deadletter_partition(shard),
+        k.runs_partition(shard), k.deadletter_partition(shard), k.shard_lease(shard),
         *(k.type_partition(t, shard) for t in EVENT_TYPES),
     ]
     assert {_tag(key) for key in keys} == {f"s{shard}"}

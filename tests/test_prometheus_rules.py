@@ -104,6 +104,7 @@ def test_a_live_worker_reports_the_age_of_a_stuck_pending_entry(settings, tmp_pa
     r.xadd(stream, {"run": "stuck", "seq": "0", "ts": str(old_ms), "kind": "line", "stream": "stdout",
                     "line": "{}"}, id=f"{old_ms}-0")
     r.xreadgroup(settings.group, "dead-consumer", {stream: ">"})  # delivered, never acknowledged
+    r.set(layout.shard_lease(0), "dead-consumer", px=600_000)  # by a stuck worker that keeps its lease
     log = tmp_path / "w.log"
     worker = start_worker(settings, log, GOOSE_INGEST_CLAIM_IDLE_MS="600000")
     try:

@@ -20,7 +20,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.broker.keys import ACTIVE_RUNS, EXPORT_OPEN, EXPORT_STATE, IMPORT_CHECKPOINT, META, RUN_STATE, KeyLayout
+from services.broker.keys import (
+    ACTIVE_RUNS,
+    EXPORT_OPEN,
+    EXPORT_STATE,
+    IMPORT_CHECKPOINT,
+    LEASE,
+    META,
+    RUN_STATE,
+    WORKERS,
+    KeyLayout,
+)
 
 # What every client needs to connect and find its way: handshake, liveness, client name
 # (redis-py announces itself), and cluster topology discovery. Nothing here reads or writes data.
@@ -80,6 +90,8 @@ class KeyPatterns:
     export_open: str
     export_deadletter: tuple[str, ...]
     meta: str
+    lease: str
+    workers: str
     everything: str
 
     @classmethod
@@ -103,6 +115,8 @@ class KeyPatterns:
             export_open=family(EXPORT_OPEN),
             export_deadletter=tuple(p for name in EXPORTERS for p in topic(f"{layout.deadletter_stream}.{name}")),
             meta=glob_escape(layout.key(META)),
+            lease=family(LEASE),
+            workers=glob_escape(layout.key(WORKERS)),
             everything=glob_escape(layout.key("")) + "*" if layout.namespace else "*",
         )
 
@@ -136,8 +150,9 @@ def roles(layout: KeyLayout) -> list[Role]:
             "worker",
             "`worker`, `up`: consume the raw shards, keep run state, commit to topics, control and dead letters",
             (*CONNECTION, *STREAM_CONSUMER, "+xadd", "+xtrim", *HASH_RW, *STRING_RW, *KEY_LIFECYCLE,
-             *ZSET_RW, *SCRIPTS,
-             *_keys("", k.raw, k.control, *k.topics, *k.deadletter, k.run_state, k.active_runs, k.meta)),
+             *ZSET_RW, "+zremrangebyscore", *SCRIPTS,
+             *_keys("", k.raw, k.control, *k.topics, *k.deadletter, k.run_state, k.active_runs, k.meta, k.lease,
+                    k.workers)),
         ),
         Role(
             "consumer",

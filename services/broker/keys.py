@@ -29,6 +29,8 @@ IMPORT_CHECKPOINT = "goose-ingest:import"
 EXPORT_STATE = "goose-ingest:export"
 EXPORT_OPEN = "goose-ingest:export-open"  # sorted set run -> last activity ms of an exporter's open runs
 META = "goose-ingest:meta"  # deployment facts (the shard count the data was created with)
+LEASE = "goose-ingest:lease"  # which worker reads a shard (string: owner, with a TTL)
+WORKERS = "goose-ingest:workers"  # sorted set worker -> until when it counts as alive (ms)
 
 
 def shard_of(run: str, shards: int) -> int:
@@ -113,6 +115,15 @@ class KeyLayout:
 
     def meta(self) -> str:
         return self.key(META)
+
+    def shard_lease(self, shard: int) -> str:
+        """The lease of a shard: the one worker that reads it (in the shard's slot, so the commit
+        script checks it atomically with what it writes)."""
+        return self.key(f"{LEASE}:{self.tag(shard) if self.cluster else shard}")
+
+    def workers(self) -> str:
+        """The live workers (for each one's fair share of the shards)."""
+        return self.key(WORKERS)
 
     # ------------------------------------------------------------------ topics
     def events_partition(self, shard: int) -> str:

@@ -211,6 +211,11 @@ class Metrics:
             "1 while this worker is ready (connected, groups created, consuming), else 0.",
             registry=r,
         )
+        self.shard_leases = Gauge(
+            "goose_ingest_shard_leases_held",
+            "Raw shards this worker holds the lease of (reads and commits); summed over workers: the shards being read.",
+            registry=r,
+        )
 
         # Pre-initialise every bounded series at 0, so rate()/increase() see the first increment.
         self._raw_children = {o: self.raw_entries.labels(o, "") for o in RAW_OUTCOMES if o != "dead_lettered"}
@@ -328,3 +333,6 @@ class Metrics:
 
     def set_ready(self, ready: bool) -> None:
         self.worker_ready.set(1 if ready else 0)
+
+    def set_leases(self, held: int) -> None:
+        self.shard_leases.set(held)

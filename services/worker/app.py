@@ -10,6 +10,8 @@ any other reason makes /readyz say so and the worker exit with status 1 for its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import socket
@@ -22,6 +24,7 @@ from faststream import Context, FastStream
 from faststream.middlewares import AckPolicy
 from faststream.redis import StreamSub
 from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
+from redis.exceptions import RedisError
 
 from services.broker.cluster import BrokerGate, make_broker
 from services.broker.connect import async_client
@@ -29,7 +32,9 @@ from services.broker.groups import ensure_groups, guard_missing_group
 from services.metrics import Metrics, serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
+from services.worker.commit import LeaseLost
 from services.worker.housekeeping import Housekeeper, Readiness
+from services.worker.leases import ShardLeases, gate_reads
 from services.worker.processor import BatchProcessor
 from services.worker.reporting import record_result
 
@@ -53,6 +58,7 @@ class WorkerRuntime:
     client: Any = None
     processor: BatchProcessor | None = None
     housekeeper: Housekeeper | None = None
+    leases: ShardLeases | None = None  # None: shard leases are off (every worker reads every shard)
     server: MetricsServer | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     stopped: dict[str, str] = field(default_factory=dict)  # stream -> why its subscriber stopped
@@ -63,6 +69,15 @@ class WorkerRuntime:
     def exit_code(self) -> int:
         """0 after a requested shutdown; 1 when a subscriber stopped on its own (a supervisor restarts us)."""
         return 1 if self.stopped else 0
+
+    def may_read(self, shard: int) -> bool:
+        """Leases on: only the shards this worker holds (none before startup took them)."""
+        if not self.settings.shard_leases:
+            return True
+        return self.leases is not None and self.leases.may_read(shard)
+
+    def batch(self, shard: int) -> contextlib.AbstractContextManager[None]:
+        return self.leases.batch(shard) if self.leases is not None else contextlib.nullcontext()
 
     def subscriber_health(self) -> Readiness:
         dead = [stream for stream, sub in self.subscribers if not sub.running]
@@ -96,8 +111,15 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         raw = message.raw_message
         processor = runtime.processor
         assert processor is not None, "handlers run after startup"
+        shard = shard_of_stream[raw["channel"]]
         started = time.perf_counter()
-        result = await processor.process(shard_of_stream[raw["channel"]], raw["message_ids"], raw["data"])
+        with runtime.batch(shard):
+            try:
+                result = await processor.process(shard, raw["message_ids"], raw["data"])
+            except LeaseLost:
+                # Nothing was written: the entries stay pending, and the shard's new owner claims them.
+                log.warning("shard %d moved to another worker during a batch; that worker takes its entries", shard)
+                return
         record_result(metrics, result, time.perf_counter() - started, len(raw["message_ids"]))
 
     for stream in layout.raw_streams():
@@ -116,6 +138,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         )
         sub(handle)
         guard_missing_group(sub, stream, settings.group, lambda: runtime.client)
+        gate_reads(sub, functools.partial(runtime.may_read, shard_of_stream[stream]), settings.block_ms / 1000)
         runtime.subscribers.append((stream, sub))
 
     async def watch() -> None:
@@ -143,18 +166,28 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         # cluster: until every slot is served; then the shard-count check and the groups (retried
         # through a failover while starting)
         await gate.open(client, prepare=lambda: ensure_groups(client, settings))
-        processor = runtime.processor = BatchProcessor(settings, client)
+        processor = runtime.processor = BatchProcessor(
+            settings, client, lease_owner=runtime.consumer if settings.shard_leases else None)
         if metrics is not None and processor.redactor is not None:
             metrics.known_rules = processor.redactor.rule_names
         housekeeper = runtime.housekeeper = Housekeeper(settings, client, processor, runtime.consumer, metrics,
-                                                        subscribers=runtime.subscriber_health)
+                                                        subscribers=runtime.subscriber_health, owns=runtime.may_read)
         gate.then(housekeeper.readiness)
+        if settings.shard_leases:
+            runtime.leases = ShardLeases(settings, client, runtime.consumer, on_acquire=housekeeper.take_over,
+                                         metrics=metrics)
+            try:
+                await runtime.leases.tick()  # this worker's share before its subscribers read
+            except RedisError as exc:  # the lease loop tries again; the subscribers wait for a lease
+                log.warning("shard leases: broker unavailable at start-up: %s", type(exc).__name__)
 
     @app.after_startup
     async def _after() -> None:
         assert runtime.housekeeper is not None
         runtime.consuming = True
         runtime.tasks.append(asyncio.create_task(runtime.housekeeper.run()))
+        if runtime.leases is not None:
+            runtime.tasks.append(asyncio.create_task(runtime.leases.run()))
         runtime.tasks.append(asyncio.create_task(watch()))
         if settings.redis_cluster:
             runtime.tasks.append(asyncio.create_task(gate.watch(runtime.client, settings.sweep_interval_s)))
@@ -176,6 +209,13 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
 
     @app.after_shutdown
     async def _closed() -> None:
+        if runtime.leases is not None and runtime.client is not None:
+            # The subscribers have stopped: give the shards back now instead of letting them expire.
+            try:
+                await runtime.leases.release_all()
+            except Exception as exc:  # an unreachable broker: the leases expire on their own
+                log.warning("could not give the shard leases back (%s); they expire in %d ms",
+                            type(exc).__name__, settings.lease_ttl_ms)
         if runtime.server is not None:
             runtime.server.close()
         if runtime.client is not None:

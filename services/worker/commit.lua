@@ -12,9 +12,13 @@
 --             {held field, entry, ...} to write, {held field, ...} to delete}, ...
 --   acks:    raw entry ids
 --   outputs: {{stream, ...}, {field, value, ...}}, ... (an event goes to two topics, one copy)
--- Returns {1} on success, or {0, i, j, ...}: the 1-based indexes of runs whose version moved.
+--   then the shard's lease key and the committing worker ("" and "": no lease is checked).
+-- Returns {1} on success, {0, i, j, ...}: the 1-based indexes of runs whose version moved, or {2}:
+-- the shard's lease names another worker (or nobody), so this worker may not commit for it.
 local raw = KEYS[1]
 local group, active, ttl = ARGV[1], ARGV[2], ARGV[3]
+local lease, owner = ARGV[5], ARGV[6]
+if lease ~= '' and redis.call('GET', lease) ~= owner then return {2} end
 local batch = cmsgpack.unpack(ARGV[4])
 local runs, acks, outputs = batch[1], batch[2], batch[3]
 local CHUNK = 500  -- arguments per command (unpack of thousands overflows Lua's C stack)
@@ -58,6 +62,11 @@ local function chunked(cmd, key, items, step)
   end
 end
 
+-- The active-runs index is written once per batch (one ZADD, one ZREM), not once per run: with
+-- thousands of active runs a batch carries one line of each, and a command per run per batch was
+-- a third of the script's time. A state written not ended carries no TTL (only an end sets one, and
+-- an ended run is never written back as running), so it needs no PERSIST.
+local touched, finished = {}, {}
 for r = 1, #runs do
   local run = runs[r]
   redis.call('HSET', run[1], 'v', tostring(tonumber(run[2]) + 1), 's', run[3])
@@ -65,12 +74,14 @@ for r = 1, #runs do
   if #run[7] > 0 then chunked('HSET', run[1], run[7], CHUNK) end  -- CHUNK is even: pairs stay whole
   if run[4] == 1 then
     redis.call('PEXPIRE', run[1], ttl)
-    redis.call('ZREM', active, run[5])
+    finished[#finished + 1] = run[5]
   else
-    redis.call('PERSIST', run[1])
-    redis.call('ZADD', active, run[6], run[5])
+    touched[#touched + 1] = run[6]
+    touched[#touched + 1] = run[5]
   end
 end
+if #touched > 0 then chunked('ZADD', active, touched, CHUNK) end  -- score, member pairs
+if #finished > 0 then chunked('ZREM', active, finished, CHUNK) end
 
 local n = #acks
 local i = 1

@@ -37,6 +37,11 @@ def is_transient(exc: BaseException) -> bool:
     return code in TRANSIENT_ERRORS
 
 
+class LeaseLost(RuntimeError):
+    """The shard's lease names another worker (or nobody): nothing was written, the entries stay
+    pending for the shard's owner."""
+
+
 class CommitFailed(RuntimeError):
     """Redis refused the commit script itself (e.g. a value above its limits): not a conflict."""
 
@@ -72,6 +77,10 @@ class Commit:
     runs: list[RunWrite] = field(default_factory=list)
     acks: list[str] = field(default_factory=list)
     outputs: list[Output] = field(default_factory=list)
+    # The shard's lease key and this worker (services/worker/leases.py): the script writes nothing
+    # unless the lease still names it. Empty: no lease is checked (leases off, tests, tools).
+    lease: str = ""
+    owner: str = ""
 
 
 def held_field(seq: int) -> bytes:
@@ -102,12 +111,14 @@ def _argv(commit: Commit) -> list[Any]:
         held_del = [held_field(seq) for seq in w.held.removed]
         runs.append((w.key, w.version, w.state, 1 if w.ended else 0, w.run, w.last_ms or now_ms, held_set, held_del))
     outputs = [(o.streams, o.fields) for o in commit.outputs]
-    return [commit.group, commit.active_runs, str(commit.ttl_ms), _packb((runs, commit.acks, outputs))]
+    return [commit.group, commit.active_runs, str(commit.ttl_ms), _packb((runs, commit.acks, outputs)),
+            commit.lease, commit.owner]
 
 
 class Committer:
     """Runs commit.lua. `commit` returns the indexes (0-based, into `Commit.runs`) of runs whose
-    version moved (nothing was written then), or an empty list when everything was written."""
+    version moved (nothing was written then), or an empty list when everything was written; it
+    raises LeaseLost when the shard is no longer this worker's."""
 
     def __init__(self, client: Any) -> None:
         self.script = client.register_script(COMMIT_LUA)
@@ -121,4 +132,6 @@ class Committer:
             raise CommitFailed(type(exc).__name__) from exc  # e.g. a value above Redis's limits
         if int(reply[0]) == 1:
             return []
+        if int(reply[0]) == 2:
+            raise LeaseLost(commit.lease)
         return [int(i) - 1 for i in reply[1:]]

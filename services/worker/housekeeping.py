@@ -1,7 +1,9 @@
 """Periodic work of every worker: reclaim stuck entries, abandon idle runs, trim, gauge lag.
 
 Every action is safe to run on all workers at once: reclaiming goes through the same atomic,
-version-checked commit as normal processing, and an abandonment is a commit too.
+version-checked commit as normal processing, and an abandonment is a commit too. With shard
+leases (services/worker/leases.py) a worker reclaims and abandons only in the shards it holds
+(`owns`), and takes over a shard's pending entries as soon as it gets its lease (`take_over`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from services.metrics import Metrics
 from services.sequencer import Entry, missing_ranges, plan_abandon
 from services.sequencer.entries import STDOUT
 from services.settings import Settings
-from services.worker.commit import CommitFailed
+from services.worker.commit import CommitFailed, LeaseLost
 from services.worker.processor import BatchProcessor, CommitConflict
 from services.worker.reporting import record_result
 
@@ -49,6 +51,7 @@ class Housekeeper:
         consumer: str,
         metrics: Metrics | None = None,
         subscribers: Callable[[], Readiness] | None = None,
+        owns: Callable[[int], bool] | None = None,
     ) -> None:
         self.settings = settings
         self.client = client
@@ -56,6 +59,7 @@ class Housekeeper:
         self.consumer = consumer
         self.metrics = metrics
         self.subscribers = subscribers or (lambda: Readiness(True, ""))
+        self.owns = owns or (lambda shard: True)  # the shards whose pending entries and idle runs are ours
         self.last_ok = 0.0
         self._last_retention = 0.0
         self._idle_shards: set[int] = set()
@@ -90,7 +94,8 @@ class Housekeeper:
         await self.client.ping()
         await self.gauge_backlog()
         for shard in range(self.settings.shards):
-            await self.reclaim(shard)
+            if self.owns(shard):
+                await self.reclaim(shard)
         await self.abandon_idle_runs()
         if time.monotonic() - self._last_retention > RETENTION_EVERY_S:
             await self.trim()
@@ -128,15 +133,29 @@ class Housekeeper:
         return max(0.0, time.time() - stream_id_ms(oldest) / 1000)
 
     # -------------------------------------------------------------- reclaim
-    async def reclaim(self, shard: int) -> int:
+    async def take_over(self, shard: int) -> None:
+        """Just got the shard's lease: its pending entries are ours now, however recently another
+        worker read them (that worker can no longer commit them: the commit checks the lease)."""
+        try:
+            n = await self.reclaim(shard, min_idle_ms=0)
+        except LeaseLost:
+            return
+        except RedisError as exc:  # the periodic reclaim takes them later
+            log.warning("taking over shard %d: broker unavailable (%s)", shard, type(exc).__name__)
+            return
+        if n:
+            log.info("took over %d pending entries of shard %d", n, shard)
+
+    async def reclaim(self, shard: int, min_idle_ms: int | None = None) -> int:
         """Take over entries another consumer read but never committed (e.g. it was killed)."""
         s = self.settings
         stream = s.layout.raw_stream(shard)
         start = "0-0"
         total = 0
+        idle = s.claim_idle_ms if min_idle_ms is None else min_idle_ms
         while True:
             reply = await self.client.xautoclaim(
-                stream, s.group, self.consumer, min_idle_time=s.claim_idle_ms, start_id=start, count=s.batch_size
+                stream, s.group, self.consumer, min_idle_time=idle, start_id=start, count=s.batch_size
             )
             start, entries = reply[0], reply[1]
             entries = [(i, f) for i, f in entries if f is not None]
@@ -165,12 +184,13 @@ class Housekeeper:
             runs = await self.client.zrangebyscore(active, "-inf", cutoff, start=0, num=limit)
             for run_b in runs:
                 run = run_b.decode()
-                if layout.shard_of(run) not in self._idle_shards:
-                    continue  # entries may still be waiting in the stream: not idle yet
+                shard = layout.shard_of(run)
+                if shard not in self._idle_shards or not self.owns(shard):
+                    continue  # entries may still be waiting in the stream: not idle yet; or not ours
                 try:
                     if await self.abandon(run, now_ms):
                         done += 1
-                except (CommitConflict, CommitFailed) as exc:
+                except (CommitConflict, CommitFailed, LeaseLost) as exc:
                     log.warning("abandoning run %s failed (%s); trying again next sweep", run, type(exc).__name__)
         return done
 

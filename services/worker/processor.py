@@ -108,7 +108,10 @@ class BatchResult:
     # the same events by the format of their run (None: not decided yet), for the metrics' label
     events_by_format: dict[str | None, list[dict[str, Any]]] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
-    latencies_ms: list[int] = field(default_factory=list)
+    # stream ids of the processed entries (not abandon markers) and when the batch was settled: the
+    # metrics sample their latency (`latencies_ms`) instead of paying for every entry's
+    processed_ids: list[str] = field(default_factory=list)
+    settled_ms: int = 0
     redactions: dict[str, int] = field(default_factory=dict)  # rule -> replacements
 
     def count(self, outcome: str, reason: str | None = None) -> None:
@@ -125,9 +128,14 @@ class BatchResult:
         for fmt, events in other.events_by_format.items():
             self.events_by_format.setdefault(fmt, []).extend(events)
         self.records += other.records
-        self.latencies_ms += other.latencies_ms
+        self.processed_ids += other.processed_ids
+        self.settled_ms = max(self.settled_ms, other.settled_ms)
         for rule, n in other.redactions.items():
             self.redactions[rule] = self.redactions.get(rule, 0) + n
+
+    def latencies_ms(self, step: int = 1) -> list[int]:
+        """Redis clock at the entry's append -> settled, for every `step`-th processed entry."""
+        return [self.settled_ms - stream_id_ms(sid) for sid in self.processed_ids[::step]]
 
 
 @dataclass
@@ -155,8 +163,10 @@ class _Batch:
 
 
 class BatchProcessor:
-    def __init__(self, settings: Settings, client: Any) -> None:
+    def __init__(self, settings: Settings, client: Any, lease_owner: str | None = None) -> None:
         self.settings = settings
+        # With shard leases (services/worker/leases.py) every commit is fenced by the shard's lease.
+        self.lease_owner = lease_owner
         self.layout = settings.layout
         self.client = client
         self.committer = Committer(client)
@@ -285,7 +295,8 @@ class BatchProcessor:
     def _settle(self, batch: _Batch, computed: dict[str, RunResult]) -> BatchResult:
         """After a successful commit: cache the sequencers, tally the result."""
         result = batch.result
-        now_ms = time.time_ns() // 1_000_000
+        result.settled_ms = time.time_ns() // 1_000_000
+        processed_ids = result.processed_ids
         cache = self._cache
         for run, rr in computed.items():
             if rr.sequencer.ended:
@@ -303,7 +314,7 @@ class BatchProcessor:
             for d in outcome.dispositions:
                 result.count(d.outcome, d.reason)
                 if d.outcome == PROCESSED and d.entry.kind != ABANDON:
-                    result.latencies_ms.append(now_ms - stream_id_ms(d.entry.sid))
+                    processed_ids.append(d.entry.sid)
         while len(cache) > self._cache_size:
             cache.popitem(last=False)
         return result
@@ -423,26 +434,30 @@ class BatchProcessor:
         shard = batch.shard
         commit = Commit(layout.raw_stream(shard), self.settings.group, layout.active_runs(shard), self.ttl_ms,
                         acks=batch.acks, outputs=list(batch.dead))
+        if self.lease_owner is not None:
+            commit.lease, commit.owner = layout.shard_lease(shard), self.lease_owner
+        # With thousands of active runs a batch carries one line of many runs: what is the same
+        # for all of them is worked out once per batch, not once per run.
+        all_events, runs_topic = layout.events_partition(shard), layout.runs_partition(shard)
+        dumps = orjson.dumps
         for run, rr in computed.items():
             if run in batch.control:  # only with the run it applies to: replay applies what the log says
                 commit.outputs.append(batch.control[run])
             sequencer = rr.sequencer
             commit.runs.append(RunWrite(layout.run_state(run), rr.version,
-                                        orjson.dumps(sequencer.to_state(include_held=False)), sequencer.ended, run,
+                                        dumps(sequencer.to_state(include_held=False)), sequencer.ended, run,
                                         rr.last_ms, rr.held))
-            self._outputs(commit.outputs, rr.outcome, shard)
+            self._outputs(commit.outputs, rr.outcome, shard, all_events, runs_topic)
         return commit
 
-    def _outputs(self, outputs: list[Output], outcome: Outcome, shard: int) -> None:
+    def _outputs(self, outputs: list[Output], outcome: Outcome, shard: int, all_events: str,
+                 runs_topic: str) -> None:
         dumps = orjson.dumps
-        layout = self.layout
-        all_events = layout.events_partition(shard)
         for event in outcome.events:
             etype = event["type"]
             fields = (b"eventId", event["eventId"], b"runId", event["runId"], b"seq", str(event["seq"]),
                       b"type", etype, b"data", dumps(event))
             outputs.append(Output((all_events, self._type_partition(etype, shard)), fields))
-        runs_topic = layout.runs_partition(shard)
         for record in outcome.records:
             outputs.append(Output((runs_topic,), (b"recordId", record["recordId"], b"runId", record["runId"],
                                                   b"seq", str(record["seq"]), b"state", record["state"],

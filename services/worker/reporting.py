@@ -26,7 +26,6 @@ def record_result(metrics: Metrics | None, result: BatchResult, seconds: float, 
         metrics.redactions(rule, n)
     # A uniform sample of each batch's entries estimates the latency distribution as well as all
     # of them would, at a fraction of the cost (entry counts are in the raw-entries counter).
-    latencies = result.latencies_ms
-    step = max(1, len(latencies) // LATENCY_SAMPLES_PER_BATCH)
-    for ms in latencies[::step]:
+    step = max(1, len(result.processed_ids) // LATENCY_SAMPLES_PER_BATCH)
+    for ms in result.latencies_ms(step):
         metrics.observe_latency(ms / 1000.0)
