@@ -13,16 +13,23 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-# 1. pinned runtime dependencies (binary wheels only: no compiler needed or installed)
+# 1. pinned runtime dependencies (binary wheels only)
 COPY requirements.lock ./
 RUN pip install --no-cache-dir --only-binary=:all: -r requirements.lock
-# 2. the project itself, as a wheel built here, installed without touching the pinned deps
-COPY pyproject.toml README.m[d] ./
+# 2. a C compiler, in this stage only: the wheel below compiles the pure core with mypyc
+#    (setup.py, services/native.py); the runtime stage gets the built modules, not the compiler
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+# 3. the project itself, as a wheel built here, installed without touching the pinned deps;
+#    the build must have compiled the core (an image runs it compiled or not at all)
+COPY pyproject.toml setup.py README.m[d] ./
 COPY contracts ./contracts
 COPY services ./services
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
  && pip install --no-cache-dir --no-deps /wheels/*.whl \
  && pip check \
+ && cd / && python -c "from services.native import core_kind; k = core_kind(); assert k == 'compiled', k" \
  && goose-ingest --help >/dev/null
 
 ############################ runtime ############################

@@ -38,6 +38,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from services.native import core_kind  # noqa: E402
 from services.normalizer import FORMATS, RunNormalizer  # noqa: E402
 from services.normalizer.timefmt import format_ms  # noqa: E402
 from tests.fixtures import SHARED, transcript_lines  # noqa: E402
@@ -199,7 +200,8 @@ def main() -> None:
                 t0 = time.process_time()
                 n = fn(corpora[fmt])
                 rates[(fmt, name)].append(n / (time.process_time() - t0))
-    print(f"lines per format and round: ~{args.lines}, rounds: {args.rounds} (medians, lines per CPU second)")
+    print(f"lines per format and round: ~{args.lines}, rounds: {args.rounds} (medians, lines per CPU second); "
+          f"core: {core_kind()} (GOOSE_INGEST_PURE_PYTHON=1: the Python one)")
     print(f"{'format':<12} {'floor':>11} {'I/O floor':>11} {'map floor':>11} {'lines()':>11} {'line()':>11} "
           f"{'ratio lines()':>14} {'ratio line()':>13} {'lines() / I/O':>14} {'map floor ratio':>16}")
     for fmt in formats:

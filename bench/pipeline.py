@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from services.broker.embedded import start_redis  # noqa: E402
 from services.broker.keys import shard_of  # noqa: E402
+from services.native import core_kind  # noqa: E402
 from services.normalizer import Limits  # noqa: E402
 from services.sequencer.entries import Entry  # noqa: E402
 from services.sequencer.run import RunSequencer  # noqa: E402
@@ -578,6 +579,7 @@ def main() -> int:
         info = client.info("server")
         print(f"redis {info['redis_version']} at {'private ' + url if server else 'REDIS_URL'}; cpus: {os.cpu_count()}; "
               f"python {sys.version.split()[0]}; load average {os.getloadavg()[0]:.2f}; worker logs in {logdir}")
+        print(f"workers' core: {core_kind()} (GOOSE_INGEST_PURE_PYTHON=1: the Python one)")
         if not args.skip_throughput:
             items, runs = schedule(transcripts, args.lines, args.concurrent, "tp")
             nlines = sum(1 for it in items if it.line is not None)

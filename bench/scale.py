@@ -359,6 +359,9 @@ def main() -> None:
             server.close()
     if not points:
         return
+    from services.native import core_kind
+
+    print(f"workers' core: {core_kind()} (GOOSE_INGEST_PURE_PYTHON=1: the Python one)")
     print(f"{'sweep':<12} {'x':>7} {'lines':>7} {'lines/s':>9} {'ratio':>6} {'RSS MiB':>8} {'Redis B/run':>11}")
     first: dict[str, float] = {}
     for p in points:

@@ -74,7 +74,10 @@ class _VersionAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        parser._print_message(f"{PROG} {_version()}\n", sys.stdout)
+        from services.native import core_kind
+
+        # The core's kind too: "compiled" where the install built it (setup.py), else "pure".
+        parser._print_message(f"{PROG} {_version()} (core: {core_kind()})\n", sys.stdout)
         parser.exit()
 
 

@@ -105,7 +105,15 @@ def test_builder_installs_locked_deps_then_the_wheel():
     runs = " ".join(args_of(builder, "RUN"))
     assert "-r requirements.lock" in runs
     assert "pip wheel" in runs and "--no-deps" in runs and "--no-cache-dir" in runs
-    assert not re.search(r"\b(gcc|build-essential)\b", runs)
+    # The builder compiles the core (a C compiler, nothing more) and fails unless it did.
+    assert not re.search(r"\bbuild-essential\b", runs)
+    assert "apt-get install -y --no-install-recommends gcc libc6-dev" in runs
+    assert "core_kind()" in runs and "'compiled'" in runs
+
+
+def test_a_core_compiled_in_the_work_tree_is_not_sent_to_the_image():
+    assert ignored("services/normalizer/shell.cpython-311-x86_64-linux-gnu.so")
+    assert ignored("goose_ingest_core__mypyc.cpython-311-x86_64-linux-gnu.so")
 
 
 def dockerignore_patterns() -> list[str]:

@@ -258,7 +258,10 @@ def test_every_command_has_a_description_in_help(command):
 
 def test_version():
     out = goose_ingest("--version", env=clean_env())
-    assert out.returncode == 0 and out.stdout.strip() == f"goose-ingest {metadata.version('goose-ingest')}"
+    from services.native import core_kind
+
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"goose-ingest {metadata.version('goose-ingest')} (core: {core_kind()})"
 
 
 def test_readme_and_backfill_doc_name_what_exists():

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts import run_record_adapter
+from services.native import PURE_ENV
 from services.sequencer import Entry, RunSequencer, plan_abandon
 from services.sequencer.run import BUFFERED, DEAD, DUPLICATE, PROCESSED
 from tests.fixtures import TRANSCRIPTS, transcript_lines
+from tests.pipeline_helpers import REPO
 
 LINES = transcript_lines(TRANSCRIPTS[0])
 
@@ -278,18 +284,19 @@ def test_accept_many_gives_what_one_accept_per_entry_gives(rnd, t, redact, disor
         assert fast.take_held_changes() == ref.take_held_changes()
 
 
-def test_accept_many_emits_a_completed_record_at_the_line_that_completes_a_turn(monkeypatch):
-    """A usage in the middle of a batch: the `completed` record carries that line's seq and the
-    counts of that moment, as with one accept per line (the batch path checks between lines);
-    the whole in-order batch is one normalizer call."""
+def _two_turns() -> list[Entry]:
     turn = transcript_lines(TRANSCRIPTS[1])
     lines = turn + turn  # two turns: the first completion is in the middle of the batch
-    entries = [Entry("r", i, 1000 + i, LINE, "stdout", text, None, None, None, f"{i}-0")
-               for i, text in enumerate(lines)]
-    ref, fast = RunSequencer("r"), RunSequencer("r")
-    ref.accept(entries[0])
+    return [Entry("r", i, 1000 + i, LINE, "stdout", text, None, None, None, f"{i}-0") for i, text in enumerate(lines)]
+
+
+def normalizer_calls_of_one_accept_many() -> int:
+    """How many times `accept_many` over `_two_turns` calls `RunNormalizer.lines`. Counted by
+    replacing the method, which only the Python core sees (compiled code calls it directly), so
+    the test asks a Python-core process."""
+    entries = _two_turns()
+    fast = RunSequencer("r")
     fast.accept(entries[0])
-    want = feed(ref, entries[1:])
     calls = []
     real = RunNormalizer.lines
 
@@ -297,10 +304,30 @@ def test_accept_many_emits_a_completed_record_at_the_line_that_completes_a_turn(
         calls.append(1)
         return real(self, batch)
 
-    monkeypatch.setattr(RunNormalizer, "lines", spy)
+    RunNormalizer.lines = spy
+    try:
+        fast.accept_many(entries[1:])
+    finally:
+        RunNormalizer.lines = real
+    return len(calls)
+
+
+def test_accept_many_emits_a_completed_record_at_the_line_that_completes_a_turn():
+    """A usage in the middle of a batch: the `completed` record carries that line's seq and the
+    counts of that moment, as with one accept per line (the batch path checks between lines);
+    the whole in-order batch is one normalizer call."""
+    entries = _two_turns()
+    turn_lines = len(entries) // 2
+    ref, fast = RunSequencer("r"), RunSequencer("r")
+    ref.accept(entries[0])
+    fast.accept(entries[0])
+    want = feed(ref, entries[1:])
     out = fast.accept_many(entries[1:])
-    assert len(calls) == 1
+    code = "from tests.test_sequencer import normalizer_calls_of_one_accept_many as n; print(n())"
+    calls = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                           env={**os.environ, PURE_ENV: "1"})
+    assert calls.stdout.split() == ["1"]
     completed = [r for r in out.records if r["state"] == COMPLETED]
-    assert [r["seq"] for r in completed][:1] == [len(turn) - 1]
+    assert [r["seq"] for r in completed][:1] == [turn_lines - 1]
     assert out.events == want[0] and out.records == want[1]
     assert [(d.entry.seq, d.outcome) for d in out.dispositions] == [(d[0], d[1]) for d in want[2]]

@@ -121,8 +121,8 @@ def _assistant(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec:
         # C-B7: a synthetic record reporting an API failure; its text is not the agent's.
         norm.flush(out, ts_ms)
         texts = [b["text"] for b in content if type(b) is dict and b.get("type") == "text" and nonempty_str(b.get("text"))]
-        text = "\n".join(texts) if texts else f"claude code reported an API error: {api_error}"
-        norm.error(out, ts_ms, text, api_error, seq)
+        error_text = "\n".join(texts) if texts else f"claude code reported an API error: {api_error}"
+        norm.error(out, ts_ms, error_text, api_error, seq)
     for block in content:
         btype = block.get("type") if type(block) is dict else None
         if btype == "text":

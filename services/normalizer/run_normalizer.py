@@ -293,7 +293,7 @@ class RunNormalizer:
             if format_label in FORMATS:
                 self.set_format(format_label)
                 return out
-            self._emit(out, ts, "warning", {"message": f"unknown format label: {format_label}", "code": "format"}, seq, seq)
+            self.emit(out, ts, "warning", {"message": f"unknown format label: {format_label}", "code": "format"}, seq, seq)
         fmt = format_from_agent(agent_label)
         if fmt is not None:
             self.set_format(fmt)
@@ -314,12 +314,15 @@ class RunNormalizer:
         """
         out: list[Event] = []
         rest = iter(entries)
-        if self._rules is None:
+        rules = self._rules
+        if rules is None:
+            # Tested on a local, not on the attribute: a type checker (and the compiled code,
+            # which enforces its types) would take the attribute as still None after `_line`.
             for seq, ts_ms, text, stream in rest:
                 self._line(out, seq, ts_ms, text, stream)
-                if self._rules is not None:
+                rules = self._rules
+                if rules is not None:
                     break
-        rules = self._rules
         if rules is not None:
             rules.batch(self, out, rest)
         return out
@@ -329,7 +332,7 @@ class RunNormalizer:
         if stream == "stderr":
             text = text.strip()
             if text:
-                self._emit(out, ts_ms, "warning", {"message": text}, seq, seq)
+                self.emit(out, ts_ms, "warning", {"message": text}, seq, seq)
             return
         try:
             # orjson skips surrounding whitespace itself; stripping is only needed on failure.
@@ -344,7 +347,7 @@ class RunNormalizer:
                     pass
             if record is _NOT_JSON:
                 if stripped:
-                    self._emit(out, ts_ms, "warning", {"message": stripped}, seq, seq)
+                    self.emit(out, ts_ms, "warning", {"message": stripped}, seq, seq)
                 return
         rules = self._rules
         if rules is not None and type(record) is dict:
@@ -353,7 +356,8 @@ class RunNormalizer:
             self.parsed(out, seq, ts_ms, record)
 
     # For format modules' batch loops: the reference path of one line, and the current line's text.
-    line_into = _line
+    def line_into(self, out: list[Event], seq: int, ts_ms: int, text: str, stream: str) -> None:
+        self._line(out, seq, ts_ms, text, stream)
 
     def set_text(self, text: str) -> None:
         self._text = text
@@ -379,13 +383,13 @@ class RunNormalizer:
         self.drain(out, ts_ms)
         if exit_code is not None and exit_code != 0:
             product = self._rules.product if self._rules is not None else GOOSE
-            self._emit(out, ts_ms, "error", {"message": f"{product} exited with code {exit_code}"}, seq, seq)
+            self.emit(out, ts_ms, "error", {"message": f"{product} exited with code {exit_code}"}, seq, seq)
         return out
 
     def warn(self, seq: int, ts_ms: int, message: str, code: str, lines: tuple[int, int]) -> list[Event]:
         """A warning of the service itself (e.g. raw entries that never arrived); does not flush."""
         out: list[Event] = []
-        self._emit(out, ts_ms, "warning", {"message": message, "code": code}, lines[0], lines[1])
+        self.emit(out, ts_ms, "warning", {"message": message, "code": code}, lines[0], lines[1])
         return out
 
     # ------------------------------------------------------------------- spans
@@ -413,7 +417,7 @@ class RunNormalizer:
         fields: dict[str, Any] = {"message": span[2]}
         if span[5]:
             fields["truncated"] = True
-        self._emit(out, ts_ms, span[0], fields, span[3], span[4])
+        self.emit(out, ts_ms, span[0], fields, span[3], span[4])
 
     def whole_text(self, out: list[Event], ts_ms: int, kind: str, text: str, seq: int) -> None:
         """An agent/reasoning text that arrives whole (no span), under the same cap."""
@@ -421,7 +425,7 @@ class RunNormalizer:
         cap = self.limits.max_span_chars
         if len(text) > cap:
             fields = {"message": text[:cap], "truncated": True}
-        self._emit(out, ts_ms, kind, fields, seq, seq)
+        self.emit(out, ts_ms, kind, fields, seq, seq)
 
     # ------------------------------------------------------------------ tools
     def add_call(self, out: list[Event], ts_ms: int, call: list[Any]) -> None:
@@ -472,11 +476,11 @@ class RunNormalizer:
         ``kinds`` None: unmapped, one ``unknown{raw}`` with the extras; ``[]``: consumed.
         """
         if kinds is None:
-            self._emit(out, ts_ms, "unknown", {"raw": raw, **tail}, first, last)
+            self.emit(out, ts_ms, "unknown", {"raw": raw, **tail}, first, last)
             return
         for kind in kinds:
             etype = kind["type"]
-            event = self._emit(out, ts_ms, etype, kind, first, last)
+            event = self.emit(out, ts_ms, etype, kind, first, last)
             if etype == "command" and is_int(exit_code):
                 event["exitCode"] = exit_code
             if success is not None:
@@ -489,7 +493,7 @@ class RunNormalizer:
         fields: dict[str, Any] = {"message": message}
         if code is not None:
             fields["code"] = code
-        self._emit(out, ts_ms, "error", fields, seq, seq)
+        self.emit(out, ts_ms, "error", fields, seq, seq)
         errors = self.errors
         if message not in errors:
             errors.append(message)
@@ -524,7 +528,7 @@ class RunNormalizer:
             fields["tool"] = tool
         if type(call_id) is str:
             fields["toolCallId"] = call_id
-        self._emit(out, ts_ms, "unknown", fields, first, last)
+        self.emit(out, ts_ms, "unknown", fields, first, last)
 
     def _too_deep(self, value: Any) -> bool:
         """Is a value of the current line nested deeper than MAX_JSON_DEPTH? Counting the line's
@@ -537,7 +541,7 @@ class RunNormalizer:
             self._bracket_heavy = text.count("[") + text.count("{") > MAX_JSON_DEPTH
         return self._bracket_heavy and json_depth(value) > MAX_JSON_DEPTH
 
-    def _emit(self, out: list[Event], ts_ms: int, etype: str, fields: Mapping[str, Any], first: int, last: int) -> Event:
+    def emit(self, out: list[Event], ts_ms: int, etype: str, fields: Mapping[str, Any], first: int, last: int) -> Event:
         """Append the next event, counted, and return it: the envelope (contract section 2)
         then the kind's fields, built as one dict display (a "type" among the fields lands on
         the envelope's, same value, same place). The caller may add fields after these."""
@@ -572,8 +576,6 @@ class RunNormalizer:
             }
         out.append(event)
         return event
-
-    emit = _emit
 
     def counts_by_type(self) -> dict[str, int]:
         return {t: self.counts.get(t, 0) for t in EVENT_TYPES}

@@ -873,7 +873,7 @@ def shell_kinds(command: str) -> tuple[Mapping[str, Any], ...] | None:
         return None
 
 
-def classify_shell(command: str) -> list[dict[str, Any]] | None:
+def classify_shell(command: object) -> list[dict[str, Any]] | None:
     """None: the command is a plain `command` event (caller emits it with the original untouched string).
     Otherwise a non-empty list of file-operation dicts, in order, each one of:
       {"type": "read", "path": str, "startLine"?: int, "endLine"?: int}

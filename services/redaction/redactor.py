@@ -49,7 +49,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 from .rules import (
     BUILTIN_RULE_NAMES,
@@ -234,7 +234,9 @@ class _Frame:
         self.out[key] = value
 
 
-_DONE: tuple[Any, Any] = (None, None)  # the end of a frame's items (compared by identity)
+# The end of a frame's items, compared by identity: an object, not a tuple (compiled code keeps
+# tuples unboxed, so a tuple sentinel would never be identical to itself).
+_DONE: Any = object()
 
 
 class _Walk:
@@ -594,7 +596,7 @@ class Redactor:
         result: Any = root
         while stack:
             f = stack[-1]
-            item = next(f.items, _DONE)
+            item: Any = next(f.items, _DONE)
             if item is _DONE:
                 stack.pop()
                 if f.is_dict:
@@ -771,7 +773,7 @@ class SecretFieldTracker:
     log.
     """
 
-    VERSION = 1
+    VERSION: ClassVar[int] = 1
 
     def __init__(self) -> None:
         self._fields: dict[str, tuple[str, ...]] = {}  # elicitation id -> secret field names

@@ -203,7 +203,12 @@ class RunSequencer:
         if st.get("v") != STATE_VERSION:
             raise ValueError(f"run state version {st.get('v')!r} is not {STATE_VERSION}")
         self = cls(st["run"], limits, max_buffered, redactor, max_held_bytes)
-        self.norm = RunNormalizer.from_state(st["norm"], limits)
+        self._load(st, held)
+        return self
+
+    def _load(self, st: dict[str, Any], held: dict[int, Entry] | None) -> None:
+        """Every attribute a state carries, from a state (``from_state``, ``_restore``)."""
+        self.norm = RunNormalizer.from_state(st["norm"], self.limits)
         self.next = st["next"]
         if st.get("buffer") is not None:
             self.buffer = {e[1]: Entry.from_list(e) for e in st["buffer"]}
@@ -222,11 +227,11 @@ class RunSequencer:
         self.agent = st["agent"]
         self.parent = st.get("parent")
         self.continues = st.get("continues")
+        self.secrets = None
         if st.get("secrets") is not None:
             from services.redaction import SecretFieldTracker
 
             self.secrets = SecretFieldTracker.from_dict(st["secrets"])
-        return self
 
     def take_held_changes(self) -> HeldChanges:
         """Held entries added/removed since the last call (or since the state was loaded)."""
@@ -482,11 +487,7 @@ class RunSequencer:
 
     def _restore(self, snapshot: tuple[bytes, dict[int, Entry], dict[int, Entry], set[int]]) -> None:
         state, buffer, added, removed = snapshot
-        again = RunSequencer.from_state(orjson.loads(state), self.limits, self.max_buffered, self.redactor,
-                                        self.max_held_bytes, held=buffer)
-        guarded = self.guarded
-        self.__dict__.update(again.__dict__)
-        self.guarded = guarded
+        self._load(orjson.loads(state), buffer)
         self._held_added, self._held_removed = added, removed
 
     def _adopt_labels(self, entry: Entry) -> None:
