@@ -151,7 +151,7 @@ def worker_run(settings: Settings, lines: int, log: Path) -> dict[str, float]:
     publish(s, runs)
     gate_groups(s, "$")  # after publishing: on an empty stream `$` is 0-0 and would let everything through
     total_lines = sum(len(v) for v in runs.values())
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GOOSE_INGEST_")}
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GOOSE_INGEST_") or k == "GOOSE_INGEST_PURE_PYTHON"}
     env.update({"GOOSE_INGEST_REDIS_URL": s.redis_url or "", "GOOSE_INGEST_NAMESPACE": ns,
                 "GOOSE_INGEST_SHARDS": str(s.shards), "GOOSE_INGEST_METRICS_PORT": "0",
                 "GOOSE_INGEST_BATCH_SIZE": str(BATCH)})
@@ -245,7 +245,7 @@ def memory(settings: Settings, log: Path) -> dict[str, float]:
     used1 = sum(int(c.info("memory")["used_memory"]) for c in clients)
     raw_lines = sum(len(v) for v in half.values())
     raw_bytes = sum(len(line) for v in half.values() for line in v)
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GOOSE_INGEST_")}
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GOOSE_INGEST_") or k == "GOOSE_INGEST_PURE_PYTHON"}
     env.update({"GOOSE_INGEST_REDIS_URL": s.redis_url or "", "GOOSE_INGEST_NAMESPACE": ns,
                 "GOOSE_INGEST_SHARDS": str(s.shards), "GOOSE_INGEST_METRICS_PORT": "0"})
     if s.redis_cluster:

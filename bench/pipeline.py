@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from services.broker.embedded import start_redis  # noqa: E402
 from services.broker.keys import shard_of  # noqa: E402
-from services.native import core_kind  # noqa: E402
+from services.native import PURE_ENV, core_kind  # noqa: E402
 from services.normalizer import Limits  # noqa: E402
 from services.sequencer.entries import Entry  # noqa: E402
 from services.sequencer.run import RunSequencer  # noqa: E402
@@ -259,7 +259,7 @@ class Workers:
 
     def env(self) -> dict:
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith("GOOSE_INGEST_") or k in ("GOOSE_INGEST_SHARED", "GOOSE_INGEST_REDIS_SERVER")}
+               if not k.startswith("GOOSE_INGEST_") or k in ("GOOSE_INGEST_SHARED", "GOOSE_INGEST_REDIS_SERVER", PURE_ENV)}
         env.update({
             "GOOSE_INGEST_REDIS_URL": self.url,
             "GOOSE_INGEST_NAMESPACE": self.namespace,
@@ -311,6 +311,26 @@ class Workers:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"workers not ready within {timeout}s")
             time.sleep(0.05)
+        self.wait_balanced(deadline)
+
+    def wait_balanced(self, deadline: float) -> None:
+        """Until every shard is leased and the leases are spread over min(workers, shards) workers.
+        A worker that joins takes its share only when another gives one back, up to a lease round
+        later: a measurement started before would time that handover (seconds), not the workers."""
+        layout = Settings(redis_url=self.url, namespace=self.namespace, shards=SHARDS).layout
+        keys = [layout.shard_lease(shard) for shard in range(SHARDS)]
+        client = redis.Redis.from_url(self.url)
+        try:
+            while True:
+                owners = client.mget(keys)
+                if all(owners) and len(set(owners)) == min(self.n, SHARDS):
+                    return
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"shard leases not spread over the workers in time: {owners}")
+                time.sleep(0.05)
+        finally:
+            client.close()
 
     def stop(self) -> None:
         for p in self.procs:
