@@ -49,9 +49,14 @@ _ROOT = Path(__file__).resolve().parent.parent
 _MTIME_SLACK_S = 2.0
 
 
+def _source(name: str) -> str:
+    """A core module's ``.py`` file, relative to the project root (or site-packages)."""
+    return name.replace(".", "/") + ".py"
+
+
 def source_paths() -> list[str]:
-    """The ``.py`` files that are compiled, relative to the project root (for ``setup.py``)."""
-    return [name.replace(".", "/") + ".py" for name in COMPILED_MODULES]
+    """The ``.py`` files that are compiled (for ``setup.py``)."""
+    return [_source(name) for name in COMPILED_MODULES]
 
 
 def pure_requested() -> bool:
@@ -64,8 +69,7 @@ class _SourceFirst:
     def find_spec(self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if name not in COMPILED_MODULES:
             return None
-        source = _ROOT / (name.replace(".", "/") + ".py")
-        return importlib.util.spec_from_file_location(name, source)
+        return importlib.util.spec_from_file_location(name, _ROOT / _source(name))
 
 
 def use_pure_python() -> None:
@@ -90,7 +94,7 @@ def stale_modules(root: Path = _ROOT) -> list[str]:
     stale = []
     for name in COMPILED_MODULES:
         try:
-            if (root / (name.replace(".", "/") + ".py")).stat().st_mtime > built_at + _MTIME_SLACK_S:
+            if (root / _source(name)).stat().st_mtime > built_at + _MTIME_SLACK_S:
                 stale.append(name)
         except OSError:
             pass
@@ -106,7 +110,7 @@ def choose_core() -> None:
     stale = stale_modules()
     if stale:
         use_pure_python()
-        print(f"goose-ingest: the compiled core is older than {stale[0].replace('.', '/')}.py; running the "
+        print(f"goose-ingest: the compiled core is older than {_source(stale[0])}; running the "
               f"Python core (reinstall to rebuild it: pip install -e .)", file=sys.stderr)
 
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.sequencer import Entry, EntryError, parse_fields
+from contracts.raw import INVALID_ENTRY, OVERSIZE
+from services.sequencer import Entry, EntryError, Rejected, parse_batch, parse_fields
 from services.sequencer.entries import MAX_SEQ
 from tests.pipeline_helpers import REPO
 
@@ -189,3 +190,35 @@ def test_memoized_labels_equal_the_reference_decoding(raws):
         except EntryError as exc:
             got = ("error", str(exc))
         assert got == want
+
+
+def _one_by_one(sids, fields, max_bytes):
+    """What `parse_batch` must give: the size cap, then `parse_fields`, entry by entry."""
+    out = []
+    for sid, fmap in zip(sids, fields, strict=True):
+        size = sum(map(len, fmap.values())) + sum(map(len, fmap))
+        if size > max_bytes:
+            out.append(Rejected(OVERSIZE, f"{size} bytes > {max_bytes}"))
+            continue
+        try:
+            out.append(parse_fields(fmap, sid))
+        except EntryError as exc:
+            known = exc.run is not None and exc.seq is not None
+            out.append(Rejected(INVALID_ENTRY, str(exc), exc.run if known else None, exc.seq if known else None))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(FIELD_NAMES), st.sampled_from(POISON_VALUES) | st.binary(max_size=40),
+                                max_size=10) | entries().map(lambda e: e.to_fields()), max_size=20),
+       st.sampled_from([10, 200, 1_000_000]))
+def test_a_batch_parses_as_its_entries_one_by_one(fields, max_bytes):
+    sids = [f"1700000000000-{i}" for i in range(len(fields))]
+    assert parse_batch(sids, fields, max_bytes) == _one_by_one(sids, fields, max_bytes)
+
+
+def test_a_batch_with_values_of_the_wrong_type_rejects_them_and_keeps_the_rest():
+    good = {b"run": b"r/1", b"seq": b"0", b"line": b"x"}
+    got = parse_batch(["1-0", "1-1", "1-2"], [good, {b"run": 5, b"seq": None}, good], 1000)
+    assert got[0] == parse_fields(good, "1-0") and got[2] == parse_fields(good, "1-2")
+    assert type(got[1]) is Rejected and got[1].reason == INVALID_ENTRY and got[1].detail.startswith(("unparseable", "'"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -186,3 +187,23 @@ def test_redaction_gives_the_same_bytes_compiled_and_as_python(reference, events
     case = {"events": events, "secret_values": secret_values, "texts": texts}
     ours, theirs = reference("redact", case)
     assert ours == theirs
+
+
+def test_without_a_c_compiler_the_build_keeps_the_python_core(tmp_path: Path):
+    """The install must not fail where no compiler works: it keeps the Python modules (no partial
+    build: every compiled module needs the group's library) and says so in one line."""
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, tmp_path / name)
+    for package in ("services", "contracts"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != native.PURE_ENV}
+    out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tmp_path,
+                         env={**env, "CC": "/bin/false"}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [ln for ln in out.stderr.splitlines() if ln.startswith("goose-ingest:")] == [
+        "goose-ingest: building the pure-Python core only (CompileError: command '/bin/false' failed with exit code 1); "
+        "everything works, slower"]
+    assert list(tmp_path.rglob("*.so")) == []
+    kind = subprocess.run([sys.executable, "-c", "from services.native import core_kind; print(core_kind())"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert kind.stdout.split() == ["pure"]

@@ -603,3 +603,15 @@ def plan_abandon(sequencer: RunSequencer) -> tuple[int, list[list[int]]]:
 
 def missing_ranges(ranges: list[list[int]]) -> tuple[SeqRange, ...]:
     return tuple((a, b) for a, b in ranges)
+
+
+def tally(dispositions: list[Disposition], outcomes: dict[str, int], dead: dict[str, int], processed: list[str]) -> None:
+    """Adds a run's dispositions to a batch's counts: entries by outcome, dead letters by reason,
+    and the stream ids of the entries processed (abandon markers aside, they are not the run's
+    activity). One call a run, so the loop over entries runs in the core."""
+    for d in dispositions:
+        outcomes[d.outcome] = outcomes.get(d.outcome, 0) + 1
+        if d.reason is not None:
+            dead[d.reason] = dead.get(d.reason, 0) + 1
+        if d.outcome == PROCESSED and d.entry.kind != ABANDON:
+            processed.append(d.entry.sid)

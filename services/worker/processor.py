@@ -37,19 +37,19 @@ from contracts.raw import (
     MAX_DELIVERIES,
     OUT_OF_WINDOW,
     OVERSIZE,
-    PROCESSED,
     PROCESSING_ERROR,
     stream_id_ms,
 )
 from services.normalizer import Limits
 from services.sequencer import (
     Entry,
-    EntryError,
     HeldChanges,
     Outcome,
+    Rejected,
     RunSequencer,
     entry_identity,
-    parse_fields,
+    parse_batch,
+    tally,
 )
 from services.settings import Settings
 from services.worker.commit import (
@@ -115,6 +115,7 @@ class BatchResult:
     redactions: dict[str, int] = field(default_factory=dict)  # rule -> replacements
 
     def count(self, outcome: str, reason: str | None = None) -> None:
+        """One entry's outcome (the batch's dispositions are added by ``tally``, the same rule)."""
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         if reason is not None:
             self.dead[reason] = self.dead.get(reason, 0) + 1
@@ -230,33 +231,30 @@ class BatchProcessor:
     def _validate(self, shard: int, sids: list[str], fields: Sequence[dict[bytes, bytes]],
                   deliveries: dict[str, int] | None) -> _Batch:
         batch = _Batch(shard, acks=list(sids))
-        max_bytes = self.settings.max_line_bytes
         max_deliveries = self.settings.max_deliveries
         cluster = self.layout.cluster
-        for sid, fmap in zip(sids, fields, strict=True):
-            try:
-                if deliveries is not None and deliveries.get(sid, 0) > max_deliveries:
-                    self._dead_raw(batch, sid, fmap, MAX_DELIVERIES, f"delivered {deliveries[sid]} times", lost=True)
-                    continue
-                size = sum(map(len, fmap.values())) + sum(map(len, fmap))
-                if size > max_bytes:
-                    self._dead_raw(batch, sid, fmap, OVERSIZE, f"{size} bytes > {max_bytes}", lost=True)
-                    continue
-                entry = parse_fields(fmap, sid)
-                if cluster and self.layout.shard_of(entry.run) != shard:
-                    # Its state lives in another slot: committing it here would be a cross-slot write.
-                    self._dead_raw(batch, sid, fmap, INVALID_ENTRY,
-                                   f"run belongs to shard {self.layout.shard_of(entry.run)}, not {shard}")
-                    continue
-            except EntryError as exc:
-                self._dead_raw(batch, sid, fmap, INVALID_ENTRY, str(exc))
-                if exc.run is not None and exc.seq is not None:
-                    self._lose(batch, exc.run, exc.seq, sid)
+        by_run = batch.by_run
+        parsed = parse_batch(sids, list(fields), self.settings.max_line_bytes)  # the per-entry loop, in the core
+        for sid, fmap, entry in zip(sids, fields, parsed, strict=True):
+            if deliveries is not None and deliveries.get(sid, 0) > max_deliveries:
+                self._dead_raw(batch, sid, fmap, MAX_DELIVERIES, f"delivered {deliveries[sid]} times", lost=True)
                 continue
-            except Exception as exc:  # validation is meant to be total; this is the last line of defence
-                self._dead_raw(batch, sid, fmap, INVALID_ENTRY, f"unparseable ({type(exc).__name__})")
+            if type(entry) is Rejected:
+                self._dead_raw(batch, sid, fmap, entry.reason, entry.detail, lost=entry.reason == OVERSIZE)
+                if entry.run is not None and entry.seq is not None:
+                    self._lose(batch, entry.run, entry.seq, sid)
                 continue
-            batch.by_run.setdefault(entry.run, []).append(entry)
+            assert type(entry) is Entry
+            if cluster and self.layout.shard_of(entry.run) != shard:
+                # Its state lives in another slot: committing it here would be a cross-slot write.
+                self._dead_raw(batch, sid, fmap, INVALID_ENTRY,
+                               f"run belongs to shard {self.layout.shard_of(entry.run)}, not {shard}")
+                continue
+            runs = by_run.get(entry.run)
+            if runs is None:
+                by_run[entry.run] = [entry]
+            else:
+                runs.append(entry)
         return batch
 
     def _lose(self, batch: _Batch, run: str, seq: int, sid: str) -> None:
@@ -311,10 +309,7 @@ class BatchProcessor:
             result.records.extend(outcome.records)
             for rule, n in outcome.redactions.items():
                 result.redactions[rule] = result.redactions.get(rule, 0) + n
-            for d in outcome.dispositions:
-                result.count(d.outcome, d.reason)
-                if d.outcome == PROCESSED and d.entry.kind != ABANDON:
-                    processed_ids.append(d.entry.sid)
+            tally(outcome.dispositions, result.outcomes, result.dead, processed_ids)
         while len(cache) > self._cache_size:
             cache.popitem(last=False)
         return result

@@ -19,7 +19,7 @@ import orjson
 
 from services.normalizer import Limits, RunNormalizer
 from services.redaction import Redactor
-from services.sequencer import EntryError, Outcome, RunSequencer, parse_fields
+from services.sequencer import Outcome, Rejected, RunSequencer, parse_batch
 from services.sequencer.entries import Entry
 
 T0 = 1_790_000_000_000
@@ -111,12 +111,13 @@ def sequence(case: dict[str, Any]) -> bytes:
         size = rnd.choice([1, 2, 5, 50, 500])
         chunk, pos = stream[pos:pos + size], pos + size
         entries: list[Entry] = []
-        for raw in chunk:
-            try:
-                entries.append(parse_fields(raw, f"{T0 + k}-0"))
-            except EntryError as exc:
-                report.append(["invalid", str(exc), exc.run, exc.seq])
-            k += 1
+        sids = [f"{T0 + k + i}-0" for i in range(len(chunk))]
+        k += len(chunk)
+        for parsed in parse_batch(sids, chunk, 1_000_000):
+            if isinstance(parsed, Rejected):
+                report.append(["rejected", *parsed])
+            else:
+                entries.append(parsed)
         if rnd.random() < 0.3:  # resume from stored state, as another worker would
             sequencer = RunSequencer.from_state(orjson.loads(orjson.dumps(sequencer.to_state())), redactor=redactor)
         out = Outcome()
