@@ -250,11 +250,7 @@ class BatchProcessor:
                 self._dead_raw(batch, sid, fmap, INVALID_ENTRY,
                                f"run belongs to shard {self.layout.shard_of(entry.run)}, not {shard}")
                 continue
-            runs = by_run.get(entry.run)
-            if runs is None:
-                by_run[entry.run] = [entry]
-            else:
-                runs.append(entry)
+            by_run.setdefault(entry.run, []).append(entry)
         return batch
 
     def _lose(self, batch: _Batch, run: str, seq: int, sid: str) -> None:
