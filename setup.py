@@ -62,7 +62,7 @@ def _extensions() -> list:
             opt_level="3",
             group_name=native["GROUP_NAME"],
         )
-    except BaseException as exc:  # mypyc reports type errors by exiting
+    except (Exception, SystemExit) as exc:  # mypyc reports type errors by exiting
         _warn(f"mypyc: {type(exc).__name__}")
         return []
 
