@@ -118,8 +118,10 @@ async def serve_worker(settings: Settings) -> int:
     from services.metrics import Metrics
     from services.metrics.server import check_bindable
     from services.worker.app import build_app
+    from services.worker.collector import tune_collector
 
     log = logging.getLogger("goose_ingest.worker")
+    tune_collector()
     # A second worker on the same host fails here, before it touches the broker (serve() checks again).
     check_bindable(settings.metrics_host, settings.metrics_port)
     await wait_for_broker(settings, log)
