@@ -23,8 +23,12 @@ ratio to the first point of the sweep, peak worker RSS (VmHWM, max over workers)
 per active run after processing (run states and the active-run index: MEMORY USAGE of a sample of
 state keys + the index, divided by runs).
 
-    python bench/scale.py [--lines 60000] [--sweep runs,size,workers] [--plot bench/results/scale.png]
-    python bench/scale.py --sweep cache,batch   # what one cached run costs; the per-run work of a batch
+Every sweep runs `--rounds` times (3), whole sweep after whole sweep, and a point's ratio is the
+median of its ratios to the sweep's first point measured in the same round: the machine's speed
+drifts by up to 2x between minutes, which a single pass carried into its ratios.
+
+    python bench/scale.py [--lines 60000] [--rounds 3] [--sweep runs,size,workers] [--plot bench/results/scale.png]
+    python bench/scale.py --sweep cache,batch,core   # what one cached run costs; the per-run work of a batch, and of the core
 
 Targets (issue 13): throughput at 10,000 active runs >= 0.8 of that at 100; worker RSS bounded by a
 setting (the run cache), not by the fleet; Redis memory per idle active run <= 4 KiB.
@@ -39,6 +43,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +52,7 @@ import urllib.request
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -159,8 +165,22 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
+# The workers' command line. `--gc-thresholds` runs them with other collector thresholds than the
+# worker's own policy (services/worker/collector.py), to compare them.
+WORKER_ARGV = ["-m", "services.cli", "worker"]
+
+
+def worker_argv(gc_thresholds: str | None) -> list[str]:
+    if not gc_thresholds:
+        return WORKER_ARGV
+    thresholds = tuple(int(t) for t in gc_thresholds.split(","))
+    prelude = (f"import sys; from services.worker import collector; collector.GC_THRESHOLDS = {thresholds!r}; "
+               "from services.cli import main; sys.exit(main())")
+    return ["-c", prelude, "worker"]
+
+
 def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, workers: int, log: Path,
-            profile: str | None = None, leases: bool = True) -> Point:
+            profile: str | None = None, leases: bool = True, argv: list[str] = WORKER_ARGV) -> Point:
     ns = f"scale{uuid.uuid4().hex[:6]}"
     settings = _settings(url, ns)
     client = redis.Redis.from_url(url)
@@ -178,7 +198,7 @@ def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, work
     # --profile: the first worker runs under cProfile (stats written when it is terminated)
     prof = [[sys.executable, "-m", "cProfile", "-o", f"{profile}.{sweep.replace(' ', '-')}-{x}"]
             if profile and i == 0 else [sys.executable] for i in range(workers)]
-    procs = [subprocess.Popen([*prof[i], "-m", "services.cli", "worker"], cwd=REPO,
+    procs = [subprocess.Popen([*prof[i], *argv], cwd=REPO,
                               env={**env, "GOOSE_INGEST_METRICS_PORT": str(p)},
                               stdout=log.open("ab"), stderr=subprocess.STDOUT) for i, p in enumerate(ports)]
     try:
@@ -269,22 +289,51 @@ def cache_costs(counts: tuple[int, ...] = (4_096, 16_384)) -> None:
 def batch_costs(url: str, spreads: tuple[int, ...] = (25, 500), batches: int = 22) -> None:
     """The batch processor in process (no FastStream), on the private Redis: µs per line of
     `BatchProcessor.process` for batches of 500 lines spread over 25 runs (20 lines of each run)
-    or over 500 runs (one line each). The difference is the per-run work of a batch."""
+    or over 500 runs (one line each), under the worker's collector policy. The difference is the
+    per-run work of a batch. Each step of `process` is timed too (wrapped on the instance)."""
     import asyncio
+    import gc
 
     from services.broker.connect import async_client
     from services.broker.groups import ensure_groups
+    from services.worker.collector import GC_THRESHOLDS
     from services.worker.processor import BatchProcessor
 
-    async def one(spread: int) -> float:
+    def timed(steps: dict[str, float], name: str, fn: Any) -> Any:
+        if asyncio.iscoroutinefunction(fn):
+            async def wrapped_async(*args: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await fn(*args)
+                finally:
+                    steps[name] = steps.get(name, 0.0) + time.perf_counter() - started
+            return wrapped_async
+
+        def wrapped(*args: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                steps[name] = steps.get(name, 0.0) + time.perf_counter() - started
+        return wrapped
+
+    async def one(spread: int) -> tuple[float, dict[str, float]]:
         settings = Settings(redis_url=url, namespace=f"scale{uuid.uuid4().hex[:6]}", shards=1,
                             run_cache_size=max(spread, 1))
         client = async_client(settings)
         sync = redis.Redis.from_url(url)
         stream = settings.layout.raw_stream(0)
+        steps: dict[str, float] = {}
         try:
             await ensure_groups(client, settings)
             processor = BatchProcessor(settings, client)
+            # the steps of `process`, in order: validate, sequencers, commit building, the commit
+            # script's round trip (msgpack encoding included), settling the cache and the result
+            processor._validate = timed(steps, "validate", processor._validate)  # type: ignore[method-assign]
+            processor._feed = timed(steps, "sequencers", processor._feed)  # type: ignore[method-assign]
+            processor._commit = timed(steps, "build commit", processor._commit)  # type: ignore[method-assign]
+            processor.committer.commit = timed(steps, "commit", processor.committer.commit)  # type: ignore[method-assign]
+            processor._settle = timed(steps, "settle", processor._settle)  # type: ignore[method-assign]
             seqs = [0] * spread
             names = [f"scale/{uuid.uuid4().hex[:8]}-{r:06d}" for r in range(spread)]
             elapsed, lines = 0.0, 0
@@ -300,37 +349,104 @@ def batch_costs(url: str, spreads: tuple[int, ...] = (25, 500), batches: int = 2
                 pipe.execute()
                 reply = sync.xreadgroup(settings.group, "bench", {stream: ">"}, count=500)
                 ids, fields = [i for i, _ in reply[0][1]], [f for _, f in reply[0][1]]
+                if b == 2:  # the first batches start the runs (seq 0 takes the reference path)
+                    steps.clear()
                 started = time.perf_counter()
                 await processor.process(0, ids, fields)
-                if b >= 2:  # the first batches start the runs (seq 0 takes the reference path)
+                if b >= 2:
                     elapsed += time.perf_counter() - started
                     lines += len(ids)
-            return elapsed / lines
+            return elapsed / lines, {name: t / lines for name, t in steps.items()}
         finally:
             await client.aclose()
             for key in sync.scan_iter(match=f"{settings.namespace}:*", count=5000):
                 sync.unlink(key)
             sync.close()
 
-    for spread in spreads:
-        cost = asyncio.run(one(spread))
-        print(f"batch of 500 lines over {spread:>3} runs: {cost * 1e6:5.1f} us per line in BatchProcessor.process "
-              f"({500 // spread} lines per run and batch)")
+    default = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        for spread in spreads:
+            cost, steps = asyncio.run(one(spread))
+            print(f"batch of 500 lines over {spread:>3} runs: {cost * 1e6:5.1f} us per line in BatchProcessor.process "
+                  f"({500 // spread} lines per run and batch): "
+                  + ", ".join(f"{name} {t * 1e6:.1f}" for name, t in steps.items()))
+    finally:
+        gc.set_threshold(*default)
+
+
+def core_costs(rounds: int = 3) -> None:
+    """The sequencer alone (normalizer and redaction included; no Redis, no batch processor), in
+    process CPU time: µs per line when each call carries 20 lines of a run (25 runs), against one
+    line per call over 500 and 10,000 runs, under the worker's collector policy. The difference is
+    what one run costs per call in the core itself: the one-entry path and objects that are cold
+    in the CPU's caches."""
+    from services.normalizer import Limits
+    from services.sequencer import Outcome, RunSequencer, parse_fields
+
+    s = Settings()
+    redactor, limits = s.redactor(), Limits(s.max_span_chars, s.max_pending_tools)
+
+    def entry(run: str, seq: int) -> Any:
+        line = _request(seq // 2) if seq % 2 == 0 else _response(seq // 2, 445)
+        return parse_fields({b"run": run.encode(), b"seq": str(seq).encode(), b"ts": b"1790000000000",
+                             b"line": line, b"host": b"bench"}, f"{1_790_000_000_000 + seq}-0")
+
+    def per_line(runs: int, per_call: int, total: int) -> float:
+        names = [f"scale/core-{r:06d}" for r in range(runs)]
+        seqs = [RunSequencer(n, limits, s.max_buffered_entries, redactor, s.max_held_bytes) for n in names]
+        for name, sequencer in zip(names, seqs, strict=True):  # seq 0 starts the run: not timed
+            sequencer.accept_many([entry(name, 0)], Outcome())
+        calls, nxt, n = [], [1] * runs, 0
+        while n < total:
+            for r in range(runs):
+                calls.append((seqs[r], [entry(names[r], nxt[r] + k) for k in range(per_call)]))
+                nxt[r] += per_call
+                n += per_call
+        started = time.process_time()
+        for sequencer, entries in calls:
+            sequencer.accept_many(entries, Outcome())
+            sequencer.take_held_changes()
+        return (time.process_time() - started) / n * 1e6
+
+    import gc
+
+    from services.worker.collector import GC_THRESHOLDS
+
+    shapes = ((25, 20, 20_000), (500, 1, 20_000), (10_000, 1, 40_000))
+    results: dict[tuple[int, int], list[float]] = {}
+    default = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)  # as in a worker
+    try:
+        for _ in range(rounds):
+            for runs, per_call, total in shapes:
+                results.setdefault((runs, per_call), []).append(per_line(runs, per_call, total))
+    finally:
+        gc.set_threshold(*default)
+    for (runs, per_call), costs in results.items():
+        print(f"sequencer alone, {runs:>6} runs, {per_call:>2} lines per call: {statistics.median(costs):5.1f} us per "
+              f"line (each round: {', '.join(f'{c:.1f}' for c in costs)})")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=60_000, help="lines per point (the 100,000-run point uses 2 per run)")
-    ap.add_argument("--sweep", default="runs,size,workers", help="any of runs,size,workers,cache (per cached run costs),batch (per run work of a batch)")
+    ap.add_argument("--sweep", default="runs,size,workers", help="any of runs,size,workers,cache (per cached run costs),batch (per run work of a batch),core (per run work in the sequencer alone)")
     ap.add_argument("--plot", default=str(REPO / "bench" / "results" / "scale.png"))
+    ap.add_argument("--rounds", type=int, default=3, help="whole sweeps to run, one after the other (medians)")
     ap.add_argument("--json", default=None, help="also write the points as JSON here")
     ap.add_argument("--active-runs", default="100,1000,10000,100000", help="points of the active-runs sweep")
     ap.add_argument("--profile", metavar="PREFIX", help="run the first worker of each point under cProfile")
     ap.add_argument("--workers", default="1,2,3,4", help="points of the workers sweep")
     ap.add_argument("--no-leases", action="store_true",
                     help="workers sweep without shard leases (every worker reads every shard), for comparison")
+    ap.add_argument("--gc-thresholds", metavar="G0,G1,G2",
+                    help="run the workers with these collector thresholds instead of their own policy")
     ap.add_argument("--log", help="append the workers' output here (default: a temporary file)")
     args = ap.parse_args()
+    if args.profile and args.gc_thresholds:
+        raise SystemExit("scale.py: --profile and --gc-thresholds do not combine")
+    argv = worker_argv(args.gc_thresholds)
     random.seed(7)
     sweeps = args.sweep.split(",")
     points: list[Point] = []
@@ -340,41 +456,81 @@ def main() -> None:
         try:
             if "cache" in sweeps:
                 cache_costs()
+            if "core" in sweeps:
+                core_costs()
             if "batch" in sweeps:
                 for _ in range(2):  # twice, interleaved: the machine's speed drifts
                     batch_costs(server.url)
-            if "runs" in sweeps:
-                for runs in (int(r) for r in args.active_runs.split(",")):
-                    points.append(measure(server.url, "active runs", runs, runs, max(args.lines, 2 * runs),
-                                          445, 1, log, args.profile))
-            if "size" in sweeps:
-                for size in (200, 2_000, 20_000, 100_000):
-                    lines = max(2_000, min(args.lines, args.lines * 445 // size))
-                    points.append(measure(server.url, "line bytes", size, 100, lines, size, 1, log))
-            if "workers" in sweeps:
-                for workers in (int(w) for w in args.workers.split(",")):
-                    points.append(measure(server.url, "workers, no leases" if args.no_leases else "workers",
-                                          workers, 1_000, args.lines, 445, workers, log, leases=not args.no_leases))
+            for _ in range(args.rounds):  # whole sweeps, one after the other: the machine's speed drifts
+                if "runs" in sweeps:
+                    for runs in (int(r) for r in args.active_runs.split(",")):
+                        points.append(measure(server.url, "active runs", runs, runs, max(args.lines, 2 * runs),
+                                              445, 1, log, args.profile, argv=argv))
+                if "size" in sweeps:
+                    for size in (200, 2_000, 20_000, 100_000):
+                        lines = max(2_000, min(args.lines, args.lines * 445 // size))
+                        points.append(measure(server.url, "line bytes", size, 100, lines, size, 1, log, argv=argv))
+                if "workers" in sweeps:
+                    for workers in (int(w) for w in args.workers.split(",")):
+                        points.append(measure(server.url, "workers, no leases" if args.no_leases else "workers",
+                                              workers, 1_000, args.lines, 445, workers, log,
+                                              leases=not args.no_leases, argv=argv))
         finally:
             server.close()
     if not points:
         return
     from services.native import core_kind
+    from services.worker.collector import GC_THRESHOLDS
 
-    print(f"workers' core: {core_kind()} (GOOSE_INGEST_PURE_PYTHON=1: the Python one)")
-    print(f"{'sweep':<12} {'x':>7} {'lines':>7} {'lines/s':>9} {'ratio':>6} {'RSS MiB':>8} {'Redis B/run':>11}")
-    first: dict[str, float] = {}
-    for p in points:
-        base = first.setdefault(p.sweep, p.lines_per_s)
-        print(f"{p.sweep:<12} {p.x:>7} {p.lines:>7} {p.lines_per_s:>9.0f} {p.lines_per_s / base:>6.2f} "
-              f"{p.worker_rss_mib:>8.1f} {p.redis_bytes_per_run:>11.0f}")
+    print(f"workers' core: {core_kind()} (GOOSE_INGEST_PURE_PYTHON=1: the Python one); collector thresholds: "
+          f"{args.gc_thresholds or ','.join(map(str, GC_THRESHOLDS))}")
+    rows = combine(points, args.rounds)
+    print(f"rounds: {args.rounds}; lines/s and Redis B/run: medians; ratio: the median over rounds of the point "
+          "against the sweep's first point of the same round (each round: the ratios); RSS: the highest")
+    print(f"{'sweep':<12} {'x':>7} {'lines':>7} {'lines/s':>9} {'ratio':>6} {'RSS MiB':>8} {'Redis B/run':>11}"
+          "  each round")
+    for r in rows:
+        print(f"{r.sweep:<12} {r.x:>7} {r.lines:>7} {r.lines_per_s:>9.0f} {r.ratio:>6.2f} "
+              f"{r.worker_rss_mib:>8.1f} {r.redis_bytes_per_run:>11.0f}  {', '.join(f'{x:.2f}' for x in r.ratios)}")
     if args.json:
-        Path(args.json).write_text(json.dumps([asdict(p) for p in points], indent=1))
+        Path(args.json).write_text(json.dumps({"points": [asdict(p) for p in points],
+                                               "rows": [asdict(r) for r in rows]}, indent=1))
     if args.plot:
-        _plot(points, Path(args.plot))
+        _plot(rows, Path(args.plot))
 
 
-def _plot(points: list[Point], path: Path) -> None:
+@dataclass
+class Row:
+    """One point of a sweep over all rounds."""
+
+    sweep: str
+    x: int
+    lines: int
+    lines_per_s: float  # median
+    ratio: float  # median of `ratios`
+    ratios: list[float]  # against the sweep's first point, in the same round
+    worker_rss_mib: float  # highest
+    redis_bytes_per_run: float  # median
+
+
+def combine(points: list[Point], rounds: int) -> list[Row]:
+    """Points in measuring order (`rounds` whole sweeps) -> one row per (sweep, x)."""
+    per_round = len(points) // rounds
+    by_key: dict[tuple[str, int], list[Point]] = {}
+    ratios: dict[tuple[str, int], list[float]] = {}
+    for r in range(rounds):
+        first: dict[str, float] = {}
+        for p in points[r * per_round:(r + 1) * per_round]:
+            base = first.setdefault(p.sweep, p.lines_per_s)
+            by_key.setdefault((p.sweep, p.x), []).append(p)
+            ratios.setdefault((p.sweep, p.x), []).append(p.lines_per_s / base)
+    return [Row(sweep, x, pts[0].lines, statistics.median(p.lines_per_s for p in pts),
+                statistics.median(ratios[(sweep, x)]), ratios[(sweep, x)], max(p.worker_rss_mib for p in pts),
+                statistics.median(p.redis_bytes_per_run for p in pts))
+            for (sweep, x), pts in by_key.items()]
+
+
+def _plot(points: list[Row], path: Path) -> None:
     try:
         import matplotlib
 

@@ -4,9 +4,10 @@ A worker keeps up to `RUN_CACHE_SIZE` run sequencers alive between batches, each
 container objects, and every batch allocates thousands of short-lived ones (parsed lines, events,
 outputs). With CPython's default thresholds (700, 10, 10) a young-generation collection runs every
 700 allocations, so the survivors of every batch are promoted quickly and the oldest generation,
-which holds the whole run cache, is traversed again and again: with 10,000 active runs that made
-the collector the largest single cost of a line (bench/scale.py: 0.31-0.40 of the 100-run
-throughput with the defaults, 0.49-0.57 with the thresholds below).
+which holds the whole run cache, is traversed again and again: with 10,000 active runs that cost
+about a quarter of the worker's time (`bench/scale.py --sweep runs`: 0.38 of the 100-run
+throughput with the defaults, 0.48-0.56 with the thresholds below; `--gc-thresholds` compares
+others).
 
 Nearly everything a batch allocates is freed by reference counting before a collection would
 look at it; the collector is only for cycles (asyncio's futures and tracebacks), which are rare.
