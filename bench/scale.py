@@ -540,21 +540,22 @@ def _plot(points: list[Row], path: Path) -> None:
         print("matplotlib is not installed (pip install -e '.[bench]'): no plot", file=sys.stderr)
         return
     sweeps = list(dict.fromkeys(p.sweep for p in points))
-    fig, axes = plt.subplots(2, len(sweeps), figsize=(5 * len(sweeps), 7), squeeze=False)
+    # One row per measure: Redis bytes per run (~1 KiB) drawn on the RSS axis (~100 MiB) was a flat line.
+    fig, axes = plt.subplots(3, len(sweeps), figsize=(5 * len(sweeps), 10), squeeze=False)
     for col, sweep in enumerate(sweeps):
         pts = [p for p in points if p.sweep == sweep]
         xs = [p.x for p in pts]
-        axes[0][col].plot(xs, [p.lines_per_s for p in pts], marker="o")
-        axes[0][col].set_title(f"worker lines/s vs {sweep}")
-        axes[1][col].plot(xs, [p.worker_rss_mib for p in pts], marker="o", label="worker RSS MiB")
-        axes[1][col].plot(xs, [p.redis_bytes_per_run / 1024 for p in pts], marker="s", label="Redis KiB/run")
-        axes[1][col].legend()
-        axes[1][col].set_xlabel(sweep)
-        if not sweep.startswith("workers"):
-            axes[0][col].set_xscale("log")
-            axes[1][col].set_xscale("log")
-        axes[0][col].set_ylim(bottom=0)
-        axes[1][col].set_ylim(bottom=0)
+        rows = ((f"worker lines/s vs {sweep}", [p.lines_per_s for p in pts]),
+                ("worker peak RSS, MiB", [p.worker_rss_mib for p in pts]),
+                ("Redis bytes per active run", [p.redis_bytes_per_run for p in pts]))
+        for row, (title, ys) in enumerate(rows):
+            ax = axes[row][col]
+            ax.plot(xs, ys, marker="o")
+            ax.set_title(title)
+            ax.set_ylim(bottom=0)
+            if not sweep.startswith("workers"):
+                ax.set_xscale("log")
+        axes[2][col].set_xlabel(sweep)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
