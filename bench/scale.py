@@ -37,6 +37,8 @@ setting (the run cache), not by the fleet; Redis memory per idle active run <= 4
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import itertools
 import json
 import os
@@ -50,6 +52,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -247,7 +250,6 @@ def cache_costs(counts: tuple[int, ...] = (4_096, 16_384)) -> None:
     """What one cached run costs the worker (in process, no Redis): its stored state's size, the
     time to encode and decode it, the Python heap it holds, and a full GC pass with the cache full
     (the run cache is the worker's largest set of long-lived objects)."""
-    import gc
     import tracemalloc
 
     import orjson
@@ -286,17 +288,28 @@ def cache_costs(counts: tuple[int, ...] = (4_096, 16_384)) -> None:
         del cache
 
 
+@contextlib.contextmanager
+def worker_collector() -> Iterator[None]:
+    """This process runs under the worker's collector policy (services/worker/collector.py) inside."""
+    from services.worker.collector import tune_collector
+
+    default = gc.get_threshold()
+    tune_collector()
+    try:
+        yield
+    finally:
+        gc.set_threshold(*default)
+
+
 def batch_costs(url: str, spreads: tuple[int, ...] = (25, 500), batches: int = 22) -> None:
     """The batch processor in process (no FastStream), on the private Redis: µs per line of
     `BatchProcessor.process` for batches of 500 lines spread over 25 runs (20 lines of each run)
     or over 500 runs (one line each), under the worker's collector policy. The difference is the
     per-run work of a batch. Each step of `process` is timed too (wrapped on the instance)."""
     import asyncio
-    import gc
 
     from services.broker.connect import async_client
     from services.broker.groups import ensure_groups
-    from services.worker.collector import GC_THRESHOLDS
     from services.worker.processor import BatchProcessor
 
     def timed(steps: dict[str, float], name: str, fn: Any) -> Any:
@@ -363,16 +376,12 @@ def batch_costs(url: str, spreads: tuple[int, ...] = (25, 500), batches: int = 2
                 sync.unlink(key)
             sync.close()
 
-    default = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
+    with worker_collector():
         for spread in spreads:
             cost, steps = asyncio.run(one(spread))
             print(f"batch of 500 lines over {spread:>3} runs: {cost * 1e6:5.1f} us per line in BatchProcessor.process "
                   f"({500 // spread} lines per run and batch): "
                   + ", ".join(f"{name} {t * 1e6:.1f}" for name, t in steps.items()))
-    finally:
-        gc.set_threshold(*default)
 
 
 def core_costs(rounds: int = 3) -> None:
@@ -409,20 +418,12 @@ def core_costs(rounds: int = 3) -> None:
             sequencer.take_held_changes()
         return (time.process_time() - started) / n * 1e6
 
-    import gc
-
-    from services.worker.collector import GC_THRESHOLDS
-
     shapes = ((25, 20, 20_000), (500, 1, 20_000), (10_000, 1, 40_000))
     results: dict[tuple[int, int], list[float]] = {}
-    default = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)  # as in a worker
-    try:
+    with worker_collector():
         for _ in range(rounds):
             for runs, per_call, total in shapes:
                 results.setdefault((runs, per_call), []).append(per_line(runs, per_call, total))
-    finally:
-        gc.set_threshold(*default)
     for (runs, per_call), costs in results.items():
         print(f"sequencer alone, {runs:>6} runs, {per_call:>2} lines per call: {statistics.median(costs):5.1f} us per "
               f"line (each round: {', '.join(f'{c:.1f}' for c in costs)})")

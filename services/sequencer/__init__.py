@@ -5,13 +5,13 @@ the same ``RunSequencer`` so that live processing and replay cannot disagree.
 """
 
 from services.sequencer.entries import (
-           Entry,
-           EntryError,
-           EntryIdentity,
-           Rejected,
-           entry_identity,
-           parse_batch,
-           parse_fields,
+    Entry,
+    EntryError,
+    EntryIdentity,
+    Rejected,
+    entry_identity,
+    parse_batch,
+    parse_fields,
 )
 from services.sequencer.run import Disposition, HeldChanges, Outcome, RunSequencer, missing_ranges, plan_abandon, tally
 
