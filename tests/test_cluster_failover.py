@@ -144,7 +144,12 @@ def test_sigkill_of_a_primary_mid_stream_loses_nothing(tmp_path):
         cluster.restart_dead()
 
         for run, proc in taps.items():
-            assert proc.wait(timeout=120) == 0, (run, tlog.read_text()[-3000:])
+            try:
+                assert proc.wait(timeout=120) == 0, (run, tlog.read_text()[-3000:])
+            except subprocess.TimeoutExpired:
+                # a tap still retrying: its log says why (it repeats the latest reason every 30 s)
+                raise AssertionError(f"tap of {run} not done 120 s after the restart\n"
+                                     f"{tlog.read_text(errors='replace')[-3000:]}\n{_diagnose(s, runs, wlog)}") from None
         # the kill hit taps mid-run: they spooled, reconnected to the new primary and delivered
         assert "reachable again" in tlog.read_text(), tlog.read_text()[-3000:]
         try:

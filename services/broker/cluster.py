@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.broker.connect import connection_kwargs, target
+from services.broker.errors import TOPOLOGY_CODES, reply_code
 from services.broker.facts import META_LAYOUT as META_LAYOUT
 from services.broker.facts import META_SHARDS as META_SHARDS
 from services.broker.facts import ShardCountMismatch as ShardCountMismatch
@@ -198,9 +199,6 @@ class SlotsUnavailable(RedisConnectionError):
     redis-py's own RedisClusterException is not a RedisError and would escape them."""
 
 
-_TOPOLOGY_ERRORS = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY")
-
-
 def xadd_batch(client: Any, stream: str, entries: list[Mapping[Any, Any]], wait_replicas: int = 0,
                wait_timeout_ms: int = 1000) -> None:
     """XADD `entries` to `stream` in one pipeline; with `wait_replicas`, also WAIT for that many replicas.
@@ -228,11 +226,17 @@ def xadd_batch(client: Any, stream: str, entries: list[Mapping[Any, Any]], wait_
     try:
         replies = pipe.execute()
     except (RedisConnectionError, ResponseError) as exc:
-        if conn is not client and (isinstance(exc, RedisConnectionError)
-                                   or str(exc).startswith(_TOPOLOGY_ERRORS)):
+        # A MOVED arrives as MovedError with the code dropped from its message (services/broker/errors.py):
+        # read by its code, or a slot map gone stale (a restarted primary still claiming its old slots
+        # answered the last refresh) would send every retry to the same replica, forever.
+        if conn is not client and (isinstance(exc, RedisConnectionError) or reply_code(exc) in TOPOLOGY_CODES):
             _refresh_slots(client)
         raise
     if wait_replicas and int(replies[-1]) < wait_replicas:
+        if conn is not client:
+            # No replica confirmed: either the replica is away, or this node no longer is the slot's
+            # primary and its own map is stale (a restarted node briefly still claims its old slots).
+            _refresh_slots(client)
         raise ReplicationShortfall(
             f"{replies[-1]} of {wait_replicas} replicas acknowledged within {wait_timeout_ms} ms"
         )

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from contracts.raw import EOF, LINE, MAX_LABEL_CHARS
+from services.broker.errors import describe
 from services.broker.url import redact_url, target
 from services.settings import Settings
 from services.tap.conn import BrokerError, ReplicationShortfall, ReplyError, RespConnection
@@ -54,6 +55,7 @@ ENTRY_LABELS = ("host", "agent", "format", "parent", "continues")  # labels the 
 STREAMS = ("stdout", "stderr")
 BACKOFF_START_S = 0.05
 BACKOFF_CAP_S = 2.0
+STILL_FAILING_REPORT_S = 30.0  # while retrying, one warning per this long (the first failure is logged at once)
 RECV_BYTES = 65536
 # The own connection's timeouts: a hung broker must not hold a batch forever (then: spool and retry).
 SOCKET_TIMEOUT_S = 10.0
@@ -533,6 +535,8 @@ class Publisher:
         dicts: list[Mapping[str, Any]] | None = None  # ... or field maps (cluster client)
         n = 0
         backoff = BACKOFF_START_S
+        failing_since = last_report = 0.0  # while the broker fails: since when, last "still failing" line
+        attempts = 0
         while True:
             new_batch = from_spool = False
             with self._cv:
@@ -592,11 +596,18 @@ class Publisher:
                     xadd_batch(self._client, self.stream_key, dicts or [],
                                self.settings.redis_wait_replicas, self.settings.redis_wait_timeout_ms)
             except self._retryable as exc:
+                now = time.monotonic()
                 if self.broker_up is not False:
-                    log.warning(
-                        "broker unreachable at %s (%s: %s); spooling run %s in %s and retrying",
-                        redact_url(self.settings.redis_url), type(exc).__name__, exc, self.run, self._spool.path,
-                    )
+                    log.warning("broker unreachable at %s (%s); spooling run %s in %s and retrying",
+                                redact_url(self.settings.redis_url), describe(exc), self.run, self._spool.path)
+                    failing_since = last_report = now
+                    attempts = 0
+                attempts += 1
+                if now - last_report >= STILL_FAILING_REPORT_S:
+                    # a tap that keeps failing says so, with the latest reason (it may differ from the first)
+                    log.warning("run %s: still not delivered after %.0f s and %d attempts (latest: %s); retrying",
+                                self.run, now - failing_since, attempts, describe(exc))
+                    last_report = now
                 self.broker_up = False
                 if self._abort_evt.wait(backoff * (0.75 + random.random() / 2)):
                     return

@@ -17,6 +17,7 @@ import msgpack
 import orjson
 from redis.exceptions import ResponseError
 
+from services.broker.errors import TRANSIENT_CODES, reply_code
 from services.sequencer import Entry, HeldChanges
 
 COMMIT_LUA = resources.files("services.worker").joinpath("commit.lua").read_text()
@@ -24,17 +25,10 @@ COMMIT_LUA = resources.files("services.worker").joinpath("commit.lua").read_text
 _packb = msgpack.Packer(use_bin_type=False).pack
 HELD_PREFIX = b"h:"  # hash field of a held entry in the run's state hash: h:<seq>
 VERSION_FIELD, STATE_FIELD = b"v", b"s"
-# Error replies that say nothing about the batch: never a reason to split it or dead-letter.
-TRANSIENT_ERRORS = frozenset({"OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN",
-                              "MOVED", "ASK", "NOREPLICAS", "NOSCRIPT"})
-
-
 def is_transient(exc: BaseException) -> bool:
-    """An error reply about the broker's state, not the batch's content. redis-py maps some codes to
-    classes and drops the code from the message (CLUSTERDOWN -> ClusterDownError("The cluster is
-    down")), keeping it in `status_code`; the others keep it as the message's first word."""
-    code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
-    return code in TRANSIENT_ERRORS
+    """An error reply about the broker's state, not the batch's content: never a reason to split the
+    batch or dead-letter an entry."""
+    return reply_code(exc) in TRANSIENT_CODES
 
 
 class LeaseLost(RuntimeError):
