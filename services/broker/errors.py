@@ -16,7 +16,7 @@ TOPOLOGY_CODES = frozenset({"MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY
 TRANSIENT_CODES = TOPOLOGY_CODES | {"OOM", "BUSY", "LOADING", "MASTERDOWN", "NOREPLICAS", "NOSCRIPT"}
 
 _PIPELINE_ANNOTATION = "caused error: "  # redis-py's (sync and asyncio) prefix ends with this
-# redis-py's classes for the codes it strips, for its versions before `status_code` (added in 6)
+# redis-py's classes for the codes it strips, for versions whose errors carry no `status_code`
 _CODE_OF_CLASS = {"MovedError": "MOVED", "AskError": "ASK", "ClusterDownError": "CLUSTERDOWN",
                   "TryAgainError": "TRYAGAIN", "ReadOnlyError": "READONLY", "MasterDownError": "MASTERDOWN",
                   "BusyLoadingError": "LOADING", "OutOfMemoryError": "OOM", "NoPermissionError": "NOPERM",
