@@ -531,7 +531,7 @@ def combine(points: list[Point], rounds: int) -> list[Row]:
             for (sweep, x), pts in by_key.items()]
 
 
-def _plot(points: list[Row], path: Path) -> None:
+def _plot(table: list[Row], path: Path) -> None:
     try:
         import matplotlib
 
@@ -540,11 +540,11 @@ def _plot(points: list[Row], path: Path) -> None:
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[bench]'): no plot", file=sys.stderr)
         return
-    sweeps = list(dict.fromkeys(p.sweep for p in points))
+    sweeps = list(dict.fromkeys(p.sweep for p in table))
     # One row per measure: Redis bytes per run (~1 KiB) drawn on the RSS axis (~100 MiB) was a flat line.
     fig, axes = plt.subplots(3, len(sweeps), figsize=(5 * len(sweeps), 10), squeeze=False)
     for col, sweep in enumerate(sweeps):
-        pts = [p for p in points if p.sweep == sweep]
+        pts = [p for p in table if p.sweep == sweep]
         xs = [p.x for p in pts]
         rows = ((f"worker lines/s vs {sweep}", [p.lines_per_s for p in pts]),
                 ("worker peak RSS, MiB", [p.worker_rss_mib for p in pts]),
