@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from uuid import uuid4
 
+import orjson
 import pytest
 import redis
 
-from services.broker.acl import ROLE_NAMES, render, user_name
+from services.broker.acl import ROLE_NAMES, exporter_role, render, user_name
 from services.broker.embedded import EmbeddedRedis, start_redis
 from services.broker.keys import KeyLayout
 from services.settings import Settings
@@ -175,12 +176,12 @@ def test_every_command_runs_under_its_role_and_nothing_is_refused(acl_broker: Ac
     tail = b.cli("consumer", "tail", "--no-follow", "--run", "acl/published")
     assert tail.returncode == 0, tail.stderr
     assert "RUN ENDED" in tail.stdout and "acl/published#0" in tail.stdout
-    # downstream analytics with a consumer group of its own
+    # a dashboard or ad-hoc reader: by id only (XREAD, XRANGE, XINFO), no consumer group of its own
     consumer = b.client("consumer")
     events = b.settings.layout.events_partitions()[0]
-    consumer.xgroup_create(events, "analytics", id="0")
-    got = consumer.xreadgroup("analytics", "a1", {events: ">"}, count=5)
-    assert got and consumer.xack(events, "analytics", *[sid for sid, _ in got[0][1]]) == len(got[0][1])
+    got = consumer.xread({events: "0"}, count=5)
+    assert got and len(got[0][1]) == 5 and consumer.xrange(events, count=1)
+    assert consumer.xinfo_stream(events)["length"] >= 5 and isinstance(consumer.xinfo_groups(events), list)
 
     # replay as the operator
     replay = b.cli("admin", "replay")
@@ -191,8 +192,8 @@ def test_every_command_runs_under_its_role_and_nothing_is_refused(acl_broker: Ac
     assert ns  # the namespace prefix was in force throughout
 
 
-def test_the_exporters_run_under_the_exporter_role(acl_broker: AclBroker, tmp_path, pg_dsn):
-    """`export postgres` and `export otlp` (real processes, a real PostgreSQL and OTLP receiver) as the exporter."""
+def test_each_exporter_runs_under_its_own_role(acl_broker: AclBroker, tmp_path, pg_dsn):
+    """`export postgres` and `export otlp` (real processes, a real PostgreSQL and OTLP receiver), each as its own user."""
     import psycopg
 
     from tests.support.otlp_receiver import RunningReceiver
@@ -219,14 +220,41 @@ def test_the_exporters_run_under_the_exporter_role(acl_broker: AclBroker, tmp_pa
     with RunningReceiver() as receiver:
         procs = [
             start("worker", ["worker"], logs["worker"]),
-            start("exporter", ["export", "postgres"], logs["postgres"], GOOSE_INGEST_POSTGRES_DSN=pg_dsn),
-            start("exporter", ["export", "otlp"], logs["otlp"], OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.endpoint,
+            start("postgres-exporter", ["export", "postgres"], logs["postgres"], GOOSE_INGEST_POSTGRES_DSN=pg_dsn),
+            start("otlp-exporter", ["export", "otlp"], logs["otlp"], OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.endpoint,
                   GOOSE_INGEST_SWEEP_INTERVAL_S="0.5"),
         ]
         try:
             wait_until(lambda: "acl/exported" in _runs_ended(b), timeout=60)
             wait_until(lambda: rows() == 1, timeout=60)
             wait_until(lambda: any(s.name.startswith("invoke_agent") for s in receiver.spans), timeout=60)
+            # A poison event (PostgreSQL refuses a \u0000 in text, 22P05) lands on the topic as a worker
+            # would commit it, then a good run after it: the sink dead-letters the poison into its own
+            # stream under its own user, and what follows it still arrives (finding 1 of issue 20).
+            admin = b.client("admin")
+            layout = b.settings.layout
+            poison = {"eventId": "acl/poison:0", "runId": "acl/poison", "seq": 0, "type": "agent",
+                      "timestamp": "2026-11-30T10:00:00.000Z", "lines": [0, 0], "message": "nul \u0000 here"}
+            admin.xadd(layout.events_partition(layout.shard_of("acl/poison")),
+                       {"eventId": "acl/poison:0", "runId": "acl/poison", "seq": "0", "type": "agent",
+                        "data": orjson.dumps(poison)})
+            after = b.cli("tap", "publish", "--run", "acl/after-poison", str(TRANSCRIPTS[1]))
+            assert after.returncode == 0, after.stderr
+
+            def after_rows() -> int:
+                try:
+                    with psycopg.connect(pg_dsn, connect_timeout=3) as conn:
+                        query = "SELECT count(*) FROM runs WHERE run_key = 'acl/after-poison' AND state = 'ended'"
+                        return conn.execute(query).fetchone()[0]
+                except psycopg.Error:
+                    return 0
+
+            wait_until(lambda: after_rows() == 1, timeout=60)
+            dead = [f for s in layout.export_deadletter_partitions("postgres") for _, f in admin.xrange(s)]
+            assert [(f[b"reason"], f[b"raw.eventId"]) for f in dead] == [(b"postgres-rejected", b"acl/poison:0")]
+            assert b"22P05" in dead[0][b"detail"]
+            assert all(admin.xlen(s) == 0 for s in layout.deadletter_partitions())  # not the workers' stream
+            assert procs[1].poll() is None, "the sink stopped on the poison event"
         finally:
             for proc in procs:
                 stop(proc)
@@ -264,6 +292,14 @@ def _forbidden(ns: str) -> list[tuple[str, tuple]]:
         ("worker", ("HSET", export, "x", "1")),
         ("consumer", ("XGROUP", "DESTROY", events, "goose-ingest")),
         ("consumer", ("XGROUP", "SETID", events, "analytics", "0")),
+        # read-only: no consumer group command, so it cannot drain an exporter's group (finding 8)
+        ("consumer", ("XGROUP", "CREATE", events, "analytics", "0", "MKSTREAM")),
+        ("consumer", ("XREADGROUP", "GROUP", "goose-ingest-postgres", "c", "STREAMS", events, ">")),
+        ("consumer", ("XACK", events, "goose-ingest-postgres", "1-1")),
+        ("consumer", ("XCLAIM", events, "goose-ingest-otlp", "c", "0", "1-1")),
+        ("consumer", ("XAUTOCLAIM", events, "goose-ingest-otlp", "c", "0", "0-0")),
+        ("consumer", ("XGROUP", "DELCONSUMER", events, "goose-ingest-otlp", "c")),
+        ("consumer", ("XPENDING", events, "goose-ingest-otlp")),
         ("consumer", ("XADD", events, "*", "type", "agent")),
         ("consumer", ("XDEL", events, "1-1")),
         ("consumer", ("XTRIM", events, "MAXLEN", "0")),
@@ -271,12 +307,23 @@ def _forbidden(ns: str) -> list[tuple[str, tuple]]:
         ("consumer", ("XRANGE", raw, "-", "+")),
         ("consumer", ("XRANGE", dead, "-", "+")),  # dead letters hold unredacted lines
         ("consumer", ("HGET", state, "s")),  # run states hold pending text
-        ("exporter", ("XADD", events, "*", "type", "agent")),
-        ("exporter", ("DEL", events)),
-        ("exporter", ("XRANGE", dead, "-", "+")),
-        ("exporter", ("XRANGE", raw, "-", "+")),
-        ("exporter", ("HGET", state, "s")),
     ]
+    for exporter, other in (("otlp", "postgres"), ("postgres", "otlp")):
+        role = exporter_role(exporter)
+        cases += [
+            (role, ("XADD", events, "*", "type", "agent")),
+            (role, ("DEL", events)),
+            (role, ("XRANGE", dead, "-", "+")),
+            (role, ("XADD", dead, "*", "reason", "forged")),  # the workers' dead letters
+            (role, ("XRANGE", raw, "-", "+")),
+            (role, ("HGET", state, "s")),
+            # the other exporter's state and dead letters: one credential cannot mark the other's roots done
+            (role, ("HSET", layout.export_state(other, "r"), "done", "1")),
+            (role, ("DEL", layout.export_state(other, "r"))),
+            (role, ("ZADD", layout.export_open_runs(other, 0), "1", "r")),
+            (role, ("XADD", layout.export_deadletter_partition(other, 0), "*", "reason", "forged")),
+        ]
+    cases.append((exporter_role("postgres"), ("HSET", export, "x", "1")))  # the sink keeps no state in Redis
     return cases
 
 
@@ -304,14 +351,16 @@ def test_forbidden_commands_fail_with_noperm(acl_broker: AclBroker):
 def test_what_each_role_needs_beyond_the_commands_is_allowed(acl_broker: AclBroker):
     b = acl_broker
     layout = b.settings.layout
-    exporter = b.client("exporter")
-    assert exporter.hset(layout.export_state("otlp", "r1"), "root", "abc") == 1
-    assert exporter.delete(layout.export_state("otlp", "r1")) == 1
-    assert exporter.zadd(layout.export_open_runs("otlp", 0), {"r1": 1}) == 1
-    assert exporter.xadd(layout.export_deadletter_partition("otlp", 0), {"reason": "rejected"})
-    assert exporter.xadd(layout.export_deadletter_partition("postgres", 1), {"reason": "rejected"})
-    with pytest.raises(redis.exceptions.NoPermissionError):  # the workers' dead letters are not its to write
-        exporter.xadd(layout.deadletter_partition(0), {"reason": "forged"})
+    otlp = b.client("otlp-exporter")
+    assert otlp.hset(layout.export_state("otlp", "r1"), "root", "abc") == 1
+    assert otlp.delete(layout.export_state("otlp", "r1")) == 1
+    assert otlp.zadd(layout.export_open_runs("otlp", 0), {"r1": 1}) == 1
+    assert otlp.xadd(layout.export_deadletter_partition("otlp", 0), {"reason": "rejected"})
+    sink = b.client("postgres-exporter")
+    assert sink.xadd(layout.export_deadletter_partition("postgres", 1), {"reason": "rejected"})
+    for exporter in (otlp, sink):
+        with pytest.raises(redis.exceptions.NoPermissionError):  # the workers' dead letters are not its to write
+            exporter.xadd(layout.deadletter_partition(0), {"reason": "forged"})
     admin = b.client("admin")
     admin.xgroup_create(layout.events_partition(0), "repair", id="0", mkstream=True)
     assert admin.xgroup_setid(layout.events_partition(0), "repair", "$")  # operators may rewind groups
@@ -343,13 +392,21 @@ def test_cluster_layout_names_get_the_same_permissions(acl_broker: AclBroker):
             assert not allowed("tap", "XADD", topic, "*", "f", "v")
         assert allowed("worker", "HSET", state, "v", "1") and allowed("worker", "ZADD", active, "1", "r")
         for topic in (events, typed, runs):
-            assert allowed("consumer", "XREADGROUP", "GROUP", "g", "c", "STREAMS", topic, ">")
+            assert allowed("consumer", "XREAD", "STREAMS", topic, "0")
+            assert not allowed("consumer", "XREADGROUP", "GROUP", "g", "c", "STREAMS", topic, ">")
             assert not allowed("consumer", "XADD", topic, "*", "f", "v")
+            for role in ("otlp-exporter", "postgres-exporter"):
+                assert allowed(role, "XREADGROUP", "GROUP", "g", "c", "STREAMS", topic, ">")
         assert not allowed("consumer", "XRANGE", dead, "-", "+")
-        assert allowed("exporter", "HSET", layout.export_state("postgres", f"r{s}"), "k", "v")
-        assert allowed("exporter", "XADD", layout.export_deadletter_partition("otlp", s), "*", "f", "v")
-        assert not allowed("exporter", "XADD", dead, "*", "f", "v")
-        assert allowed("exporter", "ZADD", layout.export_open_runs("otlp", s), "1", "r")
+        assert allowed("otlp-exporter", "HSET", layout.export_state("otlp", f"r{s}"), "k", "v")
+        assert not allowed("postgres-exporter", "HSET", layout.export_state("otlp", f"r{s}"), "k", "v")
+        assert allowed("otlp-exporter", "XADD", layout.export_deadletter_partition("otlp", s), "*", "f", "v")
+        assert allowed("postgres-exporter", "XADD", layout.export_deadletter_partition("postgres", s), "*", "f", "v")
+        assert not allowed("postgres-exporter", "XADD", layout.export_deadletter_partition("otlp", s), "*", "f", "v")
+        assert not allowed("otlp-exporter", "XADD", layout.export_deadletter_partition("postgres", s), "*", "f", "v")
+        assert not allowed("otlp-exporter", "XADD", dead, "*", "f", "v")
+        assert not allowed("postgres-exporter", "XADD", dead, "*", "f", "v")
+        assert allowed("otlp-exporter", "ZADD", layout.export_open_runs("otlp", s), "1", "r")
         assert allowed("importer", "HSET", layout.import_checkpoint(f"ns/r{s}"), "k", "v")
         assert allowed("importer", "HGET", state, "s") and not allowed("importer", "HSET", state, "s", "x")
 

@@ -315,8 +315,12 @@ def test_bad_entries_and_refused_rows_are_dead_lettered_and_the_rest_written(set
     sink = start_sink(settings, pg_dsn, log)
     try:
         wait_for(lambda: group_state(settings) == (0, 0) and db_count(pg_dsn) == 1, timeout=60)
-        dead = {f[b"sourceId"].decode(): f for s in settings.layout.deadletter_partitions() for _, f in r.xrange(s)}
+        dead = {f[b"sourceId"].decode(): f for s in settings.layout.export_deadletter_partitions("postgres")
+                for _, f in r.xrange(s)}
         assert set(dead) == {bad_id, nul_id}
+        # its own dead-letter stream, never the workers' (its ACL user may not write there)
+        assert all(r.xlen(s) == 0 for s in settings.layout.deadletter_partitions())
+        assert dead[nul_id][b"exporter"] == b"postgres"
         assert dead[bad_id][b"reason"] == b"postgres-invalid-entry" and b"not JSON" in dead[bad_id][b"detail"]
         assert dead[nul_id][b"reason"] == b"postgres-rejected" and dead[nul_id][b"detail"]
         assert dead[nul_id][b"raw.data"] == orjson.dumps(nul) and dead[nul_id][b"source"] == stream.encode()

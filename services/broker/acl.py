@@ -7,8 +7,14 @@ file serves both; on a cluster every node loads it. `deploy/redis/users.acl` is 
 default settings (a test keeps them equal); `goose-ingest acl` renders it for the current
 settings, with passwords.
 
-Selectors (Redis >= 7.0) keep a command to the keys it is meant for: the exporter may XADD to the
-dead-letter stream but not to a topic, and may delete its own state but not a topic.
+Selectors (Redis >= 7.0) keep a command to the keys it is meant for: an exporter may XADD to its
+own dead-letter stream but not to a topic, and may delete its own state but not a topic.
+
+Each exporter has a user of its own (`otlp-exporter`, `postgres-exporter`): a credential of one
+cannot write the other's state or dead letters (it could mark OTLP roots done, or forge the other's
+dead letters). Redis ACLs cannot restrict consumer-group names, so what an exporter user can still
+do to another group on the topics it reads (XACK, XCLAIM) is bounded by the topics only; the
+read-only `consumer` has no group command at all (docs/architecture.md lists what each can do).
 """
 
 from __future__ import annotations
@@ -42,10 +48,14 @@ CONNECTION = (
     "+cluster|slots", "+cluster|shards", "+cluster|nodes", "+cluster|info", "+cluster|myid",
     "+multi", "+exec", "+discard",
 )
-# Reading a topic by id or through a consumer group of one's own. Deliberately absent: XADD, XDEL,
-# XTRIM, XSETID, XGROUP DESTROY / SETID (one consumer must not rewind or drop another's group).
+# Reading a topic by id: what dashboards and ad-hoc readers (`tail`) need, and nothing that moves
+# a consumer group (no XREADGROUP, XACK, XCLAIM, XGROUP: a reader cannot drain an exporter's group).
+STREAM_READER = ("+xread", "+xrange", "+xrevrange", "+xlen", "+xinfo|stream", "+xinfo|groups", "+xinfo|consumers")
+# Reading through a consumer group (the worker on the raw log, an exporter on the topics). Deliberately
+# absent: XADD, XDEL, XTRIM, XSETID, XGROUP DESTROY / SETID (one consumer must not rewind or drop
+# another's group).
 STREAM_CONSUMER = (
-    "+xread", "+xrange", "+xrevrange", "+xlen", "+xinfo|stream", "+xinfo|groups", "+xinfo|consumers",
+    *STREAM_READER,
     "+xreadgroup", "+xack", "+xclaim", "+xautoclaim", "+xpending",
     "+xgroup|create", "+xgroup|createconsumer", "+xgroup|delconsumer",
 )
@@ -59,8 +69,15 @@ META_READ = ("+get", "+hget", "+hgetall", "+exists", "+type")
 META_RECORD = ("+hsetnx",)
 SET_RW = ("+sadd", "+srem", "+smembers", "+sismember", "+smismember", "+scard")
 ZSET_RW = ("+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zcard", "+zcount")
-# The exporters (services/export/*): each may dead-letter only into its own `<deadletter>.<name>` stream.
+# The exporters (services/export/*): each has a role `<name>-exporter` and may write only its own
+# state (`export_state(<name>, ...)`, `export_open_runs(<name>, ...)`) and dead letters
+# (`<deadletter>.<name>`).
 EXPORTERS = ("otlp", "postgres")
+
+
+def exporter_role(exporter: str) -> str:
+    """The ACL role of an exporter (`otlp` -> `otlp-exporter`; its user `goose-otlp-exporter`)."""
+    return f"{exporter}-exporter"
 
 
 @dataclass(frozen=True)
@@ -86,9 +103,9 @@ class KeyPatterns:
     run_state: str
     active_runs: str
     import_checkpoint: str
-    export_state: str
-    export_open: str
-    export_deadletter: tuple[str, ...]
+    export_state: dict[str, str]  # exporter -> its per-run state keys
+    export_open: dict[str, tuple[str, ...]]  # exporter -> its open-run set(s)
+    export_deadletter: dict[str, tuple[str, ...]]  # exporter -> its dead-letter stream (partitions)
     meta: str
     lease: str
     workers: str
@@ -111,9 +128,11 @@ class KeyPatterns:
             # `goose-ingest:active` on a single node, `goose-ingest:active:{s3}` on a cluster
             active_runs=glob_escape(layout.key(ACTIVE_RUNS)) + "*",
             import_checkpoint=family(IMPORT_CHECKPOINT),
-            export_state=family(EXPORT_STATE),
-            export_open=family(EXPORT_OPEN),
-            export_deadletter=tuple(p for name in EXPORTERS for p in topic(f"{layout.deadletter_stream}.{name}")),
+            export_state={name: family(f"{EXPORT_STATE}:{name}") for name in EXPORTERS},
+            # `<EXPORT_OPEN>:<name>` on a single node, `<EXPORT_OPEN>:<name>:{s3}` on a cluster
+            export_open={name: (glob_escape(layout.key(f"{EXPORT_OPEN}:{name}")), family(f"{EXPORT_OPEN}:{name}"))
+                         for name in EXPORTERS},
+            export_deadletter={name: topic(f"{layout.deadletter_stream}.{name}") for name in EXPORTERS},
             meta=glob_escape(layout.key(META)),
             lease=family(LEASE),
             workers=glob_escape(layout.key(WORKERS)),
@@ -156,17 +175,25 @@ def roles(layout: KeyLayout) -> list[Role]:
         ),
         Role(
             "consumer",
-            "`tail`, dashboards, analytics: read the (redacted) topics, own consumer groups; no raw log, no dead letters",
-            (*CONNECTION, *STREAM_CONSUMER, *_keys("", *k.topics)),
+            "`tail`, dashboards, ad-hoc readers: read the (redacted) topics by id (XREAD, XRANGE, XINFO); "
+            "no consumer group command, no raw log, no dead letters",
+            (*CONNECTION, *STREAM_READER, *_keys("%R", *k.topics)),
         ),
         Role(
-            "exporter",
-            "`export otlp|postgres`: a consumer that also keeps per-run export state and open-run sets, and "
-            "dead-letters what a backend rejects into its own dead-letter stream",
+            exporter_role("otlp"),
+            "`export otlp`: its consumer groups on the topics, its per-run export state and open-run sets, "
+            "and XADD (only) to its own dead-letter stream",
             (*CONNECTION, *STREAM_CONSUMER, *_keys("", *k.topics),
-             _selector(*HASH_RW, *STRING_RW, *ZSET_RW, *KEY_LIFECYCLE, *SCRIPTS,
-                       *_keys("", k.export_state, k.export_open)),
-             _selector("+xadd", *_keys("%W", *k.export_deadletter))),
+             _selector(*HASH_RW, *STRING_RW, *ZSET_RW, *KEY_LIFECYCLE, *SCRIPTS, "+setbit", "+getbit",
+                       *_keys("", k.export_state["otlp"], *k.export_open["otlp"])),
+             _selector("+xadd", *_keys("%W", *k.export_deadletter["otlp"]))),
+        ),
+        Role(
+            exporter_role("postgres"),
+            "`export postgres`: its consumer groups on the topics and XADD (only) to its own dead-letter "
+            "stream (its state lives in PostgreSQL)",
+            (*CONNECTION, *STREAM_CONSUMER, *_keys("", *k.topics),
+             _selector("+xadd", *_keys("%W", *k.export_deadletter["postgres"]))),
         ),
         Role(
             "admin",
@@ -179,7 +206,7 @@ def roles(layout: KeyLayout) -> list[Role]:
     ]
 
 
-ROLE_NAMES = ("tap", "importer", "worker", "consumer", "exporter", "admin")
+ROLE_NAMES = ("tap", "importer", "worker", "consumer", exporter_role("otlp"), exporter_role("postgres"), "admin")
 
 
 def user_name(role: str, namespace: str = "") -> str:
@@ -210,7 +237,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "acl",
         help="print the Redis ACL users (one per role) for the configured namespace and names",
         description="Print a users.acl for Redis (aclfile) with one user per role -- tap, importer, worker, "
-        "consumer, exporter, admin -- each limited to the commands and keys it needs (docs/architecture.md). "
+        "consumer, otlp-exporter, postgres-exporter, admin -- each limited to the commands and keys it needs (docs/architecture.md). "
         "Roles given a password are on; the others are off.",
     )
     p.add_argument("--password-file", action="append", default=[], metavar="ROLE=PATH",

@@ -9,7 +9,9 @@ A plain reader thread and writer loop (not FastStream; see docs/analytics.md "Wh
    database is unreachable, retry the same batch with backoff and report not ready: nothing is
    acknowledged, the topic keeps the data;
 3. after the commit, in one MULTI per shard: dead letters (invalid entries, rows the database
-   refused) to the dead-letter partition, then XACK of the whole batch.
+   refused) to the sink's own dead-letter stream (`<deadletter>.postgres`, the only stream its
+   `postgres-exporter` ACL user may write; never the workers' `goose.deadletter`), then XACK of
+   the whole batch.
 
 A crash between 2 and 3 re-delivers the batch; every write is idempotent, so that doubles nothing.
 """
@@ -38,6 +40,7 @@ from services.settings import Settings
 log = logging.getLogger("goose_ingest.export.postgres")
 
 DEFAULT_GROUP = "goose-ingest-postgres"
+EXPORTER = "postgres"  # its key names (services/broker/keys.py) and ACL role (services/broker/acl.py)
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 MAINTENANCE_INTERVAL_S = 3600.0  # partitions ahead and retention
@@ -345,7 +348,7 @@ class Sink:
         for shard, (acks, letters) in sorted(by_shard.items()):
             pipe = self.client.pipeline(transaction=True)
             for letter in letters:
-                pipe.xadd(layout.deadletter_partition(shard), _dead_fields(letter))
+                pipe.xadd(layout.export_deadletter_partition(EXPORTER, shard), _dead_fields(letter))
             for stream, ids in acks.items():
                 pipe.xack(stream, self.opts.group, *ids)
             pipe.execute()
@@ -386,6 +389,7 @@ def _trimmed(reply: Any) -> list[tuple[str, str]]:
 def _dead_fields(letter: DeadLetter) -> dict[bytes, Any]:
     fields: dict[bytes, Any] = {
         b"reason": letter.reason, b"detail": letter.detail, b"source": letter.ref.stream, b"sourceId": letter.ref.entry_id,
+        b"exporter": EXPORTER,
     }
     for name, value in letter.fields.items():
         fields[b"raw." + name.encode()] = value
