@@ -22,6 +22,7 @@ from services.export.otlp.mapping import MappingConfig
 from services.export.otlp.processor import EXPORTER, TraceExporter
 from services.export.otlp.sink import HttpSink
 from tests.support.otlp_receiver import RunningReceiver
+from tests.support.otlp_receiver import decode as decode_request
 
 RUN_A = "host-a/run-1"
 RUN_B = "host-b/run-2"
@@ -210,6 +211,44 @@ def test_unreachable_collector_loses_nothing_and_acks_nothing_until_it_answers(s
             started["rx"].close()
 
 
+def test_an_outage_answer_is_retried_never_dead_lettered(settings, r):
+    """401, 403, 404 from a collector (an expired token, a wrong path) for a while: nothing is
+    acknowledged or dead-lettered, the exporter is not ready, and once the collector accepts again
+    every span arrives (issue 20, finding 4)."""
+    with RunningReceiver() as rx:
+        async def go():
+            exporter = make_exporter(settings, rx.endpoint)
+            await exporter.ensure_groups()
+            publish_events(r, settings, run_events(RUN_A) + run_events(RUN_B))
+            publish_records(r, settings, run_records(RUN_A) + run_records(RUN_B))
+            rx.fail_status = 401
+            task = asyncio.create_task(drain(exporter))
+            seen_not_ready = False
+            for status in (401, 403, 404, 405, 407):
+                rx.fail_status = status
+                failed = rx.failed
+                while rx.failed == failed:  # at least one attempt meets this status
+                    await asyncio.sleep(0.05)
+                seen_not_ready = seen_not_ready or not exporter.collector_ok
+                assert not task.done()
+                assert all(r.xlen(s) == 0 for s in settings.layout.export_deadletter_partitions(EXPORTER))
+            rx.fail_status = None
+            await asyncio.wait_for(task, timeout=120)
+            await drain(exporter)
+            await exporter.client.aclose()
+            return exporter, seen_not_ready
+
+        exporter, seen_not_ready = asyncio.run(go())
+        assert seen_not_ready
+        roots = {s.attributes["gen_ai.conversation.id"] for s in rx.spans if s.name.startswith("invoke_agent")}
+        assert roots == {RUN_A, RUN_B}
+    assert all(r.xlen(s) == 0 for s in settings.layout.export_deadletter_partitions(EXPORTER))
+    for stream in exporter.streams():
+        assert pending(r, settings, stream) == 0
+    assert metric(exporter, "goose_ingest_otlp_dead_letters_total", reason="otlp-rejected") == 0
+    assert metric(exporter, "goose_ingest_otlp_spans_failed_total", kind="tool") > 0
+
+
 def test_a_rejected_run_is_dead_lettered_without_taking_the_others_down(settings, r):
     with RunningReceiver(reject_runs={RUN_B}) as rx:
         async def go():
@@ -231,6 +270,10 @@ def test_a_rejected_run_is_dead_lettered_without_taking_the_others_down(settings
     (dl,) = [fields for _, fields in r.xrange(settings.layout.export_deadletter_partition(EXPORTER, 0))]
     assert dl[b"reason"] == b"otlp-rejected" and dl[b"runId"] == RUN_B.encode()
     assert dl[b"detail"].startswith(b"HTTP 400")
+    # the refused spans are kept, as the OTLP/HTTP request body, for a resend after a fix
+    assert dl[b"contentType"] == b"application/x-protobuf"
+    kept = decode_request(dl[b"otlp"])
+    assert kept and {s.attributes["gen_ai.conversation.id"] for s in kept} == {RUN_B}
     assert r.hget(settings.layout.export_state(EXPORTER, RUN_B), "dead").startswith(b"HTTP 400")
     for stream in exporter.streams():
         assert pending(r, settings, stream) == 0

@@ -184,5 +184,6 @@ def test_collector_answers_are_classified():
     assert classify_status(200, None, None).outcome is Outcome.OK
     assert classify_status(400, "Bad Request", None).outcome is Outcome.REJECTED
     assert classify_status(413, None, None).outcome is Outcome.REJECTED
-    for transient in (408, 429, 500, 503, None):
+    # an outage (an expired token, a wrong path, a proxy) is retried, never dead-lettered (issue 20, finding 4)
+    for transient in (401, 403, 404, 405, 407, 408, 409, 415, 429, 500, 502, 503, 504, None):
         assert classify_status(transient, None, ConnectionError()).outcome is Outcome.TRANSIENT

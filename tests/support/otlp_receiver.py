@@ -49,6 +49,8 @@ class Receiver:
     rejected: int = 0
     received: int = 0  # spans accepted (also counted when `keep` is off)
     keep: bool = True  # False: count only (benchmarks)
+    fail_status: int | None = None  # answer every request with this status (an outage), while set
+    failed: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -93,6 +95,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with rec.lock:
             rec.requests += 1
+            if rec.fail_status is not None:
+                rec.failed += 1
+                self._reply(rec.fail_status, b"outage")
+                return
             if any(s.attributes.get("gen_ai.conversation.id") in rec.reject_runs for s in spans):
                 rec.rejected += 1
                 self._reply(400, b"span rejected by validation")

@@ -41,7 +41,7 @@ from services.export.otlp.mapping import (
     unmappable_event,
 )
 from services.export.otlp.metrics import OtlpMetrics
-from services.export.otlp.sink import Outcome, SpanSink
+from services.export.otlp.sink import Outcome, SpanSink, encode_request
 from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.export.otlp")
@@ -176,6 +176,8 @@ class TraceExporter:
         # One request at a time: the SDK exporter (its requests.Session) is not documented as
         # thread-safe, and the subscribers of all partitions share it.
         self._send_lock = asyncio.Lock()
+        # The spans of each run the last `deliver` saw rejected: kept in its dead letter for a resend.
+        self.rejected_spans: dict[str, list[ReadableSpan]] = {}
         self.state_ttl_s = max(1, int(settings.run_state_ttl_hours * 3600))
         self._note = client.register_script(_NOTE_LUA)
         self._close = client.register_script(_CLOSE_LUA)
@@ -256,7 +258,7 @@ class TraceExporter:
                     if len(group) == 1:
                         log.warning("collector rejected the spans of run %s: %s", group[0], attempt.detail)
                         rejected[group[0]] = attempt.detail
-                        pending.pop(group[0])
+                        self.rejected_spans[group[0]] = [span for _, span in pending.pop(group[0])]
                     else:
                         split = True
                         break
@@ -278,8 +280,9 @@ class TraceExporter:
                 delay = min(delay * 2, self.settings.otlp_retry_max_s)
         return rejected
 
-    async def dead_letter(self, stream: str, run: str | None, entry_id: str, reason: str, detail: str) -> None:
-        fields: dict[str, str] = {
+    async def dead_letter(self, stream: str, run: str | None, entry_id: str, reason: str, detail: str,
+                          payload: bytes | None = None) -> None:
+        fields: dict[str, str | bytes] = {
             "reason": reason,
             "detail": detail[:DETAIL_CHARS],
             "source": stream,
@@ -288,13 +291,20 @@ class TraceExporter:
         }
         if run is not None:
             fields["runId"] = run
+        if payload is not None:
+            # The refused spans as the OTLP/HTTP protobuf request body: resent as-is after a fix
+            # (docs/otel.md "Resending dead-lettered spans").
+            fields["otlp"] = payload
+            fields["contentType"] = "application/x-protobuf"
         minid = f"{int((time.time() - self.settings.topic_retention_hours * 3600) * 1000)}-0"
         await self.client.xadd(self.deadletter_key(run, stream), fields, minid=minid, approximate=True)
         self.metrics.dead_letters.labels(reason=reason).inc()
 
     async def kill_run(self, stream: str, run: str, entry_id: str, detail: str) -> None:
         """Dead-letter a run's export: nothing more of it is sent, its later entries are acked."""
-        await self.dead_letter(stream, run, entry_id, "otlp-rejected", detail)
+        spans = self.rejected_spans.pop(run, None)
+        payload = encode_request(spans) if spans else None
+        await self.dead_letter(stream, run, entry_id, "otlp-rejected", detail, payload)
         await self._close(keys=[self.state_key(run), self.open_key(run)], args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s])
 
     # ------------------------------------------------------------------ batches

@@ -1,8 +1,12 @@
 """Where spans go: the OpenTelemetry SDK's OTLP exporter, with each attempt classified.
 
 The SDK's exporters answer SUCCESS or FAILURE only. The consumer must tell a collector that is
-down (retry, never ack) from one that refuses the data (4xx: dead-letter that run), so the HTTP
-sink reads the status of the SDK's own HTTP client. Everything else (encoding, retries within
+down (retry, never ack) from one that refuses the data (dead-letter that run), so the HTTP sink
+reads the status of the SDK's own HTTP client. Only a refusal of the content itself is final:
+400 (the collector could not accept this well-formed request's data) and 413 (too large). Every
+other answer is an outage that a fix on the collector's side ends, so retrying loses nothing:
+401/403/407 (an expired token), 404/405 (a wrong path or a proxy in the way), 408/429, any other
+4xx, any 5xx, connection errors and timeouts. Everything else (encoding, retries within
 `OTEL_EXPORTER_OTLP_TIMEOUT`, compression, headers, TLS) stays the SDK's, configured by the
 standard `OTEL_EXPORTER_OTLP_*` variables.
 """
@@ -24,15 +28,15 @@ log = logging.getLogger("goose_ingest.export.otlp")
 PROTOCOL_ENV = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 HTTP_PROTOCOL = "http/protobuf"
 GRPC_PROTOCOL = "grpc"
-# 408 and 429 are the client errors the OTLP spec names as retryable; every other 4xx is final.
-RETRYABLE_CLIENT_ERRORS = frozenset({408, 429})
+# The only answers that refuse the content itself: dead-letter (everything else is retried).
+CONTENT_REJECTIONS = frozenset({400, 413})
 MAX_DETAIL_CHARS = 500
 
 
 class Outcome(Enum):
     OK = "ok"
-    REJECTED = "rejected"  # the collector refused the data: retrying cannot help
-    TRANSIENT = "transient"  # unreachable, 5xx, timeout: retry, never ack
+    REJECTED = "rejected"  # the collector refused the content (400, 413): retrying cannot help
+    TRANSIENT = "transient"  # an outage (unreachable, 401/403/404/..., 408, 429, 5xx, timeout): retry, never ack
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ def classify_status(status: int | None, reason: str | None, error: object) -> At
     if reason:
         detail += f": {reason}"
     detail = detail[:MAX_DETAIL_CHARS]
-    if status is not None and 400 <= status < 500 and status not in RETRYABLE_CLIENT_ERRORS:
+    if status in CONTENT_REJECTIONS:
         return Attempt(Outcome.REJECTED, detail)
     return Attempt(Outcome.TRANSIENT, detail)
 
@@ -123,6 +127,17 @@ def protocol_from_env(env: dict[str, str] | None = None) -> str:
         if value:
             return value
     return HTTP_PROTOCOL
+
+
+def encode_request(spans: Sequence[ReadableSpan]) -> bytes | None:
+    """The OTLP/HTTP protobuf body (ExportTraceServiceRequest) of `spans`, as the HTTP sink sends it;
+    None when the encoder refuses them. Kept in a rejected run's dead letter for a resend."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    try:
+        return bytes(encode_spans(spans).SerializePartialToString())
+    except Exception:  # the same refusal the sink reported; nothing to keep
+        return None
 
 
 def sink_from_env(env: dict[str, str] | None = None) -> SpanSink:
