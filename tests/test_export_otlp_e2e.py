@@ -185,6 +185,25 @@ def test_exporter_process_waits_for_an_unreachable_collector_and_loses_nothing(s
     assert exporter.returncode == 0
 
 
+def test_the_endpoints_credentials_never_reach_a_log_line(settings, tmp_path):
+    """An endpoint with a password in its userinfo and a token in its query (issue 20, finding 10)."""
+    mport = free_port()
+    log = tmp_path / "exporter.log"
+    with RunningReceiver() as rx:
+        endpoint = f"http://spans:pw-s3cret-user@127.0.0.1:{rx.port}/v1/traces?api_key=qs3cret-token"
+        worker = start_worker(settings, tmp_path / "worker.log")
+        exporter = start_exporter(settings, log, endpoint, mport)
+        try:
+            publish(settings, "e2e/secret", FIXTURES / TRANSCRIPTS[0])
+            wait_until(lambda: any(s.name.startswith("invoke_agent") for s in rx.spans), timeout=120, interval=0.5)
+        finally:
+            stop(exporter)
+            stop(worker)
+    text = log.read_text(errors="replace")
+    assert f"127.0.0.1:{rx.port}/v1/traces" in text  # where spans go is still said
+    assert "pw-s3cret-user" not in text and "qs3cret-token" not in text, text[-3000:]
+
+
 def test_sigterm_while_the_collector_is_down_exits_and_leaves_the_batch_pending(settings, tmp_path):
     port = free_port()
     worker = start_worker(settings, tmp_path / "worker.log")

@@ -180,6 +180,14 @@ def test_config_from_the_standard_environment_variables():
     assert mapping_config_from_env({}).resource.attributes["service.name"] == "goose-ingest"
 
 
+def test_endpoints_are_logged_without_credentials():
+    from services.export.otlp.sink import endpoint_for_log
+
+    assert endpoint_for_log("https://u:pw@collector:4318/v1/traces?token=t#x") == "https://collector:4318/v1/traces"
+    assert endpoint_for_log("http://collector:4318/v1/traces") == "http://collector:4318/v1/traces"
+    assert endpoint_for_log("user:pw@collector:4317?k=v") == "collector:4317"
+
+
 def test_collector_answers_are_classified():
     assert classify_status(200, None, None).outcome is Outcome.OK
     assert classify_status(400, "Bad Request", None).outcome is Outcome.REJECTED

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -63,6 +64,19 @@ def classify_status(status: int | None, reason: str | None, error: object) -> At
     return Attempt(Outcome.TRANSIENT, detail)
 
 
+def endpoint_for_log(endpoint: str) -> str:
+    """The endpoint without userinfo, query or fragment: safe to log. A URL may carry credentials in
+    its userinfo and tokens in its query (`?api_key=`); what is left still says where spans go."""
+    if "://" not in endpoint:  # not a URL (e.g. a gRPC host:port): drop userinfo and query
+        return endpoint.split("?", 1)[0].rsplit("@", 1)[-1]
+    try:
+        parts = urlsplit(endpoint)
+        host = parts.netloc.rsplit("@", 1)[-1]
+    except ValueError:
+        return "(unparseable endpoint)"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 class HttpSink:
     """OTLP over HTTP/protobuf through the SDK's `OTLPSpanExporter`."""
 
@@ -70,7 +84,7 @@ class HttpSink:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         self.exporter = exporter if exporter is not None else OTLPSpanExporter()
-        self.endpoint: str = getattr(self.exporter, "_endpoint", "?")
+        self.endpoint: str = endpoint_for_log(str(getattr(self.exporter, "_endpoint", "?")))
 
     def send(self, spans: Sequence[ReadableSpan]) -> Attempt:
         client = getattr(self.exporter, "_client", None)
@@ -106,7 +120,7 @@ class SdkSink:
 
     def __init__(self, exporter: SpanExporter) -> None:
         self.exporter = exporter
-        self.endpoint: str = str(getattr(exporter, "_endpoint", type(exporter).__name__))
+        self.endpoint: str = endpoint_for_log(str(getattr(exporter, "_endpoint", type(exporter).__name__)))
 
     def send(self, spans: Sequence[ReadableSpan]) -> Attempt:
         result = self.exporter.export(spans)
