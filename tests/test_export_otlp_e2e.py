@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 
 from services.broker.connect import sync_client
 from services.export.otlp import mapping as m
+from services.settings import Settings
 from tests.fixtures import FIXTURES
 from tests.pipeline_helpers import REPO, events_by_run, start_worker, stop, wait_until
 from tests.support.needs import missing
@@ -202,6 +203,34 @@ def test_the_endpoints_credentials_never_reach_a_log_line(settings, tmp_path):
     text = log.read_text(errors="replace")
     assert f"127.0.0.1:{rx.port}/v1/traces" in text  # where spans go is still said
     assert "pw-s3cret-user" not in text and "qs3cret-token" not in text, text[-3000:]
+
+
+def test_an_exporter_started_while_redis_is_at_maxmemory_waits_with_one_line(private_redis, tmp_path):
+    """XGROUP CREATE refused with OOM (maxmemory, noeviction): one warning, no traceback, and the
+    exporter starts once memory is freed (issue 20, finding 3)."""
+    import redis
+
+    settings = Settings(redis_url=private_redis.url, namespace="oom", shards=2, spool_dir=str(tmp_path / "spool"))
+    admin = redis.Redis.from_url(private_redis.url)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", "1")
+    mport = free_port()
+    log = tmp_path / "exporter.log"
+    with RunningReceiver() as rx:
+        exporter = start_exporter(settings, log, rx.endpoint, mport)
+        try:
+            wait_until(lambda: "waiting for it" in log.read_text(errors="replace"), timeout=60)
+            time.sleep(2)
+            assert exporter.poll() is None
+            admin.config_set("maxmemory", "0")
+            wait_until(lambda: http(f"http://127.0.0.1:{mport}/readyz")[0] == 200, timeout=60)
+        finally:
+            stop(exporter)
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+    assert len([line for line in text.splitlines() if "refuses to create the consumer groups" in line]) == 1
+    assert all(settings.otlp_group.encode() in {g["name"] for g in admin.xinfo_groups(s)}
+               for s in settings.layout.events_partitions())
 
 
 def test_sigterm_while_the_collector_is_down_exits_and_leaves_the_batch_pending(settings, tmp_path):

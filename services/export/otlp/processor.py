@@ -27,6 +27,7 @@ import orjson
 from opentelemetry.sdk.trace import ReadableSpan
 from redis.exceptions import ResponseError
 
+from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.otlp.mapping import (
     MappingConfig,
     RootFacts,
@@ -200,13 +201,32 @@ class TraceExporter:
         return self.layout.events_partitions() + self.layout.runs_partitions()
 
     async def ensure_groups(self) -> None:
-        """Our group on every partition, at id 0: export what the topics still retain."""
+        """Our group on every partition, at id 0: export what the topics still retain.
+
+        A broker that refuses the write for its own state (OOM at maxmemory, LOADING, READONLY, a
+        topology change) is waited for, with one warning line, not a traceback: nothing is lost
+        by starting later (issue 20, finding 3)."""
+        delay = RETRY_INITIAL_S
+        warned = False
         for stream in self.streams():
-            try:
-                await self.client.xgroup_create(stream, self.group, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+            while True:
+                try:
+                    await self.client.xgroup_create(stream, self.group, id="0", mkstream=True)
+                    break
+                except ResponseError as exc:
+                    if "BUSYGROUP" in str(exc):
+                        break
+                    if reply_code(exc) not in TRANSIENT_CODES:
+                        raise
+                    if not warned:
+                        log.warning("broker refuses to create the consumer groups (%s); waiting for it", describe(exc))
+                        warned = True
+                    if self.stopping.is_set():
+                        raise Stopping() from None
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.settings.otlp_retry_max_s)
+        if warned:
+            log.info("consumer groups created; the broker accepts writes again")
 
     # ------------------------------------------------------------------ delivery
     def _tally(self, tally: Tally) -> None:
