@@ -211,6 +211,36 @@ def test_unreachable_collector_loses_nothing_and_acks_nothing_until_it_answers(s
             started["rx"].close()
 
 
+def test_a_slow_collector_never_doubles_a_root(settings, r):
+    """A collector at 500 ms per request, a batch in flight longer than CLAIM_IDLE_MS: the reclaim
+    beside it does not take the exporter's own in-flight entries back (issue 20, finding 5)."""
+    slow = settings.model_copy(update={"claim_idle_ms": 200})  # shorter than one request: the race is sure
+    runs = [f"slow/{i}" for i in range(4)]
+    with RunningReceiver() as rx:
+        rx.delay_s = 0.5
+
+        async def go():
+            exporter = make_exporter(slow, rx.endpoint)
+            await exporter.ensure_groups()
+            publish_events(r, slow, [e for run in runs for e in run_events(run)])
+            publish_records(r, slow, [rec for run in runs for rec in run_records(run)])
+            await drain(exporter, exporter.layout.events_partitions(), rounds=1)
+            task = asyncio.create_task(drain(exporter, exporter.layout.runs_partitions(), rounds=1))
+            reclaimed = 0
+            while not task.done():
+                await asyncio.sleep(0.25)
+                for stream in exporter.streams():
+                    reclaimed += await exporter.reclaim(stream, exporter.handler_for(stream))
+            await task
+            await exporter.client.aclose()
+            return reclaimed
+
+        reclaimed = asyncio.run(go())
+        roots = [s.attributes["gen_ai.conversation.id"] for s in rx.spans if s.name.startswith("invoke_agent")]
+    assert sorted(roots) == sorted(runs), roots  # each root once
+    assert reclaimed == 0
+
+
 def test_an_outage_answer_is_retried_never_dead_lettered(settings, r):
     """401, 403, 404 from a collector (an expired token, a wrong path) for a while: nothing is
     acknowledged or dead-lettered, the exporter is not ready, and once the collector accepts again

@@ -8,6 +8,7 @@ the end-to-end tests (tests/support/phoenix_server.py).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -49,6 +50,7 @@ class Receiver:
     rejected: int = 0
     received: int = 0  # spans accepted (also counted when `keep` is off)
     keep: bool = True  # False: count only (benchmarks)
+    delay_s: float = 0.0  # a slow collector: every request takes this long
     fail_status: int | None = None  # answer every request with this status (an outage), while set
     failed: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -88,6 +90,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         rec = self.server.receiver
+        if rec.delay_s:
+            time.sleep(rec.delay_s)
         try:
             spans = decode(body)
         except Exception:

@@ -179,6 +179,10 @@ class TraceExporter:
         self._send_lock = asyncio.Lock()
         # The spans of each run the last `deliver` saw rejected: kept in its dead letter for a resend.
         self.rejected_spans: dict[str, list[ReadableSpan]] = {}
+        # Entry ids a handler of this process is working on, per stream: the reclaim never takes
+        # them back (a batch slower than CLAIM_IDLE_MS, e.g. a slow collector, would be handled
+        # twice and its roots exported twice: issue 20, finding 5).
+        self.in_flight: dict[str, set[str]] = {}
         self.state_ttl_s = max(1, int(settings.run_state_ttl_hours * 3600))
         self._note = client.register_script(_NOTE_LUA)
         self._close = client.register_script(_CLOSE_LUA)
@@ -353,6 +357,24 @@ class TraceExporter:
             await self.client.xack(stream, self.group, *ids)
 
     async def handle_events(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
+        held = self.in_flight.setdefault(stream, set())
+        mine = {_text(i) or str(i) for i in ids} - held
+        held |= mine
+        try:
+            await self._handle_events(stream, ids, fields)
+        finally:
+            held -= mine
+
+    async def handle_runs(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
+        held = self.in_flight.setdefault(stream, set())
+        mine = {_text(i) or str(i) for i in ids} - held
+        held |= mine
+        try:
+            await self._handle_runs(stream, ids, fields)
+        finally:
+            held -= mine
+
+    async def _handle_events(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         work: dict[str, RunWork] = {}
         acks: list[str] = []
         for entry_id, fmap in zip(ids, fields, strict=True):
@@ -387,7 +409,7 @@ class TraceExporter:
             w.unmappable += 1
         self._tally(tally)
 
-    async def handle_runs(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
+    async def _handle_runs(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         work: dict[str, RunWork] = {}
         acks: list[str] = []
         for entry_id, fmap in zip(ids, fields, strict=True):
@@ -522,6 +544,8 @@ class TraceExporter:
         """Take over entries another consumer left pending too long; dead-letter poison ones."""
         idle = self.settings.claim_idle_ms
         rows = await self.client.xpending_range(stream, self.group, min="-", max="+", count=self.settings.batch_size, idle=idle)
+        held = self.in_flight.get(stream, set())
+        rows = [r for r in rows or [] if (_text(r["message_id"]) or "") not in held]  # ours, in progress
         if not rows:
             return 0
         poison = [r for r in rows if int(r["times_delivered"]) > self.settings.max_deliveries]
