@@ -25,10 +25,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import FIXTURES
+from tests.pipeline_helpers import events_by_run, wait_until
 from tests.support.needs import missing
+from tests.support.redis_server import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 UNREACHABLE = "redis://127.0.0.1:1/0"  # port 1: refused at once
+FIXTURE = FIXTURES / "a-read-edit-test-finish.jsonl"
 STOP_TIMEOUT_S = 20  # a requested stop with nothing in flight; the chart allows 60
 
 
@@ -224,6 +228,11 @@ def test_image_worker_consumes_and_stops_with_0(image, settings):
         while get(int(port), "/readyz")[0] != 200:
             assert time.monotonic() < deadline, get(int(port), "/readyz")
             time.sleep(0.2)
+        # a fixture published from the host becomes events through the worker in the container
+        subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", "image/1", str(FIXTURE)], cwd=ROOT,
+                       env=cli_env(settings), check=True, capture_output=True, timeout=60)
+        events = wait_until(lambda: events_by_run(settings).get("image/1"), timeout=60)
+        assert events and events[0]["runId"] == "image/1"
         assert podman("kill", "--signal", "TERM", name).returncode == 0
         _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
         assert proc.returncode == 0, err

@@ -26,11 +26,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.settings import ConfigError
+
+if TYPE_CHECKING:
+    from services.metrics.registry import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -204,14 +207,14 @@ def serve_early(host: str, port: int, reason: str, port_file: str = "") -> Metri
 
     empty = type("NoMetricsYet", (), {"registry": CollectorRegistry(auto_describe=True)})()
     _early = None  # a second early server of the process binds its own address
-    server = _early = serve(empty, host, port, lambda: NotReady(reason), port_file=port_file)
+    server = _early = serve(cast("Metrics", empty), host, port, lambda: NotReady(reason), port_file=port_file)
     return server
 
 
-def serve(metrics: Any, host: str, port: int, ready: Callable[[], object], port_file: str = "") -> MetricsServer:
+def serve(metrics: Metrics, host: str, port: int, ready: Callable[[], object], port_file: str = "") -> MetricsServer:
     """Start serving ``metrics.registry`` on host:port (0: any free port) in a daemon thread.
 
-    ``metrics`` is anything with a prometheus ``registry`` (the worker's Metrics, an exporter's own).
+    Only ``metrics.registry`` is read (the exporters pass their own families' holder, cast).
     An early server of this process for the same requested address is adopted, not bound again.
     Raises MetricsPortUnavailable (a ConfigError: one line, exit 2 in the CLI) when it cannot bind."""
     global _early
