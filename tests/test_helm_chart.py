@@ -338,7 +338,8 @@ def test_validation_catches_bad_objects():
 def test_default_render_is_valid(helm, kubeconfig):
     objs = render(helm, kubeconfig)
     kinds = validate_all(objs)
-    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget"}
+    # the PrometheusRule is on by default (the dashboard reads its recording rules): this fake cluster has its CRD
+    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "PrometheusRule"}
 
     dep = kinds["Deployment"]
     assert dep["metadata"]["name"] == FULLNAME
