@@ -29,7 +29,8 @@ RUN pip install --no-cache-dir --only-binary=:all: --no-deps -r requirements.loc
  && /opt/build/bin/pip install --no-cache-dir --only-binary=:all: --no-deps -r requirements-build.lock
 # 2. the project itself, as a wheel built with those build requirements (no isolation: nothing is
 #    resolved here), installed without touching the pinned deps; `pip check` fails when the lock
-#    misses a dependency; the build must have compiled the core (an image runs it compiled or not at all)
+#    misses a dependency; the build must have compiled the core (an image runs it compiled or not at all);
+#    the venv's own pip and setuptools go (22 MB nothing at run time uses)
 COPY pyproject.toml setup.py README.m[d] ./
 COPY contracts ./contracts
 COPY services ./services
@@ -37,7 +38,8 @@ RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --whe
  && pip install --no-cache-dir --no-deps /wheels/*.whl \
  && pip check \
  && cd / && python -c "from services.native import core_kind; k = core_kind(); assert k == 'compiled', k" \
- && goose-ingest --help >/dev/null
+ && goose-ingest --help >/dev/null \
+ && python -m pip uninstall -y -q pip setuptools
 
 ############################ runtime ############################
 FROM python:3.11-slim
