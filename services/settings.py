@@ -113,6 +113,10 @@ class Settings(BaseSettings):
     )
     metrics_port: int = Field(default=9464, ge=0, le=65535, description="HTTP port of /metrics, /healthz, /readyz (0: any free port).")
     metrics_host: str = Field(default="0.0.0.0", description="Bind address of the metrics server.")
+    metrics_port_file: str = Field(
+        default="",
+        description="File the metrics server writes its bound `host port` to (read by the image's HEALTHCHECK); \"\": none.",
+    )
 
     # --- redaction ----------------------------------------------------------
     redaction_enabled: bool = Field(default=True, description="Redact credentials in every published event (never in the raw log).")

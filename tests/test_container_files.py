@@ -1,12 +1,13 @@
-"""Static checks of Dockerfile, .dockerignore, requirements.lock and deploy/docker-compose.yml.
+"""Static checks of Dockerfile, .dockerignore, the locks and deploy/docker-compose.yml.
 
-There is no Docker daemon on the development machines or in CI, so the image is never built here:
-these tests check the properties we rely on instead.
+The image itself is built and run by tests/test_image.py (buildah/podman, deploy/image/build.sh);
+these checks hold for the Dockerfile everyone else builds with `docker build`.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata
 import re
 import shlex
 import tomllib
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -83,8 +85,13 @@ def test_final_stage_has_healthcheck_entrypoint_and_port():
     final = stages()[-1]
     hc = args_of(final, "HEALTHCHECK")
     assert hc and "NONE" not in hc[-1].upper()
-    assert "urllib" in hc[-1] and "127.0.0.1" in hc[-1] and "/healthz" in hc[-1] and "9464" in hc[-1]
-    assert args_of(final, "ENTRYPOINT") == ['["goose-ingest"]']
+    # the check reads the port the process bound (its port file), not only GOOSE_INGEST_METRICS_PORT
+    assert hc[-1].endswith('CMD ["python", "-m", "services.metrics.healthcheck"]')
+    env = " ".join(args_of(final, "ENV"))
+    assert "GOOSE_INGEST_METRICS_PORT_FILE=/tmp/" in env and "GOOSE_INGEST_METRICS_PORT=9464" in env
+    # tini is PID 1 (signals keep their default actions, zombies are reaped), copied as its static build
+    assert args_of(final, "ENTRYPOINT") == ['["tini", "--", "goose-ingest"]']
+    assert "--from=builder /usr/bin/tini-static /usr/local/bin/tini" in args_of(final, "COPY")
     assert args_of(final, "CMD") == ['["worker"]']
     assert "9464" in args_of(final, "EXPOSE")
 
@@ -100,10 +107,23 @@ def test_final_stage_has_no_build_tools_and_only_copies_the_venv():
     assert any("/opt/venv" in c for c in copies)
 
 
+def test_final_stage_carries_the_oci_labels():
+    labels = " ".join(args_of(stages()[-1], "LABEL"))
+    for key, arg in (("source", "SOURCE"), ("revision", "REVISION"), ("version", "VERSION")):
+        assert f'org.opencontainers.image.{key}="${{{arg}}}"' in labels
+        assert any(a.startswith(f"{arg}=") for a in args_of(stages()[-1], "ARG"))
+
+
 def test_builder_installs_locked_deps_then_the_wheel():
     builder = stages()[0]
     runs = " ".join(args_of(builder, "RUN"))
-    assert "-r requirements.lock" in runs
+    # exactly the lock (no resolution: --no-deps, then `pip check` proves the closure complete)
+    assert "pip install --no-cache-dir --only-binary=:all: --no-deps -r requirements.lock" in runs
+    assert "pip check" in runs
+    # the build requirements pinned too, in a venv that is not shipped, and no isolated build resolving its own
+    assert "/opt/build/bin/pip install --no-cache-dir --only-binary=:all: --no-deps -r requirements-build.lock" in runs
+    assert "/opt/build/bin/pip wheel" in runs and "--no-build-isolation" in runs
+    assert not any("/opt/build" in c for c in args_of(stages()[-1], "COPY"))
     assert "pip wheel" in runs and "--no-deps" in runs and "--no-cache-dir" in runs
     # The builder compiles the core (a C compiler, nothing more) and fails unless it did.
     assert not re.search(r"\bbuild-essential\b", runs)
@@ -144,24 +164,97 @@ def test_copied_sources_exist_and_are_not_dockerignored():
         assert ignored(heavy), f"{heavy} should not be sent as build context"
 
 
-def test_requirements_lock_pins_every_runtime_dependency():
-    pins: dict[str, str] = {}
-    for line in (ROOT / "requirements.lock").read_text().splitlines():
+def read_lock(name: str) -> dict[str, tuple[str, Marker | None]]:
+    """name -> (version, marker) of a lock: exact pins only, an environment marker allowed."""
+    pins: dict[str, tuple[str, Marker | None]] = {}
+    for line in (ROOT / name).read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([A-Za-z0-9_.+\-]+)", line)
-        assert m, f"not an exact pin: {line!r}"
-        pins[canonicalize_name(m.group(1))] = m.group(2)
+        req = Requirement(line)
+        spec = list(req.specifier)
+        assert len(spec) == 1 and spec[0].operator == "==" and not req.extras, f"{name}: not an exact pin: {line!r}"
+        pins[canonicalize_name(req.name)] = (spec[0].version, req.marker)
+    return pins
+
+
+# the interpreters the image runs: python:3.11-slim (a recent 3.11) and Debian 12's 3.11.2 (the local base)
+IMAGE_PYTHONS = ("3.11.2", "3.11.14")
+
+
+def marker_env(full: str) -> dict[str, str]:
+    return {"python_version": "3.11", "python_full_version": full, "sys_platform": "linux", "platform_system": "Linux",
+            "os_name": "posix", "platform_machine": "x86_64", "implementation_name": "cpython",
+            "platform_python_implementation": "CPython", "extra": ""}
+
+
+def closure_problems(lock: dict[str, tuple[str, Marker | None]], roots: list[str]) -> list[str]:
+    """What the lock lacks or contradicts: roots (pyproject requirements) and, through the metadata of
+    every pinned package installed here at its pinned version, their dependencies, for each image Python."""
+    problems: list[str] = []
+    for full in IMAGE_PYTHONS:
+        env = marker_env(full)
+        todo = [(Requirement(r), "pyproject.toml") for r in roots]
+        seen: set[tuple[str, frozenset[str]]] = set()
+        while todo:
+            req, why = todo.pop()
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            name = canonicalize_name(req.name)
+            if name not in lock or (lock[name][1] is not None and not lock[name][1].evaluate(env)):
+                problems.append(f"{req} (needed by {why}, Python {full}) is not pinned")
+                continue
+            version = lock[name][0]
+            if not req.specifier.contains(version, prereleases=True):
+                problems.append(f"{name}=={version} violates {req} (needed by {why})")
+            key = (name, frozenset(req.extras))
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                dist = importlib.metadata.distribution(name)
+            except importlib.metadata.PackageNotFoundError:
+                continue  # not installed here: the image build's `pip check` covers it
+            if canonicalize_name(dist.metadata["Name"]) != name or dist.version != version:
+                continue  # another version here; its dependencies may differ: `pip check` in the build covers it
+            for dep in dist.requires or []:
+                d = Requirement(dep)
+                if d.marker is not None:
+                    active = any(d.marker.evaluate({**env, "extra": e}) for e in (req.extras or {""}))
+                    if not active:
+                        continue
+                    d.marker = None
+                todo.append((d, f"{name}=={version}"))
+    return sorted(set(problems))
+
+
+def test_requirements_lock_is_the_closure_of_pyproject_dependencies():
+    lock = read_lock("requirements.lock")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for dep in project["dependencies"]:
-        req = Requirement(dep)
-        name = canonicalize_name(req.name)
-        assert name in pins, f"{req.name} is not pinned in requirements.lock"
-        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} violates {req.specifier}"
-    # extras pulled in by the dependencies we declare
-    assert "hiredis" in pins
-    assert not {"pytest", "hypothesis", "testcontainers", "helm-sdkpy"} & set(pins), "test-only packages in the runtime lock"
+    assert closure_problems(lock, project["dependencies"]) == []
+    assert "hiredis" in lock  # extras pulled in by the dependencies we declare
+    assert not {"pytest", "hypothesis", "testcontainers", "helm-sdkpy", "mypy", "setuptools"} & set(lock), \
+        "test or build packages in the runtime lock"
+
+
+def test_a_stale_lock_is_caught():
+    lock = read_lock("requirements.lock")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    missing_dep = {k: v for k, v in lock.items() if k != "typing-inspection"}  # pydantic needs it
+    assert any("typing-inspection" in p for p in closure_problems(missing_dep, project["dependencies"]))
+    too_old = {**lock, "pydantic": ("2.0", None)}
+    assert any("pydantic==2.0 violates" in p for p in closure_problems(too_old, project["dependencies"]))
+    assert any("newpkg" in p for p in closure_problems(lock, [*project["dependencies"], "newpkg>=1"]))
+
+
+def test_build_lock_pins_the_build_requirements_at_the_runtime_versions():
+    build = read_lock("requirements-build.lock")
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert closure_problems(build, requires) == []
+    runtime = read_lock("requirements.lock")
+    shared = set(build) & set(runtime)
+    assert {"pydantic", "orjson"} <= shared
+    assert {n: build[n][0] for n in shared} == {n: runtime[n][0] for n in shared}, "build and runtime disagree"
 
 
 # ------------------------------------------------------------------ compose

@@ -44,6 +44,7 @@ K8S_VERSIONS = ("1.28.0", "1.37.0")
 RELEASE = "gi"
 FULLNAME = "gi-goose-ingest"
 SETTINGS_NOT_IN_CONFIGMAP = {"redis_url", "redis_username", "redis_password", "metrics_port", "metrics_host",
+                             "metrics_port_file",  # per process, like the port: the image sets it
                              "postgres_dsn"}  # the DSN carries a password: postgresExporter.existingSecret
 
 ALL_ON = {
@@ -337,7 +338,8 @@ def test_validation_catches_bad_objects():
 def test_default_render_is_valid(helm, kubeconfig):
     objs = render(helm, kubeconfig)
     kinds = validate_all(objs)
-    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget"}
+    # the PrometheusRule is on by default (the dashboard reads its recording rules): this fake cluster has its CRD
+    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "PrometheusRule"}
 
     dep = kinds["Deployment"]
     assert dep["metadata"]["name"] == FULLNAME
@@ -513,3 +515,53 @@ def test_rules_file_is_a_symlink_to_the_single_source():
     assert link.is_symlink(), "helm/goose-ingest/files/rules.yml must stay a symlink, not a copy"
     assert os.readlink(link) == "../../../deploy/prometheus/rules.yml"
     assert link.resolve() == RULES.resolve()
+
+
+# ------------------------------------------------------------------ probes and grace vs the processes
+# After SIGTERM a worker lets its in-flight batches finish for FastStream's graceful_timeout, then
+# gives its shard leases back and closes its client (one broker round trip each, bounded by the
+# socket timeout): the pod's grace must cover that, or the kubelet SIGKILLs a worker mid-commit.
+STOP_AFTER_DRAIN_S = 10  # lease release + client close + interpreter exit, with room for a slow broker
+HEALTHCHECK_TIMEOUT_S = 3  # the Dockerfile's HEALTHCHECK --timeout; /healthz answers from a thread, at once
+
+
+def shutdown_budget_s() -> float:
+    """The worker's and the OTLP exporter's stop time, from their real FastStream brokers."""
+    from services.export.otlp.app import build_app as build_exporter
+    from services.export.otlp.config import mapping_config_from_env
+    from services.worker.app import build_app
+
+    settings = Settings(redis_url="redis://127.0.0.1:1/0")
+    worker, _ = build_app(settings)
+    exporter, _ = build_exporter(settings, object(), mapping_config_from_env())  # type: ignore[arg-type]
+    graceful = [b.config.graceful_timeout for app in (worker, exporter) for b in app.brokers]
+    assert all(g is not None and g > 0 for g in graceful), "an unbounded drain: no grace period can cover it"
+    return max(graceful) + STOP_AFTER_DRAIN_S
+
+
+def test_termination_grace_and_probes_agree_with_the_processes(helm, kubeconfig):
+    budget = shutdown_budget_s()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["terminationGracePeriodSeconds"] >= budget, (values["terminationGracePeriodSeconds"], budget)
+    objs = render(helm, kubeconfig, {"otlpExporter": {"enabled": True, "endpoint": "http://c:4318"},
+                                      "postgresExporter": {"enabled": True, "existingSecret": "pg"}})
+    deployments = [o for o in objs if o["kind"] == "Deployment"]
+    assert len(deployments) == 3
+    for dep in deployments:
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] >= budget
+        (c,) = pod["containers"]
+        # probes on the port the process binds: the named container port is GOOSE_INGEST_METRICS_PORT,
+        # and nothing on the command line moves it elsewhere
+        port = {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
+        assert env_of(dep)["GOOSE_INGEST_METRICS_PORT"]["value"] == str(port)
+        assert not any(a.startswith("--metrics-port") for a in c.get("args", []))
+        assert "command" not in c, "a command replaces the image's tini entrypoint"
+        live, ready = c["livenessProbe"], c["readinessProbe"]
+        assert live["httpGet"]["port"] == ready["httpGet"]["port"] == "metrics"
+        # /healthz is served from the first second whatever the broker does: a worker waiting for its
+        # broker is never restarted, so liveness may start early; it fails only for a hung process
+        assert live["timeoutSeconds"] >= HEALTHCHECK_TIMEOUT_S
+        assert live["initialDelaySeconds"] + live["periodSeconds"] * live["failureThreshold"] >= 30
+        # readiness reacts faster than liveness (a broker outage takes a pod out of the Service first)
+        assert ready["periodSeconds"] * ready["failureThreshold"] < live["periodSeconds"] * live["failureThreshold"]

@@ -2,32 +2,58 @@
 
 stdlib ``ThreadingHTTPServer`` in a daemon thread: it keeps answering while the asyncio loop of
 the worker is busy with a batch, and it never blocks process exit.
+
+Liveness from the first second: a long-running command starts its server with ``serve_early``
+before it waits for the broker (services/metrics/startup.py), so /healthz answers and /readyz says
+what it waits for while the app is not built yet. The app's own ``serve()`` for the same address
+then adopts that server (its registry and readiness replace the early ones) instead of binding a
+second port: the port never changes hands, which matters with port 0.
+
+The bound address is written to a port file when one is configured (GOOSE_INGEST_METRICS_PORT_FILE,
+set by the image): the image's HEALTHCHECK (``python -m services.metrics.healthcheck``) reads it, so
+it checks the port the process really listens on (``--metrics-port``, port 0), not the one the
+environment names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.metrics.registry import Metrics
 from services.settings import ConfigError
 
+if TYPE_CHECKING:
+    from services.metrics.registry import Metrics
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NotReady:
+    """A /readyz answer that is "not ready" with a reason (any falsy object with ``reason`` is one)."""
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], metrics: Metrics,
-                 ready: Callable[[], bool]) -> None:
+    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], metrics: Any,
+                 ready: Callable[[], object]) -> None:
         self.metrics = metrics
         self.ready = ready
         super().__init__(addr, handler)
@@ -79,20 +105,41 @@ class _Handler(BaseHTTPRequestHandler):
 class MetricsServer:
     """A running metrics server; ``port`` is the bound port (useful with port 0)."""
 
-    def __init__(self, httpd: _Server, thread: threading.Thread):
+    def __init__(self, httpd: _Server, thread: threading.Thread, requested: tuple[str, int] = ("", -1),
+                 port_file: str = ""):
         self._httpd = httpd
         self._thread = thread
         host, port = httpd.server_address[:2]
         # typeshed allows bytes for any socket family; an AF_INET/AF_INET6 server's bound host is a str
         self.host: str = host if isinstance(host, str) else bytes(host).decode()
         self.port: int = port
+        self.requested = requested  # (host, port) as asked for: port 0 binds any port
+        self.port_file = port_file
+        if port_file:
+            write_port_file(port_file, self.host, self.port)
+
+    def adopt(self, metrics: Any, ready: Callable[[], object]) -> None:
+        """Serve this registry and readiness from now on (the app taking over an early server)."""
+        self._httpd.metrics = metrics
+        self._httpd.ready = ready
+
+    def not_ready(self, reason: str) -> None:
+        """/readyz says ``reason`` from now on (an early server, while its command waits)."""
+        self._httpd.ready = lambda: NotReady(reason)
 
     def close(self) -> None:
         """Stop serving and release the port (idempotent)."""
+        global _early
+        if _early is self:
+            _early = None
         if self._thread.is_alive():
             self._httpd.shutdown()
             self._thread.join(timeout=5)
         self._httpd.server_close()
+        if self.port_file:
+            with contextlib.suppress(OSError):  # removed already, or /tmp not writable: nothing to undo
+                os.unlink(self.port_file)
+            self.port_file = ""
 
     def __enter__(self) -> MetricsServer:
         return self
@@ -129,10 +176,53 @@ def check_bindable(host: str, port: int) -> None:
         raise bind_error(host, port, exc) from None
 
 
-def serve(metrics: Metrics, host: str, port: int, ready: Callable[[], bool]) -> MetricsServer:
+def write_port_file(path: str, host: str, port: int) -> None:
+    """``host port`` on one line, written whole (a reader never sees half a file); a failure is logged."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(f"{host} {port}\n")
+        os.replace(tmp, path)
+    except OSError as exc:  # e.g. a read-only root without a /tmp volume: the check falls back to the setting
+        log.warning("cannot write the metrics port file %s (%s)", path, exc.strerror or exc)
+
+
+def read_port_file(path: str) -> tuple[str, int] | None:
+    """The (host, port) a running server wrote, or None when there is no usable file."""
+    try:
+        with open(path, encoding="ascii") as f:
+            host, port = f.read().split()
+        return host, int(port)
+    except (OSError, ValueError):
+        return None
+
+
+_early: MetricsServer | None = None  # started by serve_early, waiting for the app's serve() to adopt it
+
+
+def serve_early(host: str, port: int, reason: str, port_file: str = "") -> MetricsServer:
+    """Serve /healthz now and a /readyz that says ``reason``, until ``serve()`` adopts the server."""
+    global _early
+    from prometheus_client import CollectorRegistry
+
+    empty = type("NoMetricsYet", (), {"registry": CollectorRegistry(auto_describe=True)})()
+    _early = None  # a second early server of the process binds its own address
+    server = _early = serve(cast("Metrics", empty), host, port, lambda: NotReady(reason), port_file=port_file)
+    return server
+
+
+def serve(metrics: Metrics, host: str, port: int, ready: Callable[[], object], port_file: str = "") -> MetricsServer:
     """Start serving ``metrics.registry`` on host:port (0: any free port) in a daemon thread.
 
+    Only ``metrics.registry`` is read (the exporters pass their own families' holder, cast).
+    An early server of this process for the same requested address is adopted, not bound again.
     Raises MetricsPortUnavailable (a ConfigError: one line, exit 2 in the CLI) when it cannot bind."""
+    global _early
+    early = _early
+    if early is not None and early.requested == (host, port):
+        _early = None
+        early.adopt(metrics, ready)
+        return early
     server_cls = _Server6 if ":" in host else _Server
     try:
         httpd = server_cls((host, port), _Handler, metrics, ready)
@@ -142,4 +232,4 @@ def serve(metrics: Metrics, host: str, port: int, ready: Callable[[], bool]) -> 
         target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name=f"metrics-http-{httpd.server_address[1]}", daemon=True
     )
     thread.start()
-    return MetricsServer(httpd, thread)
+    return MetricsServer(httpd, thread, (host, port), port_file)

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 
 from services.settings import ConfigError, Settings
 
@@ -88,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
-async def wait_for_broker(settings: Settings, log: logging.Logger) -> None:
-    """Wait until the broker answers, instead of crashing: a worker usually starts before Redis."""
+async def wait_for_broker(settings: Settings, log: logging.Logger, say: Callable[[str], None] | None = None) -> None:
+    """Wait until the broker answers, instead of crashing: a worker usually starts before Redis.
+
+    ``say`` gets each retry's reason (an early /readyz shows it, services/metrics/startup.py)."""
     from redis.exceptions import AuthenticationError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -108,6 +111,8 @@ async def wait_for_broker(settings: Settings, log: logging.Logger) -> None:
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             log.warning("broker %s unreachable (%s); retrying in %.1fs", redact_url(settings.redis_url),
                         type(exc).__name__, delay)
+            if say is not None:
+                say(f"waiting for the broker {redact_url(settings.redis_url)}: unreachable ({type(exc).__name__})")
         finally:
             await client.aclose()
         await asyncio.sleep(delay)
@@ -116,23 +121,33 @@ async def wait_for_broker(settings: Settings, log: logging.Logger) -> None:
 
 async def serve_worker(settings: Settings) -> int:
     from services.metrics import Metrics
-    from services.metrics.server import check_bindable
+    from services.metrics.server import serve_early
+    from services.metrics.startup import StopOnSignal
     from services.worker.app import build_app
     from services.worker.collector import tune_collector
 
     log = logging.getLogger("goose_ingest.worker")
     tune_collector()
-    # A second worker on the same host fails here, before it touches the broker (serve() checks again).
-    check_bindable(settings.metrics_host, settings.metrics_port)
-    await wait_for_broker(settings, log)
-    app, parts = build_app(settings, Metrics())
+    # Served before the broker is reached (a second worker on the same host fails here, exit 2), so
+    # /healthz answers and /readyz says what we wait for; build_app's serve() adopts this server.
+    # SIGTERM/SIGINT while waiting: exit 0 (services/metrics/startup.py).
+    early = serve_early(settings.metrics_host, settings.metrics_port, "waiting for the broker", settings.metrics_port_file)
+    try:
+        stop = StopOnSignal().install()
+        await stop.wait(wait_for_broker(settings, log, early.not_ready))
+        if stop.requested:
+            return 0
+        app, parts = build_app(settings, Metrics())
+        stop.forward(app.exit)
 
-    @app.after_startup
-    async def _announce() -> None:
-        server = parts.get("server") if isinstance(parts, dict) else getattr(parts, "server", None)
-        consumer = parts["consumer"] if isinstance(parts, dict) else getattr(parts, "consumer", "?")
-        log.info("worker %s consuming %d shards; metrics on port %s", consumer, settings.shards,
-                 server.port if server else "-")
+        @app.after_startup
+        async def _announce() -> None:
+            server = parts.get("server") if isinstance(parts, dict) else getattr(parts, "server", None)
+            consumer = parts["consumer"] if isinstance(parts, dict) else getattr(parts, "consumer", "?")
+            log.info("worker %s consuming %d shards; metrics on port %s", consumer, settings.shards,
+                     server.port if server else "-")
 
-    await app.run()
+        await app.run()
+    finally:
+        early.close()  # when adopted, the app closed it already (idempotent)
     return parts.exit_code  # 1 when a subscriber stopped on its own (services/worker/app.py)

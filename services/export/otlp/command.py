@@ -52,12 +52,28 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve_exporter(settings: Settings, sink, cfg) -> int:
     from services.export.otlp.app import build_app
+    from services.metrics.server import serve_early
+    from services.metrics.startup import StopOnSignal
     from services.worker.command import wait_for_broker
 
     log = logging.getLogger("goose_ingest.export.otlp")
-    await wait_for_broker(settings, log)
-    app, runtime = build_app(settings, sink, cfg)
+    # /healthz at once, /readyz saying what we wait for, SIGTERM/SIGINT -> exit 0 while waiting
+    # (services/metrics/startup.py); build_app's serve() adopts this server
+    early = serve_early(settings.metrics_host, settings.metrics_port, "waiting for the broker", settings.metrics_port_file)
+    try:
+        stop = StopOnSignal().install()
+        await stop.wait(wait_for_broker(settings, log, early.not_ready))
+        if stop.requested:
+            return 0
+        app, runtime = build_app(settings, sink, cfg)
+        stop.forward(app.exit)
+        await _run(app, runtime, sink, log)
+    finally:
+        early.close()  # when adopted, the app closed it already (idempotent)
+    return 0
 
+
+async def _run(app, runtime, sink, log) -> None:
     @app.after_startup
     async def _announce() -> None:
         server = runtime.server
@@ -70,4 +86,3 @@ async def serve_exporter(settings: Settings, sink, cfg) -> int:
         )
 
     await app.run()
-    return 0

@@ -108,7 +108,8 @@ def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None)
     sink = Sink(settings, sync_client(settings), store, options, metrics)
     # The server reads `.registry` only; SinkMetrics has its own families, not the worker's.
     try:
-        server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, sink.is_ready)
+        server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, sink.is_ready,
+                               port_file=settings.metrics_port_file)
     except OSError as exc:
         store.close()
         raise ConfigError(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} ({exc.strerror}); "

@@ -1,0 +1,242 @@
+"""The container: signals and probes of the real processes, then the built image itself.
+
+Part 1 runs everywhere (real `goose-ingest` processes, no image): /healthz answers within 2 s while
+the broker is unreachable, /readyz says why it is not ready, the HEALTHCHECK module finds the port
+the process bound, SIGTERM/SIGINT end the process with exit 0 while it waits and while it consumes.
+
+Part 2 builds the image with deploy/image/build.sh (buildah/podman, cached layers) and runs it
+--read-only with a tmpfs /tmp, as its non-root user, against a Redis on the host (--network=host).
+Without the tools it skips saying what to install, and FAILS under CI (tests/support/needs.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import FIXTURES
+from tests.pipeline_helpers import events_by_run, wait_until
+from tests.support.needs import missing
+from tests.support.redis_server import cli_env
+
+ROOT = Path(__file__).resolve().parents[1]
+UNREACHABLE = "redis://127.0.0.1:1/0"  # port 1: refused at once
+FIXTURE = FIXTURES / "a-read-edit-test-finish.jsonl"
+STOP_TIMEOUT_S = 20  # a requested stop with nothing in flight; the chart allows 60
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def start(args: list[str], env: dict[str, str], port_file: Path) -> subprocess.Popen[bytes]:
+    full = {**os.environ, "GOOSE_INGEST_METRICS_PORT_FILE": str(port_file), "GOOSE_INGEST_METRICS_HOST": "127.0.0.1",
+            **env}
+    return subprocess.Popen([sys.executable, "-m", "services.cli", *args, "--metrics-port", "0"], cwd=ROOT, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_port(proc: subprocess.Popen[bytes], port_file: Path, within_s: float) -> int:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        if port_file.exists():
+            host, port = port_file.read_text().split()
+            status, _ = get(int(port), "/healthz")
+            if status == 200:
+                return int(port)
+        time.sleep(0.05)
+    raise AssertionError(f"/healthz not served within {within_s}s")
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> tuple[int, float, str]:
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, time.monotonic() - t0, err.decode()
+
+
+COMMANDS = [pytest.param(["worker"], {}, id="worker"),
+            pytest.param(["export", "otlp"], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, id="export-otlp")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(("args", "env"), COMMANDS)
+def test_probes_while_the_broker_is_unreachable_and_a_stop_exits_0(tmp_path, args, env, sig):
+    port_file = tmp_path / "port"
+    t0 = time.monotonic()
+    proc = start(args, {"GOOSE_INGEST_REDIS_URL": UNREACHABLE, **env}, port_file)
+    try:
+        port = wait_port(proc, port_file, within_s=5.0)
+        # import time dominates; on an idle machine it is ~1 s
+        assert time.monotonic() - t0 < 5.0
+        time.sleep(0.5)  # at least one failed attempt: the reason names it
+        status, body = get(port, "/readyz")
+        assert status == 503 and "waiting for the broker redis://127.0.0.1:1/0" in body and "ConnectionError" in body
+        # the image's HEALTHCHECK, as the container runs it: finds the bound port through the file
+        check = subprocess.run([sys.executable, "-m", "services.metrics.healthcheck"], cwd=ROOT, timeout=30,
+                               env={**os.environ, "GOOSE_INGEST_METRICS_PORT_FILE": str(port_file),
+                                    "GOOSE_INGEST_METRICS_PORT": "1"}, capture_output=True)
+        assert check.returncode == 0, check.stderr
+    finally:
+        code, took, err = stop(proc, sig)
+    assert code == 0, err
+    assert took < 5.0, took
+    assert "Traceback" not in err
+    assert not port_file.exists(), "the port file outlives its server"
+    # a dead process fails the check
+    check = subprocess.run([sys.executable, "-m", "services.metrics.healthcheck"], cwd=ROOT, timeout=30,
+                           env={**os.environ, "GOOSE_INGEST_METRICS_PORT_FILE": str(port_file),
+                                "GOOSE_INGEST_METRICS_PORT": str(port)}, capture_output=True)
+    assert check.returncode == 1
+
+
+def test_worker_consuming_becomes_ready_keeps_its_port_and_stops_with_0(tmp_path, settings):
+    port_file = tmp_path / "port"
+    proc = start(["worker"], {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
+                              "GOOSE_INGEST_SHARDS": str(settings.shards)}, port_file)
+    try:
+        port = wait_port(proc, port_file, within_s=10.0)
+        deadline = time.monotonic() + 20
+        while get(port, "/readyz")[0] != 200:
+            assert time.monotonic() < deadline, get(port, "/readyz")
+            time.sleep(0.1)
+        # the early server was adopted: same port, now with the worker's metrics
+        assert port_file.read_text().split()[1] == str(port)
+        assert "goose_ingest_" in get(port, "/metrics")[1]
+    finally:
+        code, took, err = stop(proc)
+    assert code == 0, err
+    assert took < STOP_TIMEOUT_S
+
+
+# ---------------------------------------------------------------------------------- the image
+IMAGE = os.environ.get("GOOSE_INGEST_IMAGE", "localhost/goose-ingest:ci")
+TOOLS = ("buildah", "podman", "runc", "mmdebstrap")
+HOW = "apt-get install buildah podman runc mmdebstrap (Debian 12), as root; deploy/image/build.sh"
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    absent = [t for t in TOOLS if shutil.which(t) is None]
+    if absent:
+        missing(f"building the image needs {', '.join(absent)}", HOW)
+    if os.geteuid() != 0:
+        missing("building the image (podman storage, chroot isolation) needs root", HOW)
+    t0 = time.monotonic()
+    out = subprocess.run([str(ROOT / "deploy" / "image" / "build.sh")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=1800, env={**os.environ, "IMAGE": IMAGE})
+    assert out.returncode == 0, out.stderr[-4000:]
+    print(f"image build: {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    return IMAGE
+
+
+def podman_env() -> dict[str, str]:
+    conf = os.environ.get("CONTAINERS_CONF") or "/var/tmp/goose-ingest-image/containers.conf"
+    return {**os.environ, "CONTAINERS_CONF": conf}
+
+
+def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, env=podman_env())
+
+
+def run_args(name: str, env: dict[str, str]) -> list[str]:
+    out = ["run", "--rm", "--name", name, "--read-only", "--tmpfs", "/tmp", "--network=host", "--stop-timeout", "30"]
+    for k, v in env.items():
+        out += ["-e", f"{k}={v}"]
+    return out
+
+
+def test_image_metadata(image):
+    info = json.loads(podman("image", "inspect", image).stdout)[0]
+    labels = info["Config"]["Labels"] if "Config" in info else info["Labels"]
+    for key in ("source", "revision", "version"):
+        assert labels.get(f"org.opencontainers.image.{key}"), key
+    assert info["Config"]["User"] == "10001:10001"
+    assert info["Config"]["Entrypoint"] == ["tini", "--", "goose-ingest"]
+    out = podman("run", "--rm", "--read-only", "--tmpfs", "/tmp", image, "--version")
+    assert out.returncode == 0 and "core: compiled" in out.stdout, out
+    who = podman("run", "--rm", "--entrypoint", "id", image, "-u")
+    assert who.stdout.strip() == "10001"
+
+
+@pytest.mark.parametrize("args", [["tail", "--help"], ["replay", "--help"], ["import-sessions", "--help"],
+                                  ["acl", "--help"], ["export", "postgres", "--help"]], ids=lambda a: a[0])
+def test_every_command_runs_from_the_image(image, args):
+    out = podman("run", "--rm", "--read-only", "--tmpfs", "/tmp", image, *args)
+    assert out.returncode == 0, out.stderr
+    assert "usage" in out.stdout.lower()
+
+
+def wait_container_healthy(name: str, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if podman("healthcheck", "run", name).returncode == 0:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{name}: HEALTHCHECK not passing within {within_s}s")
+
+
+@pytest.mark.parametrize(("args", "env"), COMMANDS)
+def test_image_stops_with_0_while_the_broker_is_unreachable(image, args, env):
+    name = f"gi-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(["podman", *run_args(name, {"GOOSE_INGEST_REDIS_URL": UNREACHABLE,
+                                                         "GOOSE_INGEST_METRICS_PORT": "0", **env}), image, *args],
+                            env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_container_healthy(name, within_s=30)  # port 0: only the port file can say where to look
+        t0 = time.monotonic()
+        assert podman("kill", "--signal", "TERM", name).returncode == 0
+        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
+        assert proc.returncode == 0, err
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            podman("kill", name)
+            proc.kill()
+
+
+def test_image_worker_consumes_and_stops_with_0(image, settings):
+    name = f"gi-{uuid.uuid4().hex[:8]}"
+    env = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
+           "GOOSE_INGEST_SHARDS": str(settings.shards), "GOOSE_INGEST_METRICS_PORT": "0"}
+    proc = subprocess.Popen(["podman", *run_args(name, env), image, "worker"], env=podman_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_container_healthy(name, within_s=60)
+        port = podman("exec", name, "cat", "/tmp/goose-ingest-metrics.port").stdout.split()[1]
+        deadline = time.monotonic() + 30
+        while get(int(port), "/readyz")[0] != 200:
+            assert time.monotonic() < deadline, get(int(port), "/readyz")
+            time.sleep(0.2)
+        # a fixture published from the host becomes events through the worker in the container
+        subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", "image/1", str(FIXTURE)], cwd=ROOT,
+                       env=cli_env(settings), check=True, capture_output=True, timeout=60)
+        events = wait_until(lambda: events_by_run(settings).get("image/1"), timeout=60)
+        assert events and events[0]["runId"] == "image/1"
+        assert podman("kill", "--signal", "TERM", name).returncode == 0
+        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            podman("kill", name)
+            proc.kill()
