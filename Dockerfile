@@ -70,5 +70,7 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
   CMD ["python", "-m", "services.metrics.healthcheck"]
 # tini as PID 1: signals get their default actions and are forwarded to goose-ingest, which stops
 # with exit 0 on SIGTERM/SIGINT in every state (services/metrics/startup.py); zombies are reaped.
-ENTRYPOINT ["tini", "--", "goose-ingest"]
+# A SIGTERM in the first second, before Python has installed any handler, ends the process by the
+# signal's default action (128 + 15): `-e 143` reports that requested stop as 0 too.
+ENTRYPOINT ["tini", "-e", "143", "--", "goose-ingest"]
 CMD ["worker"]

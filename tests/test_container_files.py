@@ -90,7 +90,7 @@ def test_final_stage_has_healthcheck_entrypoint_and_port():
     env = " ".join(args_of(final, "ENV"))
     assert "GOOSE_INGEST_METRICS_PORT_FILE=/tmp/" in env and "GOOSE_INGEST_METRICS_PORT=9464" in env
     # tini is PID 1 (signals keep their default actions, zombies are reaped), copied as its static build
-    assert args_of(final, "ENTRYPOINT") == ['["tini", "--", "goose-ingest"]']
+    assert args_of(final, "ENTRYPOINT") == ['["tini", "-e", "143", "--", "goose-ingest"]']
     assert "--from=builder /usr/bin/tini-static /usr/local/bin/tini" in args_of(final, "COPY")
     assert args_of(final, "CMD") == ['["worker"]']
     assert "9464" in args_of(final, "EXPOSE")

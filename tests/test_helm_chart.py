@@ -137,18 +137,19 @@ class _FakeKube(BaseHTTPRequestHandler):
                     "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
                     "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
                 }
-                for (g, v) in DISCOVERY
+                for (g, v) in self.server.discovery  # type: ignore[attr-defined]
                 if g
             ]
             return self._json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
         m = re.fullmatch(r"/api/(v1)|/apis/([^/]+)/([^/]+)", path)
         if m:
             gv = ("", "v1") if m.group(1) else (m.group(2), m.group(3))
-            if gv not in DISCOVERY:
+            discovery = self.server.discovery  # type: ignore[attr-defined]
+            if gv not in discovery:
                 return self._not_found()
             resources = [
                 {"name": n, "singularName": k.lower(), "namespaced": ns, "kind": k, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}
-                for n, k, ns in DISCOVERY[gv]
+                for n, k, ns in discovery[gv]
             ]
             return self._json(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{gv[0]}/{gv[1]}".lstrip("/"), "resources": resources})
         if "labelSelector" in query:  # helm's release history: none
@@ -182,7 +183,18 @@ def helm():
 
 @pytest.fixture(scope="module")
 def kubeconfig(tmp_path_factory):
+    yield from _fake_cluster(tmp_path_factory, DISCOVERY)
+
+
+@pytest.fixture(scope="module")
+def bare_kubeconfig(tmp_path_factory):
+    """A cluster without the Prometheus Operator: no monitoring.coreos.com CRDs."""
+    yield from _fake_cluster(tmp_path_factory, {gv: r for gv, r in DISCOVERY.items() if gv[0] != "monitoring.coreos.com"})
+
+
+def _fake_cluster(tmp_path_factory, discovery: dict):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeKube)
+    server.discovery = discovery  # type: ignore[attr-defined]
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -333,6 +345,18 @@ def test_validation_catches_bad_objects():
              "triggers": [{"type": "redis-streams", "metadata": {"address": "a", "stream": "s", "consumerGroup": "g", "lagCount": 5}}]}},
             {"metadata": {"name": "d"}},
         )
+
+
+def test_default_render_without_the_operator_skips_the_rule_and_says_so(helm, bare_kubeconfig):
+    # prometheusRule.enabled is on by default; a cluster without the Operator's CRD must still install
+    # (no object of an unknown kind) and the release notes must say where the rules have to go instead
+    cfg = helm.Configuration(namespace="ingest", kubeconfig=bare_kubeconfig)
+    release = asyncio.run(helm.Install(cfg).run(RELEASE, str(CHART), values=None, wait=False, timeout=60))
+    objs = [d for d in yaml.safe_load_all(release["manifest"]) if d]
+    kinds = validate_all(objs)
+    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget"}
+    notes = json.dumps(release)
+    assert "no PrometheusRule CRD" in notes and "deploy/prometheus/rules.yml" in notes
 
 
 def test_default_render_is_valid(helm, kubeconfig):

@@ -26,9 +26,16 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import FIXTURES
-from tests.pipeline_helpers import events_by_run, wait_until
+from tests.pipeline_helpers import ended_runs, events_by_run, expected_events, start_worker, wait_until
+from tests.pipeline_helpers import stop as stop_worker
+from tests.support import postgres as pg_support
 from tests.support.needs import missing
+from tests.support.otlp_receiver import RunningReceiver
 from tests.support.redis_server import cli_env
+
+# The PostgreSQL fixtures (tests/support/postgres.py), made visible to this module.
+pg_database = pg_support.pg_database
+pg_dsn = pg_support.pg_dsn
 
 ROOT = Path(__file__).resolve().parents[1]
 UNREACHABLE = "redis://127.0.0.1:1/0"  # port 1: refused at once
@@ -110,6 +117,25 @@ def test_probes_while_the_broker_is_unreachable_and_a_stop_exits_0(tmp_path, arg
     assert check.returncode == 1
 
 
+def test_export_postgres_says_why_it_is_not_ready_and_stops_with_0(tmp_path, settings):
+    # the database refuses (port 1); the broker is fine: /readyz names the database without its password
+    port_file = tmp_path / "port"
+    dsn = "postgresql://sink:hunter2secret@127.0.0.1:1/analytics"
+    proc = start(["export", "postgres"], {"GOOSE_INGEST_REDIS_URL": settings.redis_url,
+                                          "GOOSE_INGEST_NAMESPACE": settings.namespace,
+                                          "GOOSE_INGEST_POSTGRES_DSN": dsn}, port_file)
+    try:
+        port = wait_port(proc, port_file, within_s=10.0)
+        body = wait_until(lambda: (r := get(port, "/readyz"))[0] == 503 and "failed" in r[1] and r[1], timeout=20)
+        assert "database 127.0.0.1:1/analytics failed: OperationalError" in body
+        assert "hunter2secret" not in body
+    finally:
+        code, took, err = stop(proc)
+    assert code == 0, err
+    assert took < STOP_TIMEOUT_S
+    assert "hunter2secret" not in err and "Traceback" not in err
+
+
 def test_worker_consuming_becomes_ready_keeps_its_port_and_stops_with_0(tmp_path, settings):
     port_file = tmp_path / "port"
     proc = start(["worker"], {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
@@ -172,7 +198,7 @@ def test_image_metadata(image):
     for key in ("source", "revision", "version"):
         assert labels.get(f"org.opencontainers.image.{key}"), key
     assert info["Config"]["User"] == "10001:10001"
-    assert info["Config"]["Entrypoint"] == ["tini", "--", "goose-ingest"]
+    assert info["Config"]["Entrypoint"] == ["tini", "-e", "143", "--", "goose-ingest"]
     out = podman("run", "--rm", "--read-only", "--tmpfs", "/tmp", image, "--version")
     assert out.returncode == 0 and "core: compiled" in out.stdout, out
     who = podman("run", "--rm", "--entrypoint", "id", image, "-u")
@@ -215,6 +241,21 @@ def test_image_stops_with_0_while_the_broker_is_unreachable(image, args, env):
             proc.kill()
 
 
+def test_image_stops_with_0_on_a_sigterm_during_start_up(image):
+    """SIGTERM as soon as the container runs, before Python has installed a handler: still exit 0."""
+    name = f"gi-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(["podman", *run_args(name, {"GOOSE_INGEST_REDIS_URL": UNREACHABLE}), image, "worker"],
+                            env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: podman("kill", "--signal", "TERM", name).returncode == 0, timeout=30, interval=0.02)
+        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    finally:
+        if proc.poll() is None:
+            podman("kill", name)
+            proc.kill()
+
+
 def test_image_worker_consumes_and_stops_with_0(image, settings):
     name = f"gi-{uuid.uuid4().hex[:8]}"
     env = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
@@ -244,3 +285,139 @@ def test_image_worker_consumes_and_stops_with_0(image, settings):
         if proc.poll() is None:
             podman("kill", name)
             proc.kill()
+
+
+def container_port(name: str, within_s: float) -> int:
+    """The metrics port the process in the container bound (port 0), from its port file."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        out = podman("exec", name, "cat", "/tmp/goose-ingest-metrics.port")
+        if out.returncode == 0 and out.stdout.split():
+            return int(out.stdout.split()[1])
+        time.sleep(0.3)
+    raise AssertionError(f"{name}: no port file within {within_s}s")
+
+
+def wait_ready(name: str, within_s: float) -> None:
+    port = container_port(name, within_s)
+    wait_until(lambda: get(port, "/readyz")[0] == 200, timeout=within_s)
+
+
+def test_image_worker_and_both_exporters_deliver_a_run_and_stop_with_0(image, settings, pg_dsn):
+    """The one image runs the worker and both exporters (read-only, non-root, port 0) against the host's
+    Redis, PostgreSQL and an OTLP receiver: a published fixture reaches both targets, every container
+    becomes ready, and each stops with 0 on SIGTERM."""
+    base = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
+            "GOOSE_INGEST_SHARDS": str(settings.shards), "GOOSE_INGEST_METRICS_PORT": "0"}
+    run = "image/exporters"
+    golden = [json.loads(x) for x in (ROOT / "tests" / "golden" / f"{FIXTURE.stem}.events.jsonl").read_text().splitlines()]
+    with RunningReceiver() as rx:
+        specs = {"worker": (["worker"], {}),
+                 "otlp": (["export", "otlp"], {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.endpoint}),
+                 "postgres": (["export", "postgres"], {"GOOSE_INGEST_POSTGRES_DSN": pg_dsn})}
+        procs: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
+        try:
+            for key, (args, env) in specs.items():
+                name = f"gi-{key}-{uuid.uuid4().hex[:6]}"
+                procs[key] = (name, subprocess.Popen(["podman", *run_args(name, {**base, **env}), image, *args],
+                                                     env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            for name, _ in procs.values():
+                wait_container_healthy(name, within_s=60)
+                wait_ready(name, within_s=60)
+            subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", run, str(FIXTURE)], cwd=ROOT,
+                           env=cli_env(settings), check=True, capture_output=True, timeout=60)
+            # OTLP: the run's root span arrives once, after its events
+            roots = wait_until(lambda: [s for s in list(rx.spans) if s.name.startswith("invoke_agent")
+                                        and s.attributes.get("gen_ai.conversation.id") == run], timeout=90)
+            # PostgreSQL: every event of the run, once, and its run record ended
+            import psycopg
+
+            def stored() -> bool:
+                with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                    n = conn.execute("SELECT count(*), count(DISTINCT event_id) FROM events WHERE run_key = %s",
+                                     (run,)).fetchone()
+                    state = conn.execute("SELECT state FROM runs WHERE run_key = %s", (run,)).fetchone()
+                return n == (len(golden), len(golden)) and state is not None and state[0] == "ended"
+
+            wait_until(stored, timeout=90)
+            assert len(roots) == 1
+            for key, (name, proc) in procs.items():
+                assert podman("kill", "--signal", "TERM", name).returncode == 0
+                _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
+                assert proc.returncode == 0, (key, err.decode()[-2000:])
+        finally:
+            for name, proc in procs.values():
+                if proc.poll() is None:
+                    podman("kill", name)
+                    proc.kill()
+
+
+def test_image_worker_stops_with_0_while_waiting_for_a_lease(image, settings, tmp_path):
+    """One shard, held by a worker on the host: the worker in the container waits for a lease
+    (/readyz says so) and stops with 0 on SIGTERM in that state."""
+    one = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
+           "GOOSE_INGEST_SHARDS": "1"}
+    host = start(["worker"], one, tmp_path / "host-port")
+    name = f"gi-{uuid.uuid4().hex[:8]}"
+    proc = None
+    try:
+        host_port = wait_port(host, tmp_path / "host-port", within_s=10.0)
+        wait_until(lambda: get(host_port, "/readyz")[0] == 200, timeout=30)
+        proc = subprocess.Popen(["podman", *run_args(name, {**one, "GOOSE_INGEST_METRICS_PORT": "0"}), image, "worker"],
+                                env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_container_healthy(name, within_s=60)
+        port = container_port(name, within_s=30)
+        # connected, but the one shard is leased to the host's worker: this one holds none and waits
+        wait_until(lambda: "goose_ingest_shard_leases_held 0.0" in get(port, "/metrics")[1], timeout=30)
+        assert "goose_ingest_shard_leases_held 1.0" in get(host_port, "/metrics")[1]
+        assert podman("kill", "--signal", "TERM", name).returncode == 0
+        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert b"Traceback" not in err
+    finally:
+        if proc is not None and proc.poll() is None:
+            podman("kill", name)
+            proc.kill()
+        code, _, err = stop(host)
+    assert code == 0, err
+
+
+def test_image_worker_stopped_mid_batch_exits_0_and_loses_nothing(image, settings, tmp_path):
+    """SIGTERM while the worker in the container is consuming: exit 0, and whatever it had read but
+    not committed is completed by the next worker, every event once."""
+    import redis
+
+    from services.broker.keys import shard_of
+
+    lines = FIXTURE.read_text().splitlines()
+    runs = [f"image/mid-{i}" for i in range(100)]
+    r = redis.Redis.from_url(settings.redis_url)
+    pipe = r.pipeline(transaction=False)
+    for run in runs:
+        stream = settings.raw_stream(shard_of(run, settings.shards))
+        for seq, line in enumerate(lines):
+            pipe.xadd(stream, {"run": run, "seq": seq, "ts": 1_790_000_000_000 + seq, "line": line})
+        pipe.xadd(stream, {"run": run, "seq": len(lines), "ts": 1_790_000_000_000 + len(lines), "kind": "eof", "exit": 0})
+    pipe.execute()
+    name = f"gi-{uuid.uuid4().hex[:8]}"
+    env = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
+           "GOOSE_INGEST_SHARDS": str(settings.shards), "GOOSE_INGEST_METRICS_PORT": "0", "GOOSE_INGEST_BATCH_SIZE": "20"}
+    proc = subprocess.Popen(["podman", *run_args(name, env), image, "worker"], env=podman_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: ended_runs(settings), timeout=90, interval=0.02)  # consuming: the first run is out
+        assert podman("kill", "--signal", "TERM", name).returncode == 0
+        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    finally:
+        if proc.poll() is None:
+            podman("kill", name)
+            proc.kill()
+    second = start_worker(settings, tmp_path / "w.log")
+    try:
+        wait_until(lambda: set(runs) <= ended_runs(settings), timeout=90)
+    finally:
+        stop_worker(second)
+    published = events_by_run(settings)
+    for run in runs:
+        assert published[run] == expected_events(settings, run)

@@ -35,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from services.export.postgres.metrics import SinkMetrics
 from services.export.postgres.rows import INVALID_ENTRY, DeadLetter, EntryRef, Parsed, parse_batch
 from services.export.postgres.store import Store, WriteResult, utcnow
+from services.metrics.server import NotReady
 from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.export.postgres")
@@ -99,6 +100,9 @@ class Sink:
         self._batches: queue.Queue[Batch] = queue.Queue(maxsize=1)
         self._db_ok = False
         self._broker_ok = False
+        # what /readyz says while not ready: the latest reason of each side, safe to show (no credentials)
+        self._db_why = f"connecting to the database {redact_dsn(store.dsn)}"
+        self._broker_why = "connecting to the broker"
         self._groups_ok = False
         self._setup_done = False
         self._last_sweep = 0.0
@@ -106,14 +110,25 @@ class Sink:
         self._last_ping = 0.0
 
     # ------------------------------------------------------------------ state
-    def is_ready(self) -> bool:
-        return self._db_ok and self._broker_ok and not self.stopping.is_set()
+    def is_ready(self) -> bool | NotReady:
+        """True, or a falsy NotReady whose reason /readyz shows."""
+        if self.stopping.is_set():
+            return NotReady("stopping")
+        if not self._db_ok:
+            return NotReady(self._db_why)
+        if not self._broker_ok:
+            return NotReady(self._broker_why)
+        return True
 
-    def _set(self, db: bool | None = None, broker: bool | None = None) -> None:
+    def _set(self, db: bool | None = None, broker: bool | None = None, why: str = "") -> None:
         if db is not None:
             self._db_ok = db
+            if not db and why:
+                self._db_why = why
         if broker is not None:
             self._broker_ok = broker
+            if not broker and why:
+                self._broker_why = why
         self.metrics.ready.set(1 if self.is_ready() else 0)
 
     def stop(self) -> None:
@@ -191,7 +206,7 @@ class Sink:
             self._set(db=True)
 
     def _db_failure(self, exc: psycopg.Error, backoff: float) -> None:
-        self._set(db=False)
+        self._set(db=False, why=f"database {redact_dsn(self.store.dsn)} failed: {_describe(exc)}")
         self.metrics.errors.labels("database").inc()
         log.warning("database %s failed: %s; retrying in %.1fs", redact_dsn(self.store.dsn), _describe(exc), backoff)
         self.store.close()
@@ -218,7 +233,7 @@ class Sink:
                             continue
                 continue
             except _BROKER_ERRORS as exc:
-                self._set(broker=False)
+                self._set(broker=False, why=f"broker unreachable ({type(exc).__name__})")
                 self.metrics.errors.labels("broker").inc()
                 log.warning("broker unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
                 self.next_id = {s: "0" for s in self.topic}  # re-read what we hold but did not ack
@@ -312,7 +327,7 @@ class Sink:
             except _BROKER_ERRORS as exc:
                 # Written but not acknowledged: retry the acknowledgement (a re-delivery meanwhile
                 # is harmless, the rows are idempotent; a dead letter may then appear twice).
-                self._set(broker=False)
+                self._set(broker=False, why=f"broker unreachable while acknowledging ({type(exc).__name__})")
                 self.metrics.errors.labels("broker").inc()
                 log.warning("broker unreachable while acknowledging (%s); retrying in %.1fs", type(exc).__name__, backoff)
             if self._sleep(backoff):
