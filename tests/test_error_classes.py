@@ -161,3 +161,10 @@ def test_codex_retry_notice_and_fatal_error_through_the_normalizer():
 def test_other_warnings_carry_no_class():
     events = _events("goose", ["not json at all"])
     assert events and all("errorClass" not in e for e in events)
+
+
+@pytest.mark.parametrize(("message", "expected"), [(m, c) for code, m, c in CASES if code is None and m],
+                         ids=[c[1][:48] for c in CASES if c[0] is None and c[1]])
+def test_every_message_rule_through_a_goose_error_record(message, expected):
+    (event,) = _events("goose", [orjson.dumps({"type": "error", "error": message}).decode()])
+    assert event == {**event, "type": "error", "message": message, "errorClass": expected}
