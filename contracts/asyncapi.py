@@ -144,7 +144,7 @@ def document() -> dict[str, Any]:
         "asyncapi": "3.0.0",
         "info": {
             "title": "goose-ingest",
-            "version": "1.0.0",
+            "version": "1.1.0",
             "description": "Raw goose stream-json lines in, normalized harness events out, on Redis Streams. "
             "Stream names are settings (GOOSE_INGEST_*); the addresses here are the defaults. "
             "Generated from the pydantic models in contracts/ by `python -m contracts.generate`.",

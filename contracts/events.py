@@ -32,6 +32,12 @@ FORMATS: tuple[str, ...] = get_args(InputFormat)
 
 Line = Annotated[int, Field(ge=1)]
 
+# What kind of failure an `error` (or a retry `warning`) reports: a closed vocabulary, assigned by
+# services/normalizer/error_classes.py (rules and their sources: docs/contract.md, "Error classes").
+ErrorClass = Literal["rate_limit", "auth", "quota", "context_length", "provider_unavailable", "timeout", "max_turns",
+                     "cancelled", "agent_exit", "other"]
+ERROR_CLASSES: tuple[str, ...] = get_args(ErrorClass)
+
 
 class Envelope(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -119,12 +125,22 @@ class ErrorEvent(Envelope):
     type: Literal["error"]
     message: str
     code: str = None  # type: ignore[assignment]
+    errorClass: ErrorClass = Field(
+        default=None,  # type: ignore[arg-type]
+        description="The kind of failure (closed vocabulary, docs/contract.md \"Error classes\"); set on every error "
+        "event since contract 1.1 (absent only on events published before it).",
+    )
 
 
 class WarningEvent(Envelope):
     type: Literal["warning"]
     message: str
     code: str = None  # type: ignore[assignment]
+    errorClass: ErrorClass = Field(
+        default=None,  # type: ignore[arg-type]
+        description="On warnings that announce a retry of a failure (code api_retry, retry, rate_limit): the kind of "
+        "failure being retried, as on error events. Absent on other warnings.",
+    )
 
 
 class UnknownEvent(Envelope, ToolFields):

@@ -30,6 +30,7 @@ PURE_ENV = "GOOSE_INGEST_PURE_PYTHON"
 COMPILED_MODULES = (
     "services.normalizer.timefmt",
     "services.normalizer.paths",
+    "services.normalizer.error_classes",
     "services.normalizer.shell",
     "services.normalizer.tools",
     "services.normalizer.run_normalizer",

@@ -133,7 +133,7 @@ def test_a_run_becomes_one_trace_and_everything_is_acked(settings, r, receiver):
     for name in ("execute_tool developer__text_editor", "execute_tool developer__shell"):
         assert spans[name].trace_id == trace and spans[name].parent_span_id == root.span_id
     assert spans["execute_tool developer__shell"].attributes["error.type"] == "tool_error"
-    assert root.attributes["gen_ai.usage.input_tokens"] == 1200 and root.attributes["error.type"] == "nonzero_exit"
+    assert root.attributes["gen_ai.usage.input_tokens"] == 1200 and root.attributes["error.type"] == "agent_exit"
     assert [name for name, _ in root.events] == ["goose_ingest.agent", "goose_ingest.error"]
     assert root.resource["service.name"] == "goose-ingest"
     for stream in exporter.streams():

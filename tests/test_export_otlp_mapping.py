@@ -118,7 +118,7 @@ def test_root_span_from_records_usage_exit_code_parent_link_and_span_events():
     assert a["gen_ai.operation.name"] == "invoke_agent" and a["gen_ai.agent.name"] == "goose"
     assert a["gen_ai.agent.version"] == "1.56.0" and a["gen_ai.conversation.id"] == RUN
     assert a["gen_ai.usage.input_tokens"] == 900 and a["gen_ai.usage.output_tokens"] == 80
-    assert a["process.exit.code"] == 1 and a["error.type"] == "nonzero_exit" and a["host.name"] == "laptop-42"
+    assert a["process.exit.code"] == 1 and a["error.type"] == "agent_exit" and a["host.name"] == "laptop-42"
     assert root.status.status_code is StatusCode.ERROR
     assert root.start_time == m.ns_of("2026-11-29T10:00:00.000Z")
     assert root.end_time == m.ns_of("2026-11-29T10:01:00.000Z")
@@ -195,3 +195,20 @@ def test_collector_answers_are_classified():
     # an outage (an expired token, a wrong path, a proxy) is retried, never dead-lettered (issue 20, finding 4)
     for transient in (401, 403, 404, 405, 407, 408, 409, 415, 429, 500, 502, 503, 504, None):
         assert classify_status(transient, None, ConnectionError()).outcome is Outcome.TRANSIENT
+
+
+def test_error_classes_reach_error_type_of_the_span_events_and_of_a_failed_root():
+    records = [rec(0, "started", "2026-11-29T10:00:00.000Z"),
+               rec(1, "ended", "2026-11-29T10:01:00.000Z", exitCode=1)]
+    facts = m.fold_records(RUN, records)
+    limited = m.span_event(ev(0, "error", message="Rate limit exceeded", errorClass="rate_limit"), cfg())
+    exit_error = m.span_event(ev(1, "error", message="goose exited with code 1", errorClass="agent_exit"), cfg())
+    retry = m.span_event(ev(2, "warning", message="retry", code="api_retry", errorClass="timeout"), cfg())
+    bogus = m.span_event(ev(3, "error", message="x", errorClass="/home/u/secret"), cfg())
+    assert limited.attributes["error.type"] == "rate_limit" and retry.attributes["error.type"] == "timeout"
+    assert "error.type" not in bogus.attributes  # only the closed vocabulary becomes an attribute value
+    # the root names the cause of the failure, not only the exit
+    (root,) = exported(m.root_span(facts, [limited, exit_error], cfg(), m.Tally()))
+    assert root.attributes["error.type"] == "rate_limit"
+    (root,) = exported(m.root_span(facts, [exit_error], cfg(), m.Tally()))
+    assert root.attributes["error.type"] == "agent_exit"

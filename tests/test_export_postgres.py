@@ -275,6 +275,25 @@ def known_fleet(store: Store) -> None:
     assert not result.rejected
 
 
+def test_errors_by_class_per_1000_runs_of_each_agent(store):
+    batch = [record("E1", 0, "started", "2026-11-30T10:00:00.000Z", agent="claude-code/2.1"),
+             record("E1", 1, "ended", "2026-11-30T10:05:00.000Z", {"error": 2}, exitCode=1, agent="claude-code/2.1"),
+             record("E2", 0, "started", "2026-11-30T10:00:00.000Z", agent="claude-code/2.1"),
+             record("E3", 0, "started", "2026-11-30T10:00:00.000Z", agent="codex/0.5"),
+             event("E1", 0, ts="2026-11-30T10:00:00.000Z", type="error", message="API Error: 429", errorClass="rate_limit"),
+             event("E1", 1, ts="2026-11-30T10:00:00.000Z", type="error", message="claude exited with code 1", errorClass="agent_exit"),
+             # published before contract 1.1: no class, counted as other
+             event("E3", 0, ts="2026-11-30T10:00:00.000Z", type="error", message="boom")]
+    _, result = write(store, batch)
+    assert not result.rejected
+    assert q(store, "SELECT error_class, agent, runs, error_events, runs_with_errors, errors_per_1000_runs::float8 "
+                    "FROM errors_by_class ORDER BY 1, 2") == [
+        ("agent_exit", "claude-code/2.1", 2, 1, 1, 500.0),
+        ("other", "codex/0.5", 1, 1, 1, 1000.0),
+        ("rate_limit", "claude-code/2.1", 2, 1, 1, 500.0),
+    ]
+
+
 def test_views_answer_the_operators_questions(store):
     known_fleet(store)
     from datetime import date
@@ -339,7 +358,7 @@ def test_docs_show_every_view_exactly_as_migrations_create_it():
     docs = (REPO / "docs" / "analytics.md").read_text()
     views = [re.search(r"CREATE VIEW .*?;", m.sql, re.S) for m in shipped()]
     statements = [v for m in shipped() for v in re.findall(r"CREATE VIEW \w+ AS\n.*?;", m.sql, re.S)]
-    assert len(statements) == 6 and any(views)
+    assert len(statements) == 7 and any(views)
     for sql in statements:
         assert sql in docs, f"docs/analytics.md does not show {sql.splitlines()[0]} as migrated"
 

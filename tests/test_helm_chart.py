@@ -541,6 +541,25 @@ def test_rules_file_is_a_symlink_to_the_single_source():
     assert link.resolve() == RULES.resolve()
 
 
+def test_optional_alertmanager_config_is_the_shipped_file_with_the_given_webhooks(helm, kubeconfig):
+    pager, tickets = "https://pager.example.com/hook", "https://chat.example.com/hook"
+    objs = render(helm, kubeconfig, {"alertmanagerConfig": {"enabled": True, "pagerWebhookUrl": pager,
+                                                            "ticketsWebhookUrl": tickets}})
+    (secret,) = [o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-alertmanager")]
+    validate_core(secret)
+    rendered = yaml.safe_load(secret["stringData"]["alertmanager.yaml"])
+    shipped = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+    urls = {r["name"]: r["webhook_configs"][0]["url"] for r in rendered["receivers"]}
+    assert urls == {"goose-ingest-pager": pager, "goose-ingest-tickets": tickets}
+    for r in rendered["receivers"] + shipped["receivers"]:
+        r["webhook_configs"][0]["url"] = "-"
+    assert rendered == shipped  # routes, grouping and inhibitions exactly as shipped
+    link = CHART / "files" / "alertmanager.yml"
+    assert link.is_symlink() and os.readlink(link) == "../../../deploy/alertmanager/alertmanager.yml"
+    # off by default
+    assert not [o for o in render(helm, kubeconfig) if o["kind"] == "Secret"]
+
+
 # ------------------------------------------------------------------ probes and grace vs the processes
 # After SIGTERM a worker lets its in-flight batches finish for FastStream's graceful_timeout, then
 # gives its shard leases back and closes its client (one broker round trip each, bounded by the

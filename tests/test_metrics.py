@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts.events import ERROR_CLASSES
 from services.metrics import (
     DEAD_LETTER_REASONS,
     EVENT_TYPES,
@@ -78,6 +79,8 @@ def test_labels_stay_bounded_under_random_input():
             "path": f"/home/u/{rand_text(rng)}",
             "command": f"cat {rand_text(rng)}",
             "isSuccess": rng.choice([True, False, None, "yes"]),
+            "errorClass": rng.choice([*ERROR_CLASSES, rand_text(rng), None, 7]),
+            "code": rng.choice(["api_retry", "retry", None, rand_text(rng)]),
         }
         if rng.random() < 0.3:
             del ev["tool"]
@@ -87,6 +90,8 @@ def test_labels_stay_bounded_under_random_input():
         m.set_backlog(rng.choice([0, 1, 2, 3, 10_000 + i, -1]), rng.choice([None, 5]), 3)
 
     assert label_values(m, "goose_ingest_events", "type") <= set(EVENT_TYPES) | {"other"}
+    assert label_values(m, "goose_ingest_errors", "class") <= set(ERROR_CLASSES)
+    assert label_values(m, "goose_ingest_error_retries", "class") <= set(ERROR_CLASSES)
     assert label_values(m, "goose_ingest_tool_events", "tool") <= set(TOOL_LABELS)
     assert label_values(m, "goose_ingest_tool_events", "outcome") <= set(TOOL_OUTCOMES)
     assert label_values(m, "goose_ingest_raw_entries", "outcome") <= set(RAW_OUTCOMES) | {"other"}
@@ -356,3 +361,22 @@ def test_events_and_run_records_are_counted_by_their_runs_format_with_a_bounded_
     assert value(m, "goose_ingest_runs_total", state="ended", format="other") == 1
     assert value(m, "goose_ingest_runs_total", state="started", format="undecided") == 1
     assert label_values(m, "goose_ingest_events_total", "format") <= {*FORMAT_LABELS, "other"}
+
+
+def test_errors_and_retry_warnings_counted_by_class_and_format():
+    m = Metrics()
+    for cls in ERROR_CLASSES:  # pre-initialised: rate() sees the first error of a class
+        assert value(m, "goose_ingest_errors_total", **{"class": cls, "format": "goose"}) == 0
+        assert value(m, "goose_ingest_error_retries_total", **{"class": cls, "format": "codex"}) == 0
+    m.events([{"type": "error", "message": "x", "errorClass": "rate_limit"},
+              {"type": "error", "message": "y", "errorClass": "rate_limit"},
+              {"type": "error", "message": "published before 1.1"},
+              {"type": "error", "message": "z", "errorClass": "/home/u/leak"},
+              {"type": "warning", "message": "retry", "code": "api_retry", "errorClass": "provider_unavailable"},
+              {"type": "warning", "message": "stderr line"}], "claude-code")
+    assert value(m, "goose_ingest_errors_total", **{"class": "rate_limit", "format": "claude-code"}) == 2
+    assert value(m, "goose_ingest_errors_total", **{"class": "other", "format": "claude-code"}) == 2
+    assert value(m, "goose_ingest_error_retries_total", **{"class": "provider_unavailable", "format": "claude-code"}) == 1
+    assert sum(value(m, "goose_ingest_error_retries_total", **{"class": c, "format": "claude-code"}) for c in ERROR_CLASSES) == 1
+    m.events([{"type": "error", "message": "x", "errorClass": "auth"}], "not-a-format")
+    assert value(m, "goose_ingest_errors_total", **{"class": "auth", "format": "other"}) == 1

@@ -270,7 +270,7 @@ def test_L_codex_turn_completed_usage():
 @pytest.mark.parametrize("fmt,product", [(CC, "claude"), (CX, "codex"), ("goose", "goose")])
 def test_L_non_zero_exit_names_the_cli(fmt, product):
     f = Feed(fmt=fmt)
-    assert bodies(f.end(2)) == [{"type": "error", "lines": [0, 0], "message": f"{product} exited with code 2"}]
+    assert bodies(f.end(2)) == [{"type": "error", "lines": [0, 0], "message": f"{product} exited with code 2", "errorClass": "agent_exit"}]
     g = Feed(fmt=fmt)
     assert g.end(0) == []
 
@@ -305,18 +305,18 @@ def test_C_R2_progress_subtypes_map_to_nothing_and_do_not_flush(subtype):
 
 
 @pytest.mark.parametrize(
-    "fields,message",
-    [({"error": "rate_limit", "error_status": 429, "attempt": 2, "max_retries": 10}, "API request failed (rate_limit, HTTP 429); retry 2/10"),
-     ({"error": "server_error", "error_status": None, "attempt": 1, "max_retries": 3}, "API request failed (server_error); retry 1/3"),
-     ({"error_status": 529}, "API request failed (HTTP 529)"),
-     ({"attempt": 1}, "API request failed"),
-     ({"error": 5, "attempt": "1", "max_retries": 2}, "API request failed")],
+    "fields,message,cls",
+    [({"error": "rate_limit", "error_status": 429, "attempt": 2, "max_retries": 10}, "API request failed (rate_limit, HTTP 429); retry 2/10", "rate_limit"),
+     ({"error": "server_error", "error_status": None, "attempt": 1, "max_retries": 3}, "API request failed (server_error); retry 1/3", "provider_unavailable"),
+     ({"error_status": 529}, "API request failed (HTTP 529)", "provider_unavailable"),
+     ({"attempt": 1}, "API request failed", "other"),
+     ({"error": 5, "attempt": "1", "max_retries": 2}, "API request failed", "other")],
 )
-def test_C_R3_api_retry_is_a_warning(fields, message):
+def test_C_R3_api_retry_is_a_warning(fields, message, cls):
     f = cfeed()
     f.line(c_assistant("m", c_text("Hi")))
     out = f.line(claude("system", subtype="api_retry", **fields))
-    assert bodies(out) == [{"type": "warning", "lines": [1, 1], "message": message, "code": "api_retry"}]
+    assert bodies(out) == [{"type": "warning", "lines": [1, 1], "message": message, "code": "api_retry", "errorClass": cls}]
 
 
 @pytest.mark.parametrize("fields", [{"subtype": "task_started"}, {"subtype": "hook_response"}, {}, {"subtype": None}])
@@ -377,22 +377,22 @@ def test_C_R9_rate_limit_events(info, expected):
     f = cfeed()
     f.line(c_assistant("m", c_text("Hi")))
     out = f.line(claude("rate_limit_event", rate_limit_info=info))
-    assert bodies(out) == ([] if expected is None else [{"type": "warning", "lines": [1, 1], "message": expected, "code": "rate_limit"}])
+    assert bodies(out) == ([] if expected is None else [{"type": "warning", "lines": [1, 1], "message": expected, "code": "rate_limit", "errorClass": "rate_limit"}])
     assert f.norm.span is not None
 
 
 @pytest.mark.parametrize(
-    "fields,message",
-    [({"error": {"type": "overloaded_error", "message": "Overloaded"}, "message": "m"}, "Overloaded"),
-     ({"error": {"message": ""}, "message": "top"}, "top"),
-     ({"error": "plain"}, "plain"),
-     ({"error": {"type": "x"}}, "claude code reported an error")],
+    "fields,message,cls",
+    [({"error": {"type": "overloaded_error", "message": "Overloaded"}, "message": "m"}, "Overloaded", "provider_unavailable"),
+     ({"error": {"message": ""}, "message": "top"}, "top", "other"),
+     ({"error": "plain"}, "plain", "other"),
+     ({"error": {"type": "x"}}, "claude code reported an error", "other")],
 )
-def test_C_R10_error_records_flush_then_error(fields, message):
+def test_C_R10_error_records_flush_then_error(fields, message, cls):
     f = cfeed()
     f.line(c_assistant("m", c_text("Hi")))
     out = f.line(claude("error", **fields))
-    assert bodies(out) == [{"type": "agent", "lines": [0, 0], "message": "Hi"}, {"type": "error", "lines": [1, 1], "message": message}]
+    assert bodies(out) == [{"type": "agent", "lines": [0, 0], "message": "Hi"}, {"type": "error", "lines": [1, 1], "message": message, "errorClass": cls}]
 
 
 @pytest.mark.parametrize("rtype", ["control_request", "conversation_reset", MISSING, 5])
@@ -486,7 +486,8 @@ def test_C_B7_synthetic_api_error_record_is_an_error_not_agent_text():
     out = f.line(c_assistant("syn", c_text("API Error: 529 overloaded"), c_text(""), c_text("retry later"), error="server_error"))
     assert bodies(out) == [
         {"type": "agent", "lines": [0, 0], "message": "Thinking aloud"},
-        {"type": "error", "lines": [1, 1], "message": "API Error: 529 overloaded\nretry later", "code": "server_error"},
+        {"type": "error", "lines": [1, 1], "message": "API Error: 529 overloaded\nretry later", "code": "server_error",
+         "errorClass": "provider_unavailable"},
     ]
     assert f.end() == []
 
@@ -494,7 +495,8 @@ def test_C_B7_synthetic_api_error_record_is_an_error_not_agent_text():
 def test_C_B7_otherwise_a_fixed_message():
     f = cfeed()
     out = f.line(c_assistant("syn", error="billing_error"))
-    assert bodies(out) == [{"type": "error", "lines": [0, 0], "message": "claude code reported an API error: billing_error", "code": "billing_error"}]
+    assert bodies(out) == [{"type": "error", "lines": [0, 0], "message": "claude code reported an API error: billing_error", "code": "billing_error",
+                            "errorClass": "quota"}]
     g = cfeed()
     assert [e["type"] for e in g.lines(c_assistant("m", c_text("x"), error=""))] == []  # empty error: ordinary text
 
@@ -769,7 +771,7 @@ def test_X_R6_turn_failed_drains_then_errors():
     out = f.line(codex("turn.failed", error={"message": "401 Unauthorized"}))
     assert bodies(out) == [
         {"type": "unknown", "lines": [0, 0], "raw": started, **tool("web_search", "i1")},
-        {"type": "error", "lines": [1, 1], "message": "401 Unauthorized", "code": "turn_failed"},
+        {"type": "error", "lines": [1, 1], "message": "401 Unauthorized", "code": "turn_failed", "errorClass": "auth"},
     ]
     assert f.norm.usage is None
 
@@ -777,7 +779,7 @@ def test_X_R6_turn_failed_drains_then_errors():
 @pytest.mark.parametrize("fields", [{}, {"error": {"message": ""}}, {"error": "text"}, {"error": None}])
 def test_X_R6_otherwise_a_fixed_message(fields):
     out = xfeed().line(codex("turn.failed", **fields))
-    assert bodies(out) == [{"type": "error", "lines": [0, 0], "message": "codex turn failed", "code": "turn_failed"}]
+    assert bodies(out) == [{"type": "error", "lines": [0, 0], "message": "codex turn failed", "code": "turn_failed", "errorClass": "other"}]
 
 
 @pytest.mark.parametrize("line", [codex("request_user_input", id="r", questions=[]), dumps({"id": "0", "msg": {"type": "task_started"}}),
@@ -951,18 +953,18 @@ def test_X_S2_S3_all_events_of_one_item_share_the_extras():
      ({"error": {"message": "Reconnecting... 1/5"}}, "Reconnecting... 1/5")],
 )
 def test_X_E1_retry_notices_are_warnings(fields, message):
-    assert bodies(xfeed().line(codex("error", **fields))) == [{"type": "warning", "lines": [0, 0], "message": message, "code": "retry"}]
+    assert bodies(xfeed().line(codex("error", **fields))) == [{"type": "warning", "lines": [0, 0], "message": message, "code": "retry", "errorClass": "timeout"}]
 
 
 @pytest.mark.parametrize(
-    "fields,message",
-    [({"message": "exceeded retry limit, last status: 429"}, "exceeded retry limit, last status: 429"),
-     ({"message": "x Reconnecting... 1/5"}, "x Reconnecting... 1/5"),
-     ({"message": "", "error": "plain"}, "plain"),
-     ({}, "codex reported an error")],
+    "fields,message,cls",
+    [({"message": "exceeded retry limit, last status: 429"}, "exceeded retry limit, last status: 429", "rate_limit"),
+     ({"message": "x Reconnecting... 1/5"}, "x Reconnecting... 1/5", "timeout"),
+     ({"message": "", "error": "plain"}, "plain", "other"),
+     ({}, "codex reported an error", "other")],
 )
-def test_X_E2_other_errors(fields, message):
-    assert bodies(xfeed().line(codex("error", **fields))) == [{"type": "error", "lines": [0, 0], "message": message}]
+def test_X_E2_other_errors(fields, message, cls):
+    assert bodies(xfeed().line(codex("error", **fields))) == [{"type": "error", "lines": [0, 0], "message": message, "errorClass": cls}]
 
 
 def test_X_E3_turn_failed_repeating_the_fatal_error_is_not_reported_twice():
@@ -994,7 +996,7 @@ def test_envelope_order_with_a_session_id():
     f = cfeed()
     (event,) = f.line(claude("system", subtype="api_retry"))
     assert list(event)[:7] == ["eventId", "runId", "seq", "type", "timestamp", "lines", "sessionId"]
-    assert event == ev(0, "warning", 0, (0, 0), sessionId=SESSION, message="API request failed", code="api_retry")
+    assert event == ev(0, "warning", 0, (0, 0), sessionId=SESSION, message="API request failed", code="api_retry", errorClass="other")
 
 
 # =========================================================== through the sequencer

@@ -244,7 +244,7 @@ def test_3_1_error_record_flushes_then_error_with_error_message():
     record = {"type": "error", "error": {"message": "Rate limit exceeded", "code": 429}, "message": "top-level"}
     assert _error_after_span(record) == [
         ev(0, "agent", 1, (0, 0), message="Working"),
-        ev(1, "error", 1, (1, 1), message="Rate limit exceeded"),
+        ev(1, "error", 1, (1, 1), message="Rate limit exceeded", errorClass="rate_limit"),
     ]
 
 
@@ -261,7 +261,7 @@ def test_3_1_error_record_flushes_then_error_with_error_message():
 def test_3_1_error_record_message_falls_back_to_top_level_message(record):
     assert _error_after_span(record) == [
         ev(0, "agent", 1, (0, 0), message="Working"),
-        ev(1, "error", 1, (1, 1), message="Context length exceeded"),
+        ev(1, "error", 1, (1, 1), message="Context length exceeded", errorClass="context_length"),
     ]
 
 
@@ -277,7 +277,7 @@ def test_3_1_error_record_message_falls_back_to_top_level_message(record):
 def test_3_1_error_record_message_falls_back_to_error_string(record):
     assert _error_after_span(record) == [
         ev(0, "agent", 1, (0, 0), message="Working"),
-        ev(1, "error", 1, (1, 1), message="Server error: 529 overloaded"),
+        ev(1, "error", 1, (1, 1), message="Server error: 529 overloaded", errorClass="provider_unavailable"),
     ]
 
 
@@ -296,7 +296,7 @@ def test_3_1_error_record_message_falls_back_to_error_string(record):
 def test_3_1_error_record_message_defaults(record):
     assert _error_after_span(record) == [
         ev(0, "agent", 1, (0, 0), message="Working"),
-        ev(1, "error", 1, (1, 1), message="goose reported an error"),
+        ev(1, "error", 1, (1, 1), message="goose reported an error", errorClass="other"),
     ]
 
 
@@ -574,7 +574,7 @@ def test_3_3_reasoning_then_agent_in_one_message_id_keep_stream_order():
     [
         (req("c1", "read", {"path": "/x"}), []),
         (resp("nobody"), [("unknown", {"raw": resp_block("nobody"), "toolCallId": "nobody"})]),
-        (dumps({"type": "error", "error": "boom"}), [("error", {"message": "boom"})]),
+        (dumps({"type": "error", "error": "boom"}), [("error", {"message": "boom", "errorClass": "other"})]),
         (dumps({"type": "complete", "total_tokens": 1}), []),
         (dumps({"type": "model_change", "model": "m", "mode": "lead"}), [("unknown", {"raw": {"type": "model_change", "model": "m", "mode": "lead"}})]),
         ("[]", [("unknown", {"raw": []})]),
@@ -629,7 +629,7 @@ def test_3_3_span_lines_are_first_and_last_fragment_seq():
     f.line(dumps(NOTIFICATION))  # 5
     assert f.line(dumps({"type": "error", "error": "e"})) == [  # 6
         ev(2, "agent", 6, (0, 4), message="abc"),
-        ev(3, "error", 6, (6, 6), message="e"),
+        ev(3, "error", 6, (6, 6), message="e", errorClass="other"),
     ]
 
 
@@ -1445,7 +1445,7 @@ def test_end_non_zero_exit_code_yields_error_after_drained_events(code):
     assert f.end(exit_code=code) == [  # 3
         ev(0, "reasoning", 3, (1, 1), message="hmm"),
         ev(1, "unknown", 3, (0, 0), raw=block, tool="read", toolCallId="c1"),
-        ev(2, "error", 3, (3, 3), message=f"goose exited with code {code}"),
+        ev(2, "error", 3, (3, 3), message=f"goose exited with code {code}", errorClass="agent_exit"),
     ]
 
 
@@ -1461,7 +1461,7 @@ def test_end_error_alone_has_the_eof_seq_as_lines():
     f = Feed()
     f.lines(dumps(NOTIFICATION), dumps({"type": "complete"}))
     assert f.end(exit_code=1, ts=1790431333007) == [
-        ev(1, "error", 2, (2, 2), ts=1790431333007, message="goose exited with code 1")
+        ev(1, "error", 2, (2, 2), ts=1790431333007, message="goose exited with code 1", errorClass="agent_exit")
     ]
 
 
@@ -1500,7 +1500,7 @@ SCRIPT_EVENTS = [
     ev(5, "read", 8, (5, 8), path="/repo/package.json", startLine=1, endLine=20, isSuccess=True, **tool("developer__read", "c2", 3000)),
     ev(6, "command", 9, (5, 9), command="npm test", exitCode=1, isSuccess=False, **tool("developer__shell", "c1", 4000)),
     ev(7, "agent", 12, (10, 11), message="One test fails."),
-    ev(8, "error", 12, (12, 12), message="Rate limit hit"),
+    ev(8, "error", 12, (12, 12), message="Rate limit hit", errorClass="rate_limit"),
     ev(9, "reasoning", 14, (13, 13), message="Retry."),
     ev(10, "search", 15, (14, 15), query="describe(", path="/repo/src", isSuccess=True, **tool("grep", "c4", 1000)),
     ev(11, "agent", 18, (17, 17), message="Done."),
@@ -1584,7 +1584,7 @@ def test_state_restore_keeps_pending_tool_calls():
     f.roundtrip()
     assert f.end(exit_code=3) == [  # 4
         ev(2, "unknown", 4, (1, 1), raw=b3, tool="mcp__thing", toolCallId="c3"),
-        ev(3, "error", 4, (4, 4), message="goose exited with code 3"),
+        ev(3, "error", 4, (4, 4), message="goose exited with code 3", errorClass="agent_exit"),
     ]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from contracts.events import ERROR_CLASSES as ERROR_CLASSES
 from contracts.events import EVENT_TYPES as _CONTRACT_EVENT_TYPES
 from contracts.events import FORMATS as FORMATS
 from contracts.events import TOOL_EVENT_TYPES as _CONTRACT_TOOL_EVENT_TYPES
@@ -69,6 +70,7 @@ _BASE_NAMES = frozenset(TOOL_BASE_NAMES)
 _RAW_OUTCOMES = frozenset(RAW_OUTCOMES)
 _DL_REASONS = frozenset(DEAD_LETTER_REASONS)
 _EVENT_TYPES = frozenset(EVENT_TYPES)
+_ERROR_CLASSES = frozenset(ERROR_CLASSES)
 _FORMATS = frozenset(FORMATS)
 _RUN_STATES = frozenset(RUN_STATES)
 
@@ -107,6 +109,12 @@ def _count(n: object) -> int:
     return n
 
 
+def _error_class(ev: Mapping[str, Any]) -> str:
+    """Bounded `class` label: the event's errorClass when it is one of the vocabulary, else other."""
+    cls = ev.get("errorClass")
+    return cls if cls in _ERROR_CLASSES else "other"
+
+
 def _format_label(fmt: object) -> str:
     if fmt is None:
         return UNDECIDED
@@ -139,6 +147,18 @@ class Metrics:
             "goose_ingest_events",
             "Harness events published, by type and by the input format of their run.",
             ["type", "format"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "goose_ingest_errors",
+            "Error harness events, by error class (closed vocabulary, docs/contract.md) and input format.",
+            ["class", "format"],
+            registry=r,
+        )
+        self.error_retries = Counter(
+            "goose_ingest_error_retries",
+            "Warnings announcing a retry of a failure (api_retry, retry, rate_limit), by error class and input format.",
+            ["class", "format"],
             registry=r,
         )
         self.tool_events = Counter(
@@ -227,6 +247,12 @@ class Metrics:
         self._event_children = {
             (t, fmt): self.events_total.labels(t, fmt) for t in EVENT_TYPES for fmt in FORMAT_LABELS
         }
+        self._error_children = {
+            (cls, fmt): self.errors.labels(cls, fmt) for cls in ERROR_CLASSES for fmt in FORMAT_LABELS
+        }
+        self._retry_children = {
+            (cls, fmt): self.error_retries.labels(cls, fmt) for cls in ERROR_CLASSES for fmt in FORMAT_LABELS
+        }
         self._tool_children = {
             (tool, outcome): self.tool_events.labels(tool, outcome) for tool in TOOL_LABELS for outcome in TOOL_OUTCOMES
         }
@@ -263,11 +289,27 @@ class Metrics:
         flabel = _format_label(fmt)
         by_type: _Tally[str] = _Tally()
         by_tool: _Tally[tuple[str, str]] = _Tally()
+        errors: _Tally[str] = _Tally()
+        retries: _Tally[str] = _Tally()
         for ev in events:
             t = ev.get("type")
             by_type[t if t in _EVENT_TYPES else OTHER] += 1
             if t in TOOL_EVENT_TYPES or (t == "unknown" and "tool" in ev):
                 by_tool[(tool_label(ev.get("tool")), tool_outcome(ev))] += 1
+            elif t == "error":
+                errors[_error_class(ev)] += 1
+            elif t == "warning" and "errorClass" in ev:
+                retries[_error_class(ev)] += 1
+        for cls, n in errors.items():
+            child = self._error_children.get((cls, flabel))
+            if child is None:  # the `other` format label
+                child = self._error_children[(cls, flabel)] = self.errors.labels(cls, flabel)
+            child.inc(n)
+        for cls, n in retries.items():
+            child = self._retry_children.get((cls, flabel))
+            if child is None:
+                child = self._retry_children[(cls, flabel)] = self.error_retries.labels(cls, flabel)
+            child.inc(n)
         for t, n in by_type.items():
             child = self._event_children.get((t, flabel))
             if child is None:

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, TypeGuard
 import orjson
 
 from contracts.events import EVENT_TYPES, FORMATS
+from services.normalizer.error_classes import event_class
 from services.normalizer.timefmt import format_ms
 
 STATE_VERSION = 1
@@ -574,6 +575,10 @@ class RunNormalizer:
                 "sessionId": session,
                 **fields,
             }
+        if etype == "error" or etype == "warning":  # errorClass (services/normalizer/error_classes.py)
+            error_class = event_class(etype, fields.get("code"), fields.get("message"))
+            if error_class is not None:
+                event["errorClass"] = error_class
         out.append(event)
         return event
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from services.normalizer import Limits, RunNormalizer
+from services.normalizer import Limits, RunNormalizer, error_classes
 from services.redaction import Redactor
 from services.sequencer import Outcome, Rejected, RunSequencer, parse_batch
 from services.sequencer.entries import Entry
@@ -148,7 +148,13 @@ def redact(case: dict[str, Any]) -> bytes:
     return _dumps(out)
 
 
-PROCEDURES = {"normalize": normalize, "sequence": sequence, "redact": redact}
+def classify(case: dict[str, Any]) -> bytes:
+    """Error classes of (event type, code, message) triples (services/normalizer/error_classes.py)."""
+    return _dumps([[error_classes.classify(code if isinstance(code, str) else None, message if isinstance(message, str) else ""),
+                    error_classes.event_class(etype, code, message)] for etype, code, message in case["items"]])
+
+
+PROCEDURES = {"normalize": normalize, "sequence": sequence, "redact": redact, "classify": classify}
 
 
 def run(op: str, case: Any) -> bytes:

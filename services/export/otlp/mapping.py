@@ -29,7 +29,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
-from contracts.events import TOOL_EVENT_TYPES
+from contracts.events import ERROR_CLASSES, TOOL_EVENT_TYPES
 
 SEMCONV_VERSION = "1.41.0"
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
@@ -82,11 +82,14 @@ OP_EXECUTE_TOOL = "execute_tool"
 TOOL_TYPE = "extension"  # goose's tools are MCP extensions (built-in "developer" included)
 DEFAULT_AGENT_NAME = "goose"
 
-# error.type values (low cardinality, documented in docs/otel.md)
+# error.type values (low cardinality, documented in docs/otel.md); an error event's and a failed
+# run's error.type is its errorClass (contracts/events.py ErrorClass), "agent_exit" for a run whose
+# only error is its non-zero exit
 ERR_TOOL = "tool_error"
-ERR_EXIT = "nonzero_exit"
+ERR_EXIT = "agent_exit"
 ERR_ABANDONED = "abandoned"
 ERR_TIMEOUT = "root_timeout"
+_ERROR_CLASSES = frozenset(ERROR_CLASSES)
 
 # span-event names on the root
 EVENT_NAMES: Mapping[str, str] = {
@@ -273,6 +276,17 @@ def tool_span(event: Mapping[str, Any], cfg: MappingConfig, tally: Tally) -> Rea
     )
 
 
+def _failure_class(events: Sequence[StoredEvent]) -> str:
+    """A failed run's error.type: the class of its last error before the exit (the cause: a rate
+    limit, an expired key...), else agent_exit (the exit is all that is known)."""
+    cause = ERR_EXIT
+    for ev in sorted(events, key=lambda e: e.seq):
+        cls = ev.attributes.get(ERROR_TYPE)
+        if ev.name == EVENT_NAMES["error"] and isinstance(cls, str) and cls != ERR_EXIT:
+            cause = cls
+    return cause
+
+
 @dataclass(frozen=True)
 class StoredEvent:
     """A span event of the root, kept in the broker until the root is exported."""
@@ -310,6 +324,9 @@ def span_event(event: Mapping[str, Any], cfg: MappingConfig) -> StoredEvent:
             attrs[GI_MESSAGE] = message
         if isinstance(event.get("code"), str):
             attrs[GI_CODE] = event["code"]
+        error_class = event.get("errorClass")
+        if error_class in _ERROR_CLASSES:
+            attrs[ERROR_TYPE] = error_class
     elif etype == "unknown":
         for key, attr in (("tool", GEN_AI_TOOL_NAME), ("toolCallId", GEN_AI_TOOL_CALL_ID)):
             if isinstance(event.get(key), str):
@@ -450,7 +467,7 @@ def root_span(
     if facts.exit_code is not None:
         attrs[PROCESS_EXIT_CODE] = facts.exit_code
     if facts.state == "ended" and facts.exit_code not in (None, 0):
-        attrs[ERROR_TYPE] = ERR_EXIT
+        attrs[ERROR_TYPE] = _failure_class(events)
         status = Status(StatusCode.ERROR, f"goose exited with code {facts.exit_code}")
     elif facts.state == "abandoned":
         attrs[ERROR_TYPE] = ERR_ABANDONED
