@@ -303,9 +303,12 @@ def _anthropic_check(m: Match) -> bool:
 
 
 def _openai_check(m: Match) -> bool:
+    token = m.group(0)
+    if not any(c.isdigit() for c in token[3:]):
+        return False  # sk-learn-style-pipeline-configuration
     if not _glued(m, _WORD_CHARS):
         return True
-    token = m.group(0)  # mask-..., flask-..., task-...: words unless the key proves itself
+    # mask-..., flask-..., task-...: words unless the key proves itself
     if _OPENAI_MARKER in token:
         return True
     for typed in _OPENAI_TYPED:
@@ -490,10 +493,9 @@ def _build() -> tuple[Rule, ...]:
             "openai-key",
             # sk-, sk-proj-, sk-svcacct-, sk-admin- + >= 20 chars, at least one digit (so that
             # hyphenated words such as "sk-learn-style-pipeline-configuration" never match)
-            R(
-                r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?"
-                r"(?=[A-Za-z_\-]*[0-9])[A-Za-z0-9_\-]{20,}"
-            ),
+            # (the digit is looked for by the check: a lookahead scanning for it from every
+            # `sk-` of a long `sk-sk-sk-...` run would be quadratic)
+            R(r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}"),
             triggers=("sk-",),
             check=_openai_check,
         ),
@@ -501,8 +503,10 @@ def _build() -> tuple[Rule, ...]:
             "jwt",
             # signed (three segments) or unsigned (alg "none": header.payload. with an empty
             # signature, both segments base64url JSON objects)
+            # A header glued to a word character stops at the next `eyJ`, so a run of many `eyJ`
+            # is scanned once (each start would otherwise scan to the run's end: quadratic).
             R(
-                r"eyJ[A-Za-z0-9_\-]{10,}\."
+                r"(?:(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{10,}|(?<=[A-Za-z0-9_\-])eyJ(?:(?!eyJ)[A-Za-z0-9_\-]){10,})\."
                 r"(?:[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{8,}|eyJ[A-Za-z0-9_\-]{2,}\.)"
                 # not a longer token (`_x`, `.x`: a JWE's fourth segment); `__` and a full stop may follow
                 r"(?![A-Za-z0-9\-]|_[A-Za-z0-9\-]|\.[A-Za-z0-9_\-])"
