@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import json
 import string
+import time
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,13 @@ from services.redaction import (
     SecretFieldTracker,
     is_secret_key,
 )
-from services.redaction.rules import BUILTIN_RULES, pattern_min_chars, secret_key_kind
+from services.redaction.rules import (
+    BUILTIN_RULES,
+    github_checksum_ok,
+    jwt_header_ok,
+    pattern_min_chars,
+    secret_key_kind,
+)
 
 _DATA = json.loads((Path(__file__).parent / "data" / "redaction_corpus.json").read_text("utf-8"))
 CORPUS = _DATA["cases"]
@@ -239,6 +247,148 @@ def test_a_secret_of_every_family_anywhere_in_an_event_is_gone(data):
     assert again == out and not counts2
 
 
+# --- vendor tokens glued to a word (issue 22) ------------------------------------------------------
+
+_B62 = string.digits + string.ascii_uppercase + string.ascii_lowercase
+
+
+def _github_classic(prefix: str, random30: str) -> str:
+    """A classic GitHub token with the CRC32 of its random part in 6 base62 digits."""
+    n, digits = zlib.crc32(random30.encode()), ""
+    for _ in range(6):
+        n, r = divmod(n, 62)
+        digits = _B62[r] + digits
+    return f"{prefix}_{random30}{digits}"
+
+
+_an = st.text(alphabet=_ALNUM, min_size=1, max_size=1)
+_b64url = _ALNUM + "_-"
+_base32 = string.ascii_uppercase + "234567"
+
+
+def _tokens() -> st.SearchStrategy[tuple[str, str, str]]:
+    """(rule, token, its random part) of every vendor family, with the structure each vendor gives
+    its tokens (the random part is what must not survive)."""
+    def text(alphabet: str, n: int) -> st.SearchStrategy[str]:
+        return st.text(alphabet=alphabet, min_size=n, max_size=n)
+
+    mixed = st.tuples(text(_ALNUM, 21), st.sampled_from(["Ab1", "x9Z", "7qQ"])).map(lambda t: t[1] + t[0])
+    return st.one_of(
+        st.tuples(st.sampled_from(["ghp", "gho", "ghu", "ghs", "ghr"]), text(_ALNUM, 30)).map(
+            lambda t: ("github-token", _github_classic(*t), t[1])),
+        st.tuples(text(_ALNUM, 22), text(_ALNUM, 59)).map(
+            lambda t: ("github-token", f"github_pat_{t[0]}_{t[1]}", t[1])),
+        text(_ALNUM, 20).map(lambda v: ("gitlab-token", "glpat-" + v, v)),
+        st.tuples(st.sampled_from("abp"), st.integers(1, 10**12), text(_ALNUM, 24)).map(
+            lambda t: ("slack-token", f"xox{t[0]}-{t[1]}-{t[1] + 7}-{t[2]}", t[2])),
+        st.tuples(st.sampled_from("sr"), mixed).map(lambda t: ("stripe-key", f"{t[0]}k_live_{t[1]}", t[1])),
+        text(_b64url, 40).map(lambda v: ("anthropic-key", f"sk-ant-api03-{v}AA", v)),
+        st.tuples(st.sampled_from(["sk-", "sk-proj-", "sk-svcacct-"]), text(_ALNUM, 20), text(_ALNUM, 20)).map(
+            lambda t: ("openai-key", f"{t[0]}{t[1]}T3BlbkFJ{t[2]}", t[1] + "T3BlbkFJ" + t[2])),
+        text(_b64url, 35).map(lambda v: ("gcp-api-key", "AIza" + v, v)),
+        st.tuples(text(_ALNUM, 16), text(_b64url, 32)).map(
+            lambda t: ("jwt", f"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ{t[0]}.{t[1]}", t[1])),
+        st.tuples(st.sampled_from(["AKIA", "ASIA"]), text(_base32, 15)).map(
+            lambda t: ("aws-access-key-id", f"{t[0]}{t[1]}7", t[1] + "7")),
+    )
+
+
+# what a token is glued to: `_`, a letter, a digit, `__` (goose's `<extension>__<tool>`), and
+# Codex/Claude Code's `mcp__<server>__<tool>`
+GLUES = ["_", "PROD_", "a", "acme", "Z", "1", "key9", "__", "acme__", "mcp__acme__", "mcp__srv__x__"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_tokens(), st.sampled_from(GLUES), st.sampled_from(["", "__search", "_", " done", ".", "__"]))
+def test_a_vendor_token_glued_to_a_word_is_redacted(token, glue, after):
+    rule, tok, secret = token
+    text = glue + tok + after
+    out, counts = R.redact_text(text)
+    assert secret not in out, (text, out)
+    assert out.startswith(glue + f"[REDACTED:{rule}]"), (text, out)
+    assert counts[rule] == 1
+    assert R.redact_text_full(text) == (out, counts)
+
+
+@pytest.mark.parametrize("glue", GLUES)
+def test_the_issue_examples_glued_to_a_word(glue):
+    token = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"  # no valid checksum: a test value
+    if glue[-1:].isalnum():
+        token = _github_classic("ghp", "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5")  # glued to a letter: the CRC must hold
+    out, _ = R.redact_text(f"{glue}{token}")
+    assert out == f"{glue}[REDACTED:github-token]"
+    out, _ = R.redact_text(f"x{glue}AKIAIOSFODNN7EXAMPLE")
+    assert out == f"x{glue}[REDACTED:aws-access-key-id]"
+
+
+NEAR_MISSES = [
+    "task_id", "skeleton", "mask-anything", "ghost_", "ghost_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8", "sk-", "ghp_",
+    "mask-anything-goes-here-in-2024-release", "flask-sqlalchemy-2024-migration-scripts", "whisk-2024-01-02-batch-77",
+    "flask-ant-design-system-components-v2", "desk_live_backupfolder2024", "linuxoxb-build-artifacts-nightly",
+    "laughs_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8", "highs_ThisIsAVeryLongCamelCaseIdentifier42x",
+    "FANTASIAMOVIECOLLECTIONS", "THEASIAPACIFICREGIONSALES", "dataeyJub3RqdXN0YWhlYWRlcg.payloadpart.signaturepart",
+    "acme__ghp_short1234", "acme__glpat-short", "mcp__github__create_pull_request", "developer__shell",
+    "mcp__sk-tools__search", "AIza_prefix_only", "xoxb-", "sk_live_", "eyJ", "max_tokens=4096",
+]
+
+
+@pytest.mark.parametrize("text", NEAR_MISSES)
+def test_identifiers_that_merely_start_like_a_prefix_stay(text):
+    for t in (text, f"acme__{text}", f"run {text} now"):
+        assert R.redact_text(t) == (t, Counter()), t
+        assert R.redact_text_full(t) == (t, Counter()), t
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["ghp", "gho", "ghs", "ghu", "ghr"]), st.text(alphabet=_ALNUM, min_size=30, max_size=30),
+       st.sampled_from(["laughs", "x", "Z9"]))
+def test_a_github_token_glued_to_a_letter_counts_by_its_checksum(prefix, random30, word):
+    good = _github_classic(prefix, random30)
+    assert github_checksum_ok(good)
+    assert R.redact_text(word + good)[0] == word + "[REDACTED:github-token]"
+    bad = good[:-1] + ("A" if good[-1] != "A" else "B")
+    assert not github_checksum_ok(bad)
+    assert R.redact_text(word + bad) == (word + bad, Counter())
+    # after `_`, `-`, a blank or nothing, the shape suffices
+    for glue in ("_", "__", "-", " ", ""):
+        assert R.redact_text(glue + bad)[0] == glue + "[REDACTED:github-token]"
+
+
+def test_a_jwt_glued_to_a_word_needs_a_json_header():
+    jwt = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+    assert jwt_header_ok(jwt.split(".")[0])
+    assert not jwt_header_ok("eyJub3RqdXN0YWhlYWRlcg") and not jwt_header_ok("eyJ!!") and not jwt_header_ok("eyJ" * 2000)
+    assert R.redact_text("id_token" + jwt)[0] == "id_token[REDACTED:jwt]"
+    fake = "eyJub3RqdXN0YWhlYWRlcg.payloadpart.signaturepart"
+    assert R.redact_text("data" + fake)[0] == "data" + fake
+    assert R.redact_text("data " + fake)[0] == "data [REDACTED:jwt]"  # at a boundary the shape suffices
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_glued_vendor_token_hidden_anywhere_in_an_event_is_gone(data):
+    rule, tok, secret = data.draw(_tokens())
+    glue = data.draw(st.sampled_from(GLUES))
+    item = glue + tok
+    field = data.draw(st.sampled_from(CONTENT_FIELDS))
+    how = data.draw(st.sampled_from(["value", "key", "text"]))
+    if how == "text":
+        item = data.draw(_filler) + " " + item + data.draw(st.sampled_from(["", " ", "__run", "\n"]))
+    tree = data.draw(_tree) if field == "raw" else None
+    if how == "key":
+        value: Any = _place(data, tree if isinstance(tree, (dict, list)) else {}, item, as_key="x")
+    elif field == "raw":
+        value = _place(data, tree, item, None)
+    else:
+        value = item
+    event = {"eventId": "r:1", "runId": "r", "seq": 1, "type": data.draw(st.sampled_from(["unknown", "mcp", "command"])),
+             "timestamp": "2026-09-26T14:02:13.000Z", "lines": [1, 2], field: value}
+    out, counts = R.redact_event(event)
+    assert not _holds(out, secret, None), (event, out)
+    assert counts[rule] >= 1
+    assert R.redact_event(out) == (out, Counter())
+
+
 # --- prefilter ---------------------------------------------------------------------------------
 
 _FRAGMENTS = [c["text"] for c in CORPUS] + [
@@ -246,7 +396,8 @@ _FRAGMENTS = [c["text"] for c in CORPUS] + [
     "AKIA", "sk-", "sk-ant-", "eyJ", ".", "-----BEGIN RSA PRIVATE KEY-----\n", "-----END RSA PRIVATE KEY-----",
     "ghp_", "xoxb-", "hooks.slack.com/services/", "_live_", "\n", " ", '"', "'", "=", ":", "\\", "%3D", "%22",
     "curl -u ", "mysql -p", "sshpass -p ", "--token ", "Cookie: ", "Authorization: Basic ", "machine ",
-    " password ", "_auth", "pAsSwOrD",
+    " password ", "_auth", "pAsSwOrD", "acme__", "mcp__srv__", "_", "x", "1", "T3BlbkFJ", "sk-proj-", "sk-ant-api03-",
+    "mask-", "xoxb-1-", "glpat-", "AIza", "sk_live_", "ASIA", "eyJhbGciOiJIUzI1NiJ9.", "github_pat_",
 ]
 _text = st.lists(
     st.one_of(st.sampled_from(_FRAGMENTS), st.text(min_size=0, max_size=30),
@@ -364,6 +515,18 @@ def test_huge_and_pathological_strings_finish():
         out, _ = R.redact_text(text)
         assert isinstance(out, str)
     assert R.redact_text(texts[-1])[0].endswith("password%3D[REDACTED:password-assignment]")
+
+
+@pytest.mark.parametrize("text", ["eyJ" * 35_000, "sk-" * 35_000, "xsk-a" * 20_000, "_eyJ" * 25_000 + ".",
+                                  ("eyJ" * 5_000 + "aaaa.") * 7, "xeyJaaaaaaaaaaa." * 6_000, "sk-ant-" * 15_000,
+                                  "ghp_" * 25_000, "AIza" * 25_000, "xoxb-" * 20_000, "AKIA" * 25_000])
+def test_vendor_rules_without_a_boundary_stay_linear(text):
+    # A token may now start inside a word: a start at every `eyJ`/`sk-` of a long run, each
+    # scanning to the run's end, took 10-50 s on 60 KB; linear, it takes milliseconds.
+    t0 = time.perf_counter()
+    R.redact_text(text)
+    R.redact_text_full(text)
+    assert time.perf_counter() - t0 < 5.0
 
 
 # --- events ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import redis
 from services.broker.embedded import free_port
 from services.broker.keys import shard_of
 from services.replay.command import compare
-from tests.pipeline_helpers import ended_runs, events_by_run, start_worker, stop, wait_until
+from tests.pipeline_helpers import ended_runs, events_by_run, start_worker, stop, topic, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -81,6 +81,9 @@ PW = {name: f"{name}Zq7{i}x9Lw3Vb" for i, name in enumerate(
     ["argpw", "envpw", "curlpw", "mysqlpw", "cookiepw", "netrcpw", "awssecret0123456789", "cutpw", "npmtok", "flagpw"])}
 KEY_BODY = ["MIIEpAIBAAKCAQEA7bqZ3Jvb3Z5IGdvb3N5MIIEpAIBAAKCAQEA7bqZ3Jvb3Z5IGdv", "b3N5MIIEpAIBAAKCAQEA7bqZ3Jvb3Z5IGdvb3N5=="]
 CUT_TOKEN = "ghp_" + "Zq7x9Lw3Vb" * 4  # cut in half by the span cap below
+# issue 22: a goose tool named `acme__ghp_...`, and a host label with a token glued to it
+TOOL_TOKEN = "ghp_" + "Tk5s0Vn4Qw" * 3 + "Tk5s0V"
+HOST_TOKEN = "AKIAQYLPMN5HHHFPZAM2"
 SPAN_CAP = 120
 
 
@@ -107,10 +110,12 @@ def _family_lines() -> list[tuple[str, bytes]]:
                                                              f"{PW['netrcpw']} and ~/.npmrc: //r/:_authToken={PW['npmtok']}"})
     cut = _msg("m7", "assistant", {"type": "text", "text": "x" * (SPAN_CAP - 20) + f" token is {CUT_TOKEN} ok"})
     notif = {"type": "notification", "extensionId": "x", "data": {f"password={PW['cutpw']}": True}}
+    glued = _msg("m8", "assistant", {"type": "toolRequest", "id": "c8", "toolCall": {"status": "success", "value": {
+        "name": f"acme__{TOOL_TOKEN}", "arguments": {"q": "x"}}}})
     lines: list[tuple[str, bytes]] = [("stdout", orjson.dumps(x)) for x in (unknown_tool, shell, shell_done, aws, aws_done, netrc)]
     lines += [("stderr", b"-----BEGIN RSA PRIVATE KEY-----"), ("stdout", f"Cookie: sid={PW['cookiepw']}; t=1".encode())]
     lines += [("stderr", body.encode()) for body in KEY_BODY] + [("stderr", b"-----END RSA PRIVATE KEY-----")]
-    lines += [("stdout", orjson.dumps(x)) for x in (cut, notif)]
+    lines += [("stdout", orjson.dumps(x)) for x in (cut, notif, glued)]
     return lines
 
 
@@ -120,16 +125,23 @@ def test_every_family_is_redacted_on_the_live_path_and_replays(settings, tmp_pat
     stream = settings.raw_stream(shard_of(run, settings.shards))
     lines = _family_lines()
     for seq, (std, line) in enumerate(lines):
-        r.xadd(stream, {"run": run, "seq": seq, "ts": 1_000 + seq, "stream": std, "line": line})
-    r.xadd(stream, {"run": run, "seq": len(lines), "ts": 2_000, "kind": "eof"})
+        r.xadd(stream, {"run": run, "seq": seq, "ts": 1_000 + seq, "stream": std, "line": line,
+                        "host": f"box{HOST_TOKEN}"})
+    r.xadd(stream, {"run": run, "seq": len(lines), "ts": 2_000, "kind": "eof", "host": f"box{HOST_TOKEN}"})
+    port = free_port()
     worker = start_worker(settings, tmp_path / "w.log", GOOSE_INGEST_MAX_SPAN_CHARS=str(SPAN_CAP),
-                          GOOSE_INGEST_METRICS_PORT=str(free_port()))
+                          GOOSE_INGEST_METRICS_PORT=str(port))
     try:
         wait_until(lambda: run in ended_runs(settings), timeout=30)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         stop(worker)
     events = events_by_run(settings)[run]
     published = orjson.dumps(events).decode()
+    records = orjson.dumps([x for x in topic(settings, settings.layout.runs_partitions()) if x["runId"] == run]).decode()
+    for token in (TOOL_TOKEN, HOST_TOKEN):
+        assert token not in published and token not in records and token not in metrics, token
+    assert "acme__[REDACTED:github-token]" in published and "box[REDACTED:aws-access-key-id]" in records
     raw = b"".join(f[b"line"] for _, f in r.xrange(stream) if b"line" in f).decode()
     for name, secret in PW.items():
         assert secret in raw, name  # the log of record stays as received

@@ -21,7 +21,9 @@ Names that are not text rules but share the marker and metric label space:
 
 from __future__ import annotations
 
+import binascii
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -216,6 +218,124 @@ def _after_command(tool: str, between: str = r"[^\r\n|;&]*") -> Callable[[Match]
     return check
 
 
+# --- vendor tokens: anchored on their own structure --------------------------------------------
+#
+# A vendor token is found by its own form (prefix, length, alphabet), never by a word boundary
+# before it: the normalizers build names such as `mcp__<server>__<tool>` and
+# `<extension>__<tool>`, and configs glue tokens to names (`PROD_ghp_...`, `key1AKIA...`). Where
+# the old boundary protected ordinary words that merely start like a prefix (`mask-...`,
+# `desk_live_...`, `laughs_...`), a token glued to a word character must prove itself by the
+# part of its structure that words do not have: the CRC32 of GitHub's classic tokens, the
+# base64url JSON header of a JWT, OpenAI's `T3BlbkFJ` marker, the numeric team segment of
+# Slack tokens, the typed `sk-ant-<kind><nn>-` of Anthropic keys, the base32 alphabet (with a
+# digit) of AWS key ids, the random-looking length of Stripe keys. After a blank, punctuation or
+# the start of the text, the shape alone suffices, as before.
+
+_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_ALNUM_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+_IDENT_CHARS = _ALNUM_CHARS | frozenset("_")
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_BASE62_VALUE = {c: i for i, c in enumerate(_BASE62)}
+_AWS_BASE32 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567")
+_OPENAI_MARKER = "T3BlbkFJ"  # base64 of "OpenAI", in the middle of every OpenAI secret key
+_OPENAI_TYPED = ("sk-proj-", "sk-svcacct-", "sk-admin-")
+_ANTHROPIC_TYPED_RE = re.compile(r"sk-ant-[a-z]{2,10}[0-9]{2}-")
+_SLACK_TYPED_RE = re.compile(r"xox[abpors]-[0-9]+-")
+# The random part of a GitHub classic token and its CRC32 in 6 base62 digits (GitHub, 2021).
+_GITHUB_RANDOM = 30
+_GITHUB_CRC = 6
+_MAX_JWT_HEADER = 4096  # a JWT header is a few dozen bytes; longer is never decoded
+
+
+def _glued(m: Match, chars: frozenset[str]) -> bool:
+    """Whether the match follows one of ``chars`` directly."""
+    i = m.start()
+    return i > 0 and m.string[i - 1] in chars
+
+
+def github_checksum_ok(token: str) -> bool:
+    """A classic GitHub token (`gh?_` + 36): its last 6 base62 digits are the CRC32 of the 30
+    random characters before them."""
+    body = token[4:]
+    if len(body) != _GITHUB_RANDOM + _GITHUB_CRC:
+        return False
+    n = 0
+    for c in body[_GITHUB_RANDOM:]:
+        v = _BASE62_VALUE.get(c)
+        if v is None:
+            return False
+        n = n * 62 + v
+    return n == zlib.crc32(body[:_GITHUB_RANDOM].encode("ascii", "replace"))
+
+
+def _github_check(m: Match) -> bool:
+    token = m.group(0)
+    if token[3:4] == "_" and _glued(m, _ALNUM_CHARS):
+        return github_checksum_ok(token)  # laughs_..., highs_...: only a real checksum counts
+    return True
+
+
+def _aws_key_id_check(m: Match) -> bool:
+    if not _glued(m, _ALNUM_CHARS):
+        return True
+    body = m.group(0)[4:]  # FANTASIAMOVIECOLLECTIONS is a word, not ASIA + a key
+    return all(c in _AWS_BASE32 for c in body) and any(c.isdigit() for c in body)
+
+
+def _slack_check(m: Match) -> bool:
+    return not _glued(m, _WORD_CHARS) or _SLACK_TYPED_RE.match(m.group(0)) is not None
+
+
+def _random_looking(s: str) -> bool:
+    return (any(c.isdigit() for c in s) and any(c.isupper() for c in s)
+            and any(c.islower() for c in s))
+
+
+def _stripe_check(m: Match) -> bool:
+    if not _glued(m, _IDENT_CHARS):
+        return True
+    body = m.group(0)[len("sk_live_"):]  # desk_live_backupfolder is a name
+    return len(body) >= 24 and _random_looking(body)
+
+
+def _anthropic_check(m: Match) -> bool:
+    return not _glued(m, _WORD_CHARS) or _ANTHROPIC_TYPED_RE.match(m.group(0)) is not None
+
+
+def _openai_check(m: Match) -> bool:
+    token = m.group(0)
+    if not any(c.isdigit() for c in token[3:]):
+        return False  # sk-learn-style-pipeline-configuration
+    if not _glued(m, _WORD_CHARS):
+        return True
+    # mask-..., flask-..., task-...: words unless the key proves itself
+    if _OPENAI_MARKER in token:
+        return True
+    for typed in _OPENAI_TYPED:
+        if token.startswith(typed):
+            rest = token[len(typed):]
+            return len(rest) >= 40 and _random_looking(rest)
+    return False
+
+
+def jwt_header_ok(segment: str) -> bool:
+    """Whether a JWT's first segment is base64url of a JSON object's text."""
+    if len(segment) > _MAX_JWT_HEADER or len(segment) % 4 == 1:
+        return False
+    padded = segment.replace("-", "+").replace("_", "/") + "=" * (-len(segment) % 4)
+    try:
+        text = binascii.a2b_base64(padded).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return False
+    return text.startswith('{"') and text.rstrip().endswith("}")
+
+
+def _jwt_check(m: Match) -> bool:
+    if not _glued(m, _WORD_CHARS):
+        return True
+    return jwt_header_ok(m.group(0).split(".", 1)[0])
+
+
 def pattern_min_chars(pattern: str | re.Pattern[str]) -> int:
     """The fewest characters a match of ``pattern`` can span (0 when unknown)."""
     if isinstance(pattern, str):
@@ -309,8 +429,9 @@ def _build() -> tuple[Rule, ...]:
         ),
         Rule(
             "aws-access-key-id",
-            R(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+            R(r"(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
             triggers=("AKIA", "ASIA"),
+            check=_aws_key_id_check,
         ),
         Rule(
             "aws-secret-access-key",
@@ -325,26 +446,29 @@ def _build() -> tuple[Rule, ...]:
         ),
         Rule(
             "gcp-api-key",
-            R(r"(?<![A-Za-z0-9_\-])AIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"),
+            # exactly 35 after the prefix; `__` after it is the normalizers' name separator
+            R(r"AIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z\-]|_[0-9A-Za-z\-])"),
             triggers=("AIza",),
         ),
         Rule(
             "github-token",
             R(
-                r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{36,}(?![A-Za-z0-9])"
+                r"(?:gh[pousr]_[A-Za-z0-9]{36,}(?![A-Za-z0-9])"
                 r"|github_pat_[A-Za-z0-9_]{82,}(?![A-Za-z0-9_]))"
             ),
             triggers=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+            check=_github_check,
         ),
         Rule(
             "gitlab-token",
-            R(r"(?<![A-Za-z0-9_\-])glpat-[A-Za-z0-9_\-]{20,}"),
+            R(r"glpat-[A-Za-z0-9_\-]{20,}"),
             triggers=("glpat-",),
         ),
         Rule(
             "slack-token",
-            R(r"(?<![A-Za-z0-9_\-])xox[abpors]-[A-Za-z0-9][A-Za-z0-9\-]{9,}"),
+            R(r"xox[abpors]-[A-Za-z0-9][A-Za-z0-9\-]{9,}"),
             triggers=("xox",),
+            check=_slack_check,
         ),
         Rule(
             "slack-webhook",
@@ -355,33 +479,40 @@ def _build() -> tuple[Rule, ...]:
         ),
         Rule(
             "stripe-key",
-            R(r"(?<![A-Za-z0-9_])[sr]k_live_[A-Za-z0-9]{10,}"),
+            R(r"[sr]k_live_[A-Za-z0-9]{10,}"),
             triggers=("_live_",),
+            check=_stripe_check,
         ),
         Rule(
             "anthropic-key",
-            R(r"(?<![A-Za-z0-9_\-])sk-ant-[A-Za-z0-9_\-]{20,}"),
+            R(r"sk-ant-[A-Za-z0-9_\-]{20,}"),
             triggers=("sk-ant-",),
+            check=_anthropic_check,
         ),
         Rule(
             "openai-key",
             # sk-, sk-proj-, sk-svcacct-, sk-admin- + >= 20 chars, at least one digit (so that
             # hyphenated words such as "sk-learn-style-pipeline-configuration" never match)
-            R(
-                r"(?<![A-Za-z0-9_\-])sk-(?!ant-)(?:proj-|svcacct-|admin-)?"
-                r"(?=[A-Za-z_\-]*[0-9])[A-Za-z0-9_\-]{20,}"
-            ),
+            # (the digit is looked for by the check: a lookahead scanning for it from every
+            # `sk-` of a long `sk-sk-sk-...` run would be quadratic)
+            R(r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}"),
             triggers=("sk-",),
+            check=_openai_check,
         ),
         Rule(
             "jwt",
             # signed (three segments) or unsigned (alg "none": header.payload. with an empty
             # signature, both segments base64url JSON objects)
+            # A header glued to a word character stops at the next `eyJ`, so a run of many `eyJ`
+            # is scanned once (each start would otherwise scan to the run's end: quadratic).
             R(
-                r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{10,}\."
-                r"(?:[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{8,}|eyJ[A-Za-z0-9_\-]{2,}\.)(?![A-Za-z0-9_\-.])"
+                r"(?:(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{10,}|(?<=[A-Za-z0-9_\-])eyJ(?:(?!eyJ)[A-Za-z0-9_\-]){10,})\."
+                r"(?:[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{8,}|eyJ[A-Za-z0-9_\-]{2,}\.)"
+                # not a longer token (`_x`, `.x`: a JWE's fourth segment); `__` and a full stop may follow
+                r"(?![A-Za-z0-9\-]|_[A-Za-z0-9\-]|\.[A-Za-z0-9_\-])"
             ),
             triggers=("eyJ",),
+            check=_jwt_check,
         ),
         Rule(
             "bearer",

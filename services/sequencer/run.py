@@ -571,9 +571,9 @@ class RunSequencer:
             record.update(self.norm.usage)
         record.update(extra)
         if self.host:
-            record["host"] = self.host
+            record["host"] = self._envelope_text(self.host, out)
         if self.agent:
-            record["agent"] = self.agent
+            record["agent"] = self._envelope_text(self.agent, out)
         if self.norm.format:
             record["format"] = self.norm.format
         if self.parent:
@@ -581,6 +581,18 @@ class RunSequencer:
         if self.continues:
             record["continuesRunId"] = self.continues
         out.records.append(record)
+
+    def _envelope_text(self, value: str, out: Outcome) -> str:
+        """A label of the entries' envelope (host, agent) as published: whoever runs the tap
+        writes it, so it is redacted like event content (the exporters make span names and
+        attributes of it); run keys stay identity, pattern-checked."""
+        if self.redactor is None:
+            return value
+        text: str
+        text, counts = self.redactor.redact_text(value)
+        for rule, n in counts.items():
+            out.redactions[rule] = out.redactions.get(rule, 0) + n
+        return text
 
 
 def plan_abandon(sequencer: RunSequencer) -> tuple[int, list[list[int]]]:
