@@ -25,6 +25,7 @@ from services.settings import Settings
 from tests.fixtures import REPO, TRANSCRIPTS
 from tests.pipeline_helpers import stop, wait_until
 from tests.support import postgres as pg_support
+from tests.support.needs import missing
 from tests.support.redis_server import cli_env
 from tests.support.tls import TlsFiles, make_tls_files, start_tls_redis
 
@@ -346,3 +347,39 @@ def test_the_taps_own_client_verifies_the_server_with_the_ca_file(tls_broker: Tl
     unverified = RespConnection(target, connect_timeout=5, socket_timeout=5)
     with pytest.raises(BrokerTLSError, match="certificate does not verify"):
         unverified.execute("PING")
+
+
+# --- a Redis Cluster that speaks only TLS ----------------------------------------------------------------------
+def test_a_tls_cluster_serves_the_tap_the_worker_and_tail(tls_files: TlsFiles, tmp_path):
+    """redis-py's sync and asyncio RedisCluster and FastStream's RedisClusterBroker over TLS: a published
+    run is processed by a worker and read back by tail; a wrong CA is one line there too."""
+    from tests.support.redis_cluster import ClusterUnavailable
+    from tests.support.tls import start_tls_cluster, stop_nodes
+
+    try:
+        nodes = start_tls_cluster(tmp_path / "tls-cluster", tls_files)
+    except (ClusterUnavailable, OSError) as exc:
+        missing("a local TLS Redis Cluster", f"redis-server with TLS and redis-cli on the PATH; {exc}")
+    try:
+        seeds = ",".join(f"127.0.0.1:{port}" for _, port in nodes[:2])
+        settings = Settings(redis_url=f"rediss://{seeds}", redis_cluster=True, namespace=f"tlsc{uuid4().hex[:6]}",
+                            shards=4, spool_dir=str(tmp_path / "spool"), host_label="tls-host")
+        env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(tls_files.ca))
+        wrong = _cli({**env, "GOOSE_INGEST_REDIS_TLS_CA_FILE": str(tls_files.other_ca)}, "tail", "--no-follow")
+        _one_line(wrong, "tail", "certificate does not verify", "GOOSE_INGEST_REDIS_TLS_CA_FILE")
+        published = _cli(env, "publish", "--run", "tls/cluster", str(TRANSCRIPTS[0]))
+        assert published.returncode == 0, published.stderr[-3000:]
+        worker = _start(env, ["worker"], tmp_path / "worker.log")
+        try:
+            def ended() -> bool:
+                tail = _cli(env, "tail", "--no-follow", "--run", "tls/cluster")
+                assert tail.returncode == 0, tail.stderr[-3000:]
+                return "RUN ENDED" in tail.stdout
+
+            wait_until(ended, timeout=90, interval=1.0)
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+        finally:
+            stop(worker)
+        assert "Traceback" not in (tmp_path / "worker.log").read_text(errors="replace")
+    finally:
+        stop_nodes(nodes)

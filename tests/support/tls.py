@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def make_tls_files(dir: Path) -> TlsFiles:
     for ca in ("ca", "other-ca"):
         _openssl("req", "-x509", *key_args, "-keyout", dir / f"{ca}-key.pem", "-out", dir / f"{ca}.pem",
                  "-days", "2", "-subj", f"/CN=goose-ingest test {ca}")
-    (dir / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    (dir / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
     (dir / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for who in ("server", "client"):
         _openssl("req", *key_args, "-keyout", dir / f"{who}-key.pem", "-out", dir / f"{who}.csr",
@@ -61,3 +62,60 @@ def start_tls_redis(dir: Path, files: TlsFiles, auth_clients: str = "no") -> tup
     """A redis-server with a TLS port (returned) beside its plain one (``server.port``)."""
     tls_port = free_port()
     return start_redis(dir=str(dir), extra_args=tls_server_args(files, tls_port, auth_clients)), tls_port
+
+
+def start_tls_cluster(dir: Path, files: TlsFiles, primaries: int = 3) -> list[tuple[subprocess.Popen, int]]:
+    """A Redis Cluster of `primaries` nodes (no replicas) that speaks only TLS: clients, the cluster
+    bus and replication (``--port 0 --tls-cluster yes --tls-replication yes``). Returns (process,
+    TLS port) per node; the caller terminates them."""
+    from tests.support.redis_cluster import ClusterUnavailable, cluster_port
+
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        missing("redis-cli", "apt-get install -y redis-tools")
+    tls_cli = [cli, "--tls", "--cacert", str(files.ca)]
+    nodes: list[tuple[subprocess.Popen, int]] = []
+    try:
+        for i in range(primaries):
+            port = cluster_port({p for _, p in nodes})
+            node_dir = dir / f"node-{i}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            proc = subprocess.Popen(
+                ["redis-server", "--port", "0", *tls_server_args(files, port), "--tls-cluster", "yes",
+                 "--tls-replication", "yes", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                 "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
+                cwd=node_dir, stdout=(node_dir / "log").open("ab"), stderr=subprocess.STDOUT)
+            nodes.append((proc, port))
+        deadline = time.monotonic() + 30
+        for _, port in nodes:
+            while subprocess.run([*tls_cli, "-p", str(port), "PING"], capture_output=True, text=True,
+                                 timeout=10).stdout.strip() != "PONG":
+                if time.monotonic() > deadline:
+                    raise ClusterUnavailable(f"TLS node {port} did not answer")
+                time.sleep(0.1)
+        res = subprocess.run([*tls_cli, "--cluster", "create", *[f"127.0.0.1:{p}" for _, p in nodes], "--cluster-yes"],
+                             capture_output=True, text=True, timeout=60)
+        if res.returncode != 0:
+            raise ClusterUnavailable(f"TLS cluster create failed: {res.stdout[-500:]} {res.stderr[-500:]}")
+        while True:
+            infos = [subprocess.run([*tls_cli, "-p", str(p), "CLUSTER", "INFO"], capture_output=True, text=True,
+                                    timeout=10).stdout for _, p in nodes]
+            if all("cluster_state:ok" in i and f"cluster_known_nodes:{primaries}" in i for i in infos):
+                return nodes
+            if time.monotonic() > deadline + 30:
+                raise ClusterUnavailable("TLS cluster not ok in time")
+            time.sleep(0.2)
+    except BaseException:
+        stop_nodes(nodes)
+        raise
+
+
+def stop_nodes(nodes: list[tuple[subprocess.Popen, int]]) -> None:
+    for proc, _ in nodes:
+        proc.terminate()
+    for proc, _ in nodes:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
