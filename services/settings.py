@@ -52,8 +52,20 @@ class Settings(BaseSettings):
     )
     redis_username: str | None = Field(default=None, description="ACL user (overrides the URL's).")
     redis_password: SecretStr | None = Field(default=None, description="Password (overrides the URL's); never logged.")
-    redis_tls: bool = Field(default=False, description="Use TLS even with a redis:// URL.")
-    redis_tls_ca_file: str | None = Field(default=None, description="CA bundle for TLS.")
+    redis_tls: bool = Field(default=False, description="Use TLS even with a redis:// URL (rediss:// always does).")
+    redis_tls_ca_file: str | None = Field(
+        default=None,
+        description="CA bundle (PEM) that signed the broker's certificate, trusted besides the system's CAs.",
+    )
+    redis_tls_cert_file: str | None = Field(
+        default=None, description="Client certificate (PEM) for brokers that require one (--tls-auth-clients yes)."
+    )
+    redis_tls_key_file: str | None = Field(
+        default=None, description="Private key (PEM) of REDIS_TLS_CERT_FILE, when the certificate file does not hold it."
+    )
+    redis_tls_check_hostname: bool = Field(
+        default=True, description="Check that the broker's certificate names the host of REDIS_URL (the chain is always verified)."
+    )
     redis_cluster: bool = Field(
         default=False,
         description="The broker is a Redis Cluster; REDIS_URL names one or more seed nodes (comma-separated host:port).",

@@ -18,7 +18,6 @@ from services.broker.url import parse_broker_url
 from services.tap.conn import AuthFailed, NoPermission, ReplyError, RespConnection
 from services.tap.publisher import Publisher
 from services.tap.spool import spool_path
-from tests.support.needs import missing
 from tests.support.redis_server import cli_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,54 +275,3 @@ def test_the_held_bytes_default_is_the_sequencers():
     from services.settings import Settings
 
     assert DEFAULT_MAX_HELD_BYTES == SEQUENCER_DEFAULT == Settings.model_fields["max_held_bytes"].default
-
-
-
-def _tls_files(tmp: Path) -> dict[str, Path]:
-    """A throwaway CA and a server certificate for localhost / 127.0.0.1 (openssl CLI)."""
-    files = {name: tmp / f"{name}.pem" for name in ("ca", "ca-key", "server", "server-key")}
-    ext = tmp / "san.ext"
-    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    csr = tmp / "server.csr"
-    for cmd in (
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", files["ca-key"], "-out", files["ca"], "-days", "1",
-         "-subj", "/CN=goose-ingest test CA"],
-        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", files["server-key"], "-out", csr, "-subj", "/CN=localhost"],
-        ["x509", "-req", "-in", csr, "-CA", files["ca"], "-CAkey", files["ca-key"], "-CAcreateserial", "-out",
-         files["server"], "-days", "1", "-extfile", ext],
-    ):
-        subprocess.run(["openssl", *map(str, cmd)], check=True, capture_output=True, timeout=60)
-    return files
-
-
-def test_rediss_verifies_the_server_with_the_ca_file(tmp_path, settings):
-    import shutil
-
-    from services.broker.embedded import free_port, start_redis
-
-    if shutil.which("openssl") is None:
-        missing("openssl", "apt-get install -y openssl")
-    files = _tls_files(tmp_path)
-    tls_port = free_port()
-    server = start_redis(dir=str(tmp_path / "tls-redis"), extra_args=[
-        "--tls-port", str(tls_port), "--tls-cert-file", str(files["server"]), "--tls-key-file", str(files["server-key"]),
-        "--tls-ca-cert-file", str(files["ca"]), "--tls-auth-clients", "no"])
-    try:
-        s = settings.model_copy(update={"redis_url": f"rediss://localhost:{tls_port}/0",
-                                        "redis_tls_ca_file": str(files["ca"])})
-        run = "conn/tls"
-        with Publisher(s, run, {"host": "h"}) as pub:
-            pub.add_line(b"over TLS")
-            pub.add_eof(0)
-        client = redis.Redis(port=server.port)
-        try:
-            assert [f.get(b"line") for f in raw_entries(client, s, run)] == [b"over TLS", None]
-        finally:
-            client.close()
-        # without the CA the certificate is not trusted: an OSError (spool and retry), as with redis-py
-        unverified = RespConnection(parse_broker_url(f"rediss://localhost:{tls_port}/0", cluster=False),
-                                    connect_timeout=2, socket_timeout=2)
-        with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
-            unverified.execute("PING")
-    finally:
-        server.close()

@@ -46,7 +46,8 @@ def make_broker(settings: Settings, **options: Any) -> Any:
     """The worker's FastStream broker: RedisClusterBroker over all seeds, or RedisBroker on one node.
 
     Credentials travel as options, never inside the URL given to FastStream, so the
-    GOOSE_INGEST_REDIS_USERNAME / _PASSWORD override holds here too.
+    GOOSE_INGEST_REDIS_USERNAME / _PASSWORD override holds here too; so do the TLS options
+    (``connection_class`` + ``ssl_*`` on one node, ``ssl`` + ``ssl_*`` on a cluster: see connect.py).
     """
     # Imported here: taps and other commands use this module without loading FastStream.
     from faststream.redis import RedisBroker, RedisClusterBroker

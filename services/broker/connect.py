@@ -13,6 +13,17 @@ broker handles it too). Both carry one line, with the password never in it.
 
 The URL parsing itself lives in ``services/broker/url.py`` (no redis-py), shared with the tap's
 own connection; its names are re-exported here.
+
+TLS (``rediss://`` or ``GOOSE_INGEST_REDIS_TLS``): every client gets its options from one place,
+``url.tls_options``. redis-py takes them differently per client: a single node's connection pool
+needs ``connection_class`` (our `TLSConnection` / `AsyncTLSConnection`) plus the ``ssl_*`` options
+(``ssl=True`` is only understood by ``Redis()``/``RedisCluster()``, and a pool given it fails with
+"unexpected keyword argument 'ssl'"); a cluster client takes ``ssl=True`` plus the same options.
+FastStream's RedisBroker passes ``connection_class`` and ``ssl_*`` through to its pool, and its
+RedisClusterBroker passes ``ssl`` and ``ssl_*`` to RedisCluster, so the worker's broker uses the
+same options (FastStream's ``security=`` takes an SSLContext that its cluster broker ignores).
+A certificate that does not verify, a server that does not speak TLS, or a client certificate the
+server refuses is a `BrokerTLSError` (a configuration error: one line, exit 2), never a wait.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
@@ -31,10 +43,15 @@ from redis.exceptions import RedisClusterException
 from services.broker.url import (
     BrokerConfigError,
     BrokerTarget,
+    BrokerTLSError,
     Seed,
+    TlsOptions,
     parse_broker_url,
     require_url,
     target,
+    tls_failure,
+    tls_handshake_timeout,
+    tls_options,
 )
 from services.settings import Settings
 
@@ -46,17 +63,14 @@ class BrokerUnreachable(RedisConnectionError):
 
 
 def _kwargs(settings: Settings) -> dict[str, Any]:
-    """Client options shared by every client (credentials are added by `target`)."""
-    kw: dict[str, Any] = {
+    """Client options shared by every client (credentials and TLS are added by `_credentials`/`_tls`)."""
+    return {
         # Arming the per-reply timer costs ~7 us a command (measured here); blocking
         # reads carry their own BLOCK timeout, and health checks catch dead sockets.
         "socket_timeout": None,
         "socket_connect_timeout": 5,
         "health_check_interval": 30,
     }
-    if settings.redis_tls_ca_file:
-        kw["ssl_ca_certs"] = settings.redis_tls_ca_file
-    return kw
 
 
 def _credentials(t: BrokerTarget) -> dict[str, Any]:
@@ -65,17 +79,79 @@ def _credentials(t: BrokerTarget) -> dict[str, Any]:
         kw["username"] = t.username
     if t.password is not None:
         kw["password"] = t.password
-    if t.tls:
-        kw["ssl"] = True
     return kw
+
+
+class TLSConnection(redis.SSLConnection):
+    """redis-py's SSLConnection whose TLS failures are one-line configuration errors (BrokerTLSError).
+
+    The handshake's errors and a client certificate refused by the server (TLS 1.3 reports that at
+    the first read, inside the connect handshake) otherwise surface as a ConnectionError, which
+    every caller treats as "broker down, wait". The handshake also gets the connect timeout: with
+    ``socket_timeout=None`` a plain port (which never answers a ClientHello) would hang forever."""
+
+    _handshake_done = False
+
+    def _wrap_socket_with_ssl(self, sock: Any) -> Any:
+        self._handshake_done = False
+        sock.settimeout(self.socket_connect_timeout)
+        try:
+            wrapped = super()._wrap_socket_with_ssl(sock)
+        except TimeoutError:  # socket.timeout: TCP was accepted, the handshake got no answer
+            sock.close()
+            raise tls_handshake_timeout(f"{self.host}:{self.port}", self.socket_connect_timeout) from None
+        wrapped.settimeout(self.socket_timeout)
+        self._handshake_done = True
+        return wrapped
+
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().connect_check_health(*args, **kwargs)
+        except RedisConnectionError as exc:
+            failure = tls_failure(exc, f"{self.host}:{self.port}",
+                                  closed_after_handshake=self._handshake_done and not self.certfile)
+            if failure is None:
+                raise
+            raise failure from None
+
+
+class AsyncTLSConnection(AsyncSSLConnection):
+    """`TLSConnection` for redis.asyncio (also the connection class of the worker's FastStream broker).
+
+    Here the handshake runs inside the connect timeout already (a plain port: TimeoutError, waited on)."""
+
+    _handshake_done = False
+
+    async def _connect(self) -> None:
+        self._handshake_done = False
+        await super()._connect()
+        self._handshake_done = True
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().connect_check_health(*args, **kwargs)
+        except RedisConnectionError as exc:
+            failure = tls_failure(exc, f"{self.host}:{self.port}",
+                                  closed_after_handshake=self._handshake_done and not self.certfile)
+            if failure is None:
+                raise
+            raise failure from None
+
+
+def _tls(settings: Settings, t: BrokerTarget, *, asyncio: bool) -> dict[str, Any]:
+    """TLS options for the client kind `settings` asks for; {} when the broker is not TLS."""
+    if not t.tls:
+        return {}
+    options = tls_options(settings).redis_kwargs()
+    if settings.redis_cluster:
+        return {"ssl": True, **options}
+    return {"connection_class": AsyncTLSConnection if asyncio else TLSConnection, **options}
 
 
 def connection_kwargs(settings: Settings) -> dict[str, Any]:
-    """Credentials and TLS options only (for clients that take a URL plus keyword options)."""
-    kw = _credentials(target(settings))
-    if settings.redis_tls_ca_file:
-        kw["ssl_ca_certs"] = settings.redis_tls_ca_file
-    return kw
+    """Credentials and TLS options of an asyncio client (FastStream's brokers take a URL plus these)."""
+    t = target(settings)
+    return {**_credentials(t), **_tls(settings, t, asyncio=True)}
 
 
 def client_url(settings: Settings) -> str:
@@ -86,6 +162,9 @@ def client_url(settings: Settings) -> str:
 def _cluster_error(exc: RedisClusterException, t: BrokerTarget) -> Exception:
     text = str(exc)
     seeds = ",".join(map(str, t.seeds))
+    failure = tls_failure(exc, seeds)
+    if failure is not None:
+        return failure
     if "not enabled" in text:
         return BrokerConfigError(
             f"GOOSE_INGEST_REDIS_CLUSTER=true but {seeds} is not a Redis Cluster node (cluster mode disabled)"
@@ -114,7 +193,7 @@ class GooseAsyncRedisCluster(AsyncRedisCluster):
 
 
 def _cluster_kwargs(settings: Settings, t: BrokerTarget) -> dict[str, Any]:
-    kw = {**_kwargs(settings), **_credentials(t)}
+    kw = {**_kwargs(settings), **_credentials(t), **_tls(settings, t, asyncio=False)}
     # A cluster with slots missing must still let the worker start and report not-ready
     # (readiness checks CLUSTER INFO, see services/broker/cluster.py) instead of crash-looping.
     kw["require_full_coverage"] = False
@@ -130,7 +209,20 @@ def sync_client(settings: Settings) -> Any:
             return RedisCluster(startup_nodes=nodes, **_cluster_kwargs(settings, t))
         except RedisClusterException as exc:
             raise _cluster_error(exc, t) from None
-    return redis.Redis.from_url(t.url_without_credentials, **_kwargs(settings), **_credentials(t))
+    return redis.Redis.from_url(pool_url(t), **single_node_kwargs(settings, t, asyncio=False))
+
+
+def pool_url(t: BrokerTarget) -> str:
+    """The URL for ``Redis.from_url`` next to `single_node_kwargs`: ``rediss://`` spelled ``redis://``,
+    since TLS comes from our ``connection_class`` and redis.asyncio's ``from_url`` would replace
+    that with its own SSLConnection for a ``rediss://`` URL (the sync one keeps it)."""
+    url = t.url_without_credentials
+    return "redis" + url[len("rediss"):] if t.scheme == "rediss" else url
+
+
+def single_node_kwargs(settings: Settings, t: BrokerTarget, *, asyncio: bool) -> dict[str, Any]:
+    """Everything `Redis.from_url(t.url_without_credentials, ...)` needs besides the URL."""
+    return {**_kwargs(settings), **_credentials(t), **_tls(settings, t, asyncio=asyncio)}
 
 
 def async_client(settings: Settings) -> Any:
@@ -139,19 +231,27 @@ def async_client(settings: Settings) -> Any:
     if settings.redis_cluster:
         nodes = [AsyncClusterNode(s.host, s.port) for s in t.seeds]
         return GooseAsyncRedisCluster(t, startup_nodes=nodes, **_cluster_kwargs(settings, t))
-    return aioredis.Redis.from_url(t.url_without_credentials, **_kwargs(settings), **_credentials(t))
+    return aioredis.Redis.from_url(pool_url(t), **single_node_kwargs(settings, t, asyncio=True))
 
 
 __all__ = [
+    "AsyncTLSConnection",
     "BrokerConfigError",
+    "BrokerTLSError",
     "BrokerTarget",
     "BrokerUnreachable",
     "Seed",
+    "TLSConnection",
+    "TlsOptions",
     "async_client",
     "client_url",
     "connection_kwargs",
     "parse_broker_url",
+    "pool_url",
     "require_url",
     "sync_client",
+    "single_node_kwargs",
     "target",
+    "tls_failure",
+    "tls_options",
 ]

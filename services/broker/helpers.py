@@ -8,7 +8,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 
-from services.broker.connect import _cluster_error, _cluster_kwargs, _credentials, _kwargs, target
+from services.broker.connect import _cluster_error, _cluster_kwargs, pool_url, single_node_kwargs, target
 from services.broker.url import redact_url as redact_url  # re-exported; defined there (no redis-py)
 from services.settings import Settings
 
@@ -23,4 +23,4 @@ def sync_client_with_timeouts(settings: Settings, socket_timeout: float | None, 
             return RedisCluster(startup_nodes=nodes, **{**_cluster_kwargs(settings, t), **timeouts})
         except RedisClusterException as exc:
             raise _cluster_error(exc, t) from None
-    return redis.Redis.from_url(t.url_without_credentials, **{**_kwargs(settings), **_credentials(t), **timeouts})
+    return redis.Redis.from_url(pool_url(t), **{**single_node_kwargs(settings, t, asyncio=False), **timeouts})

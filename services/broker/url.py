@@ -13,11 +13,14 @@ line, with the password never in it.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 if TYPE_CHECKING:
+    import ssl
+
     from services.settings import Settings
 
 DEFAULT_PORT = 6379
@@ -26,6 +29,14 @@ SCHEMES = ("redis", "rediss", "unix")
 
 class BrokerConfigError(ValueError):
     """The broker settings are wrong (malformed URL or seed list, not a cluster...): one line, exit 2."""
+
+
+class BrokerTLSError(BrokerConfigError):
+    """TLS to the broker cannot work as configured: a certificate that does not verify, a server that
+    does not speak TLS, a client certificate refused or missing, an unreadable CA/cert/key file.
+
+    A configuration error (one line, exit 2), not an unreachable broker: waiting would not fix it,
+    as with refused credentials."""
 
 
 def redact_url(url: str | None) -> str:
@@ -138,7 +149,8 @@ def parse_broker_url(url: str, *, cluster: bool, username: str | None = None,
         db=db,
         username=username if username else url_user,
         password=password if password is not None else url_pw,
-        tls=tls or parts.scheme == "rediss",
+        # a unix socket is local: TLS never applies to it (redis-py has no TLS unix connection either)
+        tls=(tls or parts.scheme == "rediss") and parts.scheme != "unix",
         url_without_credentials=stripped,
         socket_path=socket_path,
     )
@@ -151,6 +163,147 @@ def require_url(settings: Settings) -> str:
 
 
 def target(settings: Settings) -> BrokerTarget:
+    """The parsed broker URL; with TLS on, also checks that the CA/cert/key files load (BrokerTLSError)."""
     password = settings.redis_password.get_secret_value() if settings.redis_password is not None else None
-    return parse_broker_url(require_url(settings), cluster=settings.redis_cluster,
-                            username=settings.redis_username, password=password, tls=settings.redis_tls)
+    t = parse_broker_url(require_url(settings), cluster=settings.redis_cluster,
+                         username=settings.redis_username, password=password, tls=settings.redis_tls)
+    if t.tls:
+        tls_options(settings).context()  # a missing or unreadable file: one line now, not a hang later
+    return t
+
+
+# ------------------------------------------------------------------------------------------- TLS
+# Env names of the TLS settings, for messages (services/settings.py defines the fields).
+CA_FILE_VAR = "GOOSE_INGEST_REDIS_TLS_CA_FILE"
+CERT_FILE_VAR = "GOOSE_INGEST_REDIS_TLS_CERT_FILE"
+KEY_FILE_VAR = "GOOSE_INGEST_REDIS_TLS_KEY_FILE"
+CHECK_HOSTNAME_VAR = "GOOSE_INGEST_REDIS_TLS_CHECK_HOSTNAME"
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """How every broker client does TLS: the one source of redis-py's ``ssl_*`` options and of the
+    tap's own ``ssl.SSLContext``, so both trust and present exactly the same certificates.
+
+    The server's certificate is always verified: against the system's CAs (which honour OpenSSL's
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``) plus `ca_file` when given, as redis-py does."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None  # client certificate (PEM; may hold the key too)
+    key_file: str | None = None
+    check_hostname: bool = True
+
+    def redis_kwargs(self) -> dict[str, Any]:
+        """Options for redis-py's SSLConnection (sync and asyncio) and RedisCluster(ssl=True)."""
+        kw: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": self.check_hostname}
+        if self.ca_file:
+            kw["ssl_ca_certs"] = self.ca_file
+        if self.cert_file:
+            kw["ssl_certfile"] = self.cert_file
+        if self.key_file:
+            kw["ssl_keyfile"] = self.key_file
+        return kw
+
+    def context(self) -> ssl.SSLContext:
+        """The same trust as `redis_kwargs` as an SSLContext; an unreadable file is a BrokerTLSError."""
+        import ssl  # only here: it costs the tap ~5 MiB and most taps talk plain TCP
+
+        context = ssl.create_default_context()
+        context.check_hostname = self.check_hostname
+        if self.ca_file:
+            try:
+                context.load_verify_locations(cafile=self.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise BrokerTLSError(f"{CA_FILE_VAR} {self.ca_file}: {_file_problem(exc)}") from None
+        if self.cert_file:
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                files = f"{self.cert_file}" + (f" / {self.key_file}" if self.key_file else "")
+                raise BrokerTLSError(
+                    f"{CERT_FILE_VAR} / {KEY_FILE_VAR} {files}: client certificate and key do not load "
+                    f"({_file_problem(exc)})"
+                ) from None
+        return context
+
+
+def _file_problem(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, PermissionError):
+        return "not readable (permission denied)"
+    reason = getattr(exc, "reason", None)
+    if reason:
+        return str(reason)
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def tls_options(settings: Settings) -> TlsOptions:
+    """The TLS options of every broker client, from the settings (used whenever the target is TLS)."""
+    if settings.redis_tls_key_file and not settings.redis_tls_cert_file:
+        raise BrokerTLSError(f"{KEY_FILE_VAR} is set without {CERT_FILE_VAR} (the client certificate)")
+    return TlsOptions(
+        ca_file=settings.redis_tls_ca_file or None,
+        cert_file=settings.redis_tls_cert_file or None,
+        key_file=settings.redis_tls_key_file or None,
+        check_hostname=settings.redis_tls_check_hostname,
+    )
+
+
+def tls_failure(exc: BaseException, where: str, *, closed_after_handshake: bool = False) -> BrokerTLSError | None:
+    """A TLS failure found anywhere in `exc`'s chain (redis-py wraps it in a ConnectionError), as one
+    line naming the cause and the setting that fixes it; None when `exc` is no TLS failure.
+
+    A handshake cut short (EOF: a server restarting) is no TLS failure: that broker is just unreachable.
+    Except `closed_after_handshake`: the caller's handshake completed, it presented no client
+    certificate, and the connection died at its first exchange. That is how a broker requiring client
+    certificates answers under TLS 1.3 when its alert loses the race against our first write."""
+    ssl = sys.modules.get("ssl")
+    if ssl is None:  # never loaded: no TLS was attempted
+        return None
+    seen: set[int] = set()
+    closed = False
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ssl.SSLError) and not isinstance(cur, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+            return BrokerTLSError(_explain(cur, ssl, where))
+        closed = closed or isinstance(cur, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionResetError,
+                                            BrokenPipeError)) or "closed" in str(cur).lower()
+        cur = cur.__cause__ or cur.__context__
+    if closed_after_handshake and closed:
+        return BrokerTLSError(
+            f"TLS to the broker {where} failed: it closed the connection right after the handshake, as a broker "
+            f"that requires a client certificate does; set {CERT_FILE_VAR} and {KEY_FILE_VAR}"
+        )
+    return None
+
+
+def tls_handshake_timeout(where: str, seconds: float | None) -> BrokerTLSError:
+    """The TCP connection was accepted but no TLS handshake followed: almost always a plain port."""
+    within = f" within {seconds:g} s" if seconds else ""
+    return BrokerTLSError(
+        f"TLS to the broker {where} failed: no TLS handshake answer{within} (a plain Redis port never answers one); "
+        "use its TLS port, or redis:// without GOOSE_INGEST_REDIS_TLS for a plain one"
+    )
+
+
+def _explain(exc: ssl.SSLError, ssl: Any, where: str) -> str:
+    head = f"TLS to the broker {where} failed"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        message = str(exc.verify_message or exc.reason or "certificate verify failed")
+        if "hostname" in message.lower() or "ip address mismatch" in message.lower():
+            return (f"{head}: its certificate does not name the host ({message}); connect by a name it lists, "
+                    f"or set {CHECK_HOSTNAME_VAR}=false")
+        return (f"{head}: its certificate does not verify ({message}); set {CA_FILE_VAR} to the CA that signed it")
+    reason = str(exc.reason or "")
+    if reason in ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "PACKET_LENGTH_TOO_LONG",
+                  "RECORD_LAYER_FAILURE"):
+        return (f"{head}: the server does not speak TLS there ({reason}); use its TLS port, or redis:// "
+                "without GOOSE_INGEST_REDIS_TLS for a plain one")
+    if "CERTIFICATE_REQUIRED" in reason:
+        return f"{head}: the broker requires a client certificate ({reason}); set {CERT_FILE_VAR} and {KEY_FILE_VAR}"
+    if "ALERT" in reason:
+        return (f"{head}: the broker refused the client certificate ({reason}); check {CERT_FILE_VAR} / "
+                f"{KEY_FILE_VAR} against the CA the broker trusts")
+    return f"{head} ({reason or str(exc).splitlines()[0]})"

@@ -218,11 +218,11 @@ def _check_credentials(settings: Settings, run: str) -> None:
         _check_credentials_cluster(settings, run)
         return
     from services.broker.facts import check_deployment_facts
-    from services.broker.url import target
+    from services.broker.url import target, tls_options
     from services.tap.conn import AuthFailed, BrokerError, NoPermission, ReplyError, RespConnection
 
     conn = RespConnection(target(settings), connect_timeout=CREDENTIAL_CHECK_TIMEOUT_S,
-                          socket_timeout=CREDENTIAL_CHECK_TIMEOUT_S, ca_file=settings.redis_tls_ca_file)
+                          socket_timeout=CREDENTIAL_CHECK_TIMEOUT_S, tls=tls_options(settings))
     try:
         conn.execute("PING")
         # another shard count than the data's would route this run elsewhere: one line, exit 2

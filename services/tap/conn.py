@@ -4,14 +4,16 @@ Why not redis-py: importing it costs the tap ~7 MiB of its ~40 MiB budget (redis
 OpenTelemetry's metrics API when installed), and the tap needs four commands. The connection does
 what redis-py's does on connect, from the same settings (``services/broker/url.py``): TCP with
 TCP_NODELAY and keepalive, or a unix socket; TLS via ``ssl`` for ``rediss://`` or
-GOOSE_INGEST_REDIS_TLS (verifying the certificate and host name, with REDIS_TLS_CA_FILE when
-set); ``AUTH [user] password``; ``SELECT db``. It sends no CLIENT SETINFO / SETNAME (the tap's
+GOOSE_INGEST_REDIS_TLS, with the context of ``url.TlsOptions`` (the same CA, client certificate
+and host name check as redis-py's clients); ``AUTH [user] password``; ``SELECT db``. It sends no CLIENT SETINFO / SETNAME (the tap's
 ACL role does not allow them; redis-py ignores their refusal).
 
 Errors keep redis-py's meanings, so callers behave as before: an unreachable or dropped broker is
 an ``OSError`` (``ConnectionError`` / ``TimeoutError``: spool and retry); refused credentials are
 `AuthFailed` and a missing permission `NoPermission` (one line and exit 2 before the command
-starts, see ``services/cli.py``); any other error reply is a `ReplyError`.
+starts, see ``services/cli.py``); any other error reply is a `ReplyError`. A TLS failure (the
+certificate does not verify, the server does not speak TLS, our client certificate is refused) is
+``url.BrokerTLSError``, as with redis-py's clients (see ``services/broker/connect.py``).
 
 Cluster mode does not use this module (redis-py's RedisCluster routes by slot).
 """
@@ -27,7 +29,9 @@ import hiredis
 from services.tap.resp import command
 
 if TYPE_CHECKING:
-    from services.broker.url import BrokerTarget
+    import ssl
+
+    from services.broker.url import BrokerTarget, TlsOptions
 
 RECV_BYTES = 65536
 
@@ -68,11 +72,12 @@ class RespConnection:
     connects again."""
 
     def __init__(self, target: BrokerTarget, *, connect_timeout: float, socket_timeout: float | None,
-                 ca_file: str | None = None) -> None:
+                 tls: TlsOptions | None = None) -> None:
         self.target = target
         self.connect_timeout = connect_timeout
         self.socket_timeout = socket_timeout
-        self.ca_file = ca_file
+        self.tls = tls  # None with a TLS target: the system's CAs, no client certificate
+        self._tls_context: ssl.SSLContext | None = None  # built once: loading the CAs costs ~ms
         self._sock: socket.socket | None = None
         # One receive buffer for the connection's life: recv(64 kB) would allocate 64 kB per reply
         # batch and shrink it to the few bytes that came, which fragments the heap (RSS grew ~40 kB/s
@@ -97,19 +102,42 @@ class RespConnection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             if t.tls:
-                import ssl  # only here: it costs ~5 MiB and most taps talk plain TCP
+                from services.broker.url import TlsOptions
 
-                context = ssl.create_default_context(cafile=self.ca_file)
-                sock = context.wrap_socket(sock, server_hostname=seed.host)
+                if self._tls_context is None:
+                    self._tls_context = (self.tls or TlsOptions()).context()
+                try:
+                    sock = self._tls_context.wrap_socket(sock, server_hostname=seed.host)
+                except TimeoutError:  # TCP was accepted but no handshake followed: a plain port
+                    from services.broker.url import tls_handshake_timeout
+
+                    raise tls_handshake_timeout(str(seed), self.connect_timeout) from None
         except BaseException:
             sock.close()
             raise
         return sock
 
+    def _tls_failure(self, exc: OSError) -> Exception:
+        """`exc`, or the BrokerTLSError it stands for (the same one line as redis-py's clients give)."""
+        if not self.target.tls:
+            return exc
+        from services.broker.url import tls_failure
+
+        return tls_failure(exc, str(self.target.seeds[0])) or exc
+
     def connect(self) -> None:
         """Connect, authenticate and select the database (no-op when connected)."""
         if self._sock is not None:
             return
+        try:
+            self._connect()
+        except OSError as exc:
+            failure = self._tls_failure(exc)
+            if failure is exc:
+                raise
+            raise failure from None
+
+    def _connect(self) -> None:
         t = self.target
         self._sock = self._open_socket()
         try:
@@ -172,6 +200,13 @@ class RespConnection:
         self.connect()
         try:
             return self._exchange(parts, expected)
+        except OSError as exc:
+            # TLS 1.3 reports a refused client certificate at the first read, not in the handshake
+            self.close()
+            failure = self._tls_failure(exc)
+            if failure is exc:
+                raise
+            raise failure from None
         except BaseException:
             self.close()
             raise

@@ -34,7 +34,7 @@ import orjson
 
 from contracts.raw import EOF, LINE, MAX_LABEL_CHARS
 from services.broker.errors import describe
-from services.broker.url import redact_url, target
+from services.broker.url import BrokerTLSError, redact_url, target, tls_options
 from services.settings import Settings
 from services.tap.conn import BrokerError, ReplicationShortfall, ReplyError, RespConnection
 from services.tap.resp import bulk, xadd_commands, xadd_records
@@ -210,10 +210,12 @@ class Publisher:
         # RedisCluster and xadd_batch (slot routing).
         self._conn: RespConnection | None = None
         self._client: Any = client
-        self._retryable: tuple[type[BaseException], ...] = (OSError, BrokerError)
+        # a TLS failure mid-run (the broker's certificate replaced) is retried like an outage, its reason
+        # logged; at start the tap's credential check already refused it (one line, exit 2)
+        self._retryable: tuple[type[BaseException], ...] = (OSError, BrokerError, BrokerTLSError)
         if client is None and not settings.redis_cluster:
             self._conn = RespConnection(target(settings), connect_timeout=CONNECT_TIMEOUT_S,
-                                        socket_timeout=SOCKET_TIMEOUT_S, ca_file=settings.redis_tls_ca_file)
+                                        socket_timeout=SOCKET_TIMEOUT_S, tls=tls_options(settings))
             self._packed = True
         else:
             import redis
