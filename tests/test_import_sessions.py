@@ -635,7 +635,7 @@ def test_sessions_without_a_usable_id_are_skipped_exit_3(settings, tmp_path):
 
 # --- property: arbitrary values in every column the importer reads --------------------------------
 
-from hypothesis import HealthCheck, given  # noqa: E402
+from hypothesis import HealthCheck, example, given  # noqa: E402
 from hypothesis import settings as hsettings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -658,7 +658,9 @@ _ANY = st.one_of(
     st.sampled_from([1e300, -1e15, float("inf"), -1.0, 0.5]),
     st.text(max_size=12),
     st.sampled_from(["", "n/a", "2026-13-45 99:99:99", "0001-01-01T00:00:00+01:00", "[[[[", "{\"a\":NaN}",
-                     "[1e400]", '{"usage":{"inputTokens":-5}}', '{"model_name":7}']),
+                     "[1e400]", '{"usage":{"inputTokens":-5}}', '{"model_name":7}',
+                     '{"model_name":"\\udc80"}', '[{"type":"text","text":"\\ud800"}]',
+                     '{"usage":{"totalTokens":99999999999999999999,"cost":1e308}}']),
     st.binary(max_size=8),
     st.binary(min_size=1, max_size=6).map(_BadUtf8),
 )
@@ -759,6 +761,15 @@ def _run_in_process(settings, db: Path) -> tuple[int, str]:
 
 @hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(sessions=st.lists(_session, min_size=1, max_size=4))
+@example(sessions=[{  # lone surrogates from JSON escapes: no raw entry can carry them as they are
+    "id": (True, "ok"), "created_at": (True, "2026-01-01 00:00:00"), "updated_at": (True, None),
+    "parent_session_id": (True, None), "model_config_json": (False, '{"model_name":"\\udc80"}'),
+    **{c: (True, None) for c in ("accumulated_total_tokens", "accumulated_input_tokens", "accumulated_output_tokens",
+                                 "accumulated_cache_read_tokens", "accumulated_cache_write_tokens", "accumulated_cost")},
+    "messages": [{"message_id": (True, None), "role": (True, "assistant"),
+                  "content_json": (False, '[{"type":"text","text":"\\ud800"}]'), "created_timestamp": (True, T0),
+                  "metadata_json": (False, '{"usage":{"inputTokens":"\\udc80"},"x":"\\udfff"}')}],
+    "ledger": []}])
 def test_property_arbitrary_values_never_stop_the_import(redis_url, tmp_path_factory, sessions):
     """Whatever the cells hold: no exception, exit 0 or 3 (3 iff a session was skipped), every
     published run whole (seqs 0..n-1, its messages once, complete, eof, lines the workers parse,

@@ -302,7 +302,7 @@ class Importer:
                 odd.append(OddValue(sid, "sessions", None, "parent_session_id", session.parent_session_id,
                                     "cannot form a run key: the parent link is dropped"))
         model = session.model
-        if model is not None and not (len(model) <= MODEL_LABEL_MAX and model.isprintable()):
+        if model is not None and not (len(model) <= MODEL_LABEL_MAX and model.isprintable() and _utf8(model)):
             odd.append(OddValue(sid, "sessions", None, "model", model,
                                 f"not a printable name of at most {MODEL_LABEL_MAX} characters: no model label"))
             model = None
@@ -438,6 +438,15 @@ class Importer:
         for o in odd[pub.lines_from(tag):]:  # those an interrupted import spooled are not added again
             pub.add_line(json.dumps(o.evidence(), ensure_ascii=True, separators=(",", ":")), "stdout", ts_ms,
                          {"src.table": o.table, "src.session_id": o.session, "src.native": "1"}, source=tag)
+
+
+def _utf8(text: str) -> bool:
+    """False for a lone surrogate (a JSON escape in model_config_json): no raw entry can carry it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _odd_of(prep: Prepared, new: list[tuple[SourceMessage, str]]) -> tuple[OddValue, ...]:

@@ -130,7 +130,8 @@ def _native(value: Any) -> tuple[str, Any, bool]:
     if isinstance(value, float):
         return "real", repr(value), False
     if isinstance(value, str):
-        storage, text = "text", value
+        # a lone surrogate (from a JSON escape) as its escape's text: no JSON reader takes it
+        storage, text = "text", value.encode("utf-8", "backslashreplace").decode("utf-8")
     elif isinstance(value, bytes):
         storage, text = "blob", value[: EVIDENCE_MAX_CHARS // 2 + 1].hex()
     else:
@@ -389,6 +390,10 @@ def _loads_or_raw(text: Any) -> Any:
         return text
 
 
+def _as_text(value: Any) -> Any:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
 def _seconds(created: Any) -> int | None:
     """``created_timestamp`` as seconds (milliseconds above 10^10); None when it is not an integer
     or out of years 1..9999."""
@@ -402,13 +407,17 @@ def _line(message_id: str, role: Any, created: int, content: Any, metadata: Any)
     msg: dict[str, Any] = {"id": message_id, "role": role, "created": created, "content": content}
     if metadata is not None:
         msg["metadata"] = metadata
-    rec = {"type": "message", "message": msg}
-    line = json.dumps(rec, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps({"type": "message", "message": msg}, ensure_ascii=False, separators=(",", ":"))
+
+
+def _readable(line: str) -> bool:
+    """Can the line be published and parsed (no lone surrogate from a JSON escape)? Workers'
+    JSON reader refuses those even escaped."""
     try:
         line.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from a JSON escape: keep it escaped, as stored
-        line = json.dumps(rec, ensure_ascii=True, separators=(",", ":"))
-    return line
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def read_messages(conn: sqlite3.Connection, session_id: str) -> list[SourceMessage]:
@@ -448,6 +457,13 @@ def read_messages(conn: sqlite3.Connection, session_id: str) -> list[SourceMessa
             role = _native(role)[1]
         content = _loads_or_raw(content_json)
         metadata = _loads_or_raw(metadata_json)
+        line = _line(message_id, role, created, content, metadata)
+        if not _readable(line):  # a lone surrogate escape inside the JSON: kept as the stored text
+            if not _readable(json.dumps(content, ensure_ascii=False)):
+                content = _as_text(content_json)
+            if not _readable(json.dumps(metadata, ensure_ascii=False)):
+                metadata = _as_text(metadata_json)
+            line = _line(message_id, role, created, content, metadata)
         out.append(
             SourceMessage(
                 rowid=rowid,
@@ -456,7 +472,7 @@ def read_messages(conn: sqlite3.Connection, session_id: str) -> list[SourceMessa
                 created=created,
                 content=content,
                 metadata=metadata,
-                line=_line(message_id, role, created, content, metadata),
+                line=line,
                 odd=tuple(odd),
             )
         )
