@@ -819,3 +819,32 @@ def test_property_arbitrary_values_never_stop_the_import(redis_url, tmp_path_fac
         assert raw_len(s) == n
     finally:
         wipe_namespace(redis_url, s.namespace)
+
+
+def test_a_damaged_page_under_one_session_skips_only_that_session(settings, tmp_path):
+    """A disk that filled up mid-write: one leaf page of the messages table is garbage. The session
+    whose rows sit on it is skipped (exit 3, one line); the good one is imported."""
+    db = tmp_path / "sessions.db"
+    bad = "20260101_1"
+    _sessions(db, [bad, GOOD], n=40)
+    conn = sqlite3.connect(db)
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    leaves = [p for (p,) in conn.execute(
+        "SELECT pageno FROM dbstat WHERE name = 'messages' AND pagetype = 'leaf' ORDER BY path")]
+    first_good = conn.execute("SELECT MIN(id) FROM messages WHERE session_id = ?", (GOOD,)).fetchone()[0]
+    conn.close()
+    assert len(leaves) > 4
+    with open(db, "r+b") as f:  # the first leaf holds the lowest rowids: the bad session's only
+        f.seek((leaves[0] - 1) * page_size)
+        f.write(b"\xff" * page_size)
+    with pytest.raises(sqlite3.DatabaseError):
+        read_messages(open_readonly(db), bad)
+    assert len(read_messages(open_readonly(db), GOOD)) == 40 and first_good > 0
+    res = cli(settings, str(db), "--namespace", NS, "--no-progress", "--now", LATER)
+    assert res.returncode == 3, res.stderr
+    assert "Traceback" not in res.stderr
+    [skip] = [ln for ln in res.stderr.splitlines() if " skipped: " in ln]
+    assert f"session {bad!r} skipped: messages/usage_ledger unreadable: " in skip
+    assert "1 skipped (1 messages/usage_ledger)" in res.stderr
+    entries = by_run(raw_fields(settings))
+    assert set(entries) == {f"{NS}/{GOOD}"} and len(entries[f"{NS}/{GOOD}"]) == 42

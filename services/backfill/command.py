@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from typing import TYPE_CHECKING
 
@@ -102,9 +103,12 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         try:
             sessions = list_sessions(conn, since=since, session_id=args.session)
-            counts = dict(conn.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id").fetchall())
-        except Exception as exc:  # sqlite3.Error: a damaged database
+        except Exception as exc:  # sqlite3.Error: a damaged sessions table
             return _fail(f"cannot read {args.path}: {exc}")
+        try:  # only for the progress bar: a damaged messages table is each session's to report
+            counts = dict(conn.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id").fetchall())
+        except sqlite3.DatabaseError:
+            counts = {}
         if args.session and not sessions:
             return _fail(f"no session {args.session!r} in {args.path}")
         importer = Importer(settings, conn, ns, client, final_after_s=args.final_after, now_s=now_s,

@@ -279,13 +279,14 @@ def ledger_models(conn: sqlite3.Connection) -> dict[str, str]:
     resolved model that answered last); empty before schema 15."""
     if "usage_ledger" not in _tables(conn) or "model" not in _columns(conn, "usage_ledger"):
         return {}
-    out: dict[str, str] = {}
-    for sid, model in conn.execute(
-        "SELECT session_id, model FROM usage_ledger WHERE typeof(session_id) = 'text'"
-        " AND typeof(model) = 'text' AND model <> '' ORDER BY id"
-    ):
-        out[sid] = model
-    return out
+    try:
+        rows = conn.execute(
+            "SELECT session_id, model FROM usage_ledger WHERE typeof(session_id) = 'text'"
+            " AND typeof(model) = 'text' AND model <> '' ORDER BY id"
+        ).fetchall()
+    except sqlite3.DatabaseError:  # a damaged ledger: no model from it (its sessions are skipped later)
+        return {}
+    return dict(rows)  # the last row of a session wins
 
 
 def list_sessions(
