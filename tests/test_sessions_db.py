@@ -343,3 +343,103 @@ def test_reading_while_goose_writes(fixture_db):
     assert seen == sorted(seen)  # a reader only ever moves forward
     assert len(read_messages(conn, SID)) == 19 + n_writes
     assert usage_complete(conn, SID)["total_tokens"] == 41877 + 2 * n_writes
+
+
+# --- odd values: parsed totally, never raised (issue 22 §1) ---------------------------------------
+
+from services.backfill.sessions_db import INT64_MAX, parse_time, usage_report  # noqa: E402
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, (None, False)),
+    ("", (None, False)),
+    ("2026-09-26 12:42:10", (datetime(2026, 9, 26, 12, 42, 10, tzinfo=UTC), False)),
+    (1790426530, (datetime(2026, 9, 26, 12, 42, 10, tzinfo=UTC), False)),
+    (1790426530000, (datetime(2026, 9, 26, 12, 42, 10, tzinfo=UTC), False)),  # legacy ms
+    (float("inf"), (None, True)),
+    (float("nan"), (None, True)),
+    (1e300, (None, True)),
+    (-1e15, (None, True)),
+    (2**63 - 1, (None, True)),
+    ("yesterday", (None, True)),
+    ("0001-01-01T00:00:00+01:00", (None, True)),  # shifted to UTC: before year 1
+    (b"\x00\x01", (None, True)),
+])
+def test_parse_time_is_total(value, expected):
+    assert parse_time(value) == expected
+
+
+def _spoilt(fixture_db, *sql: str) -> sqlite3.Connection:
+    w = sqlite3.connect(fixture_db)
+    for stmt in sql:
+        w.execute(stmt)
+    w.commit()
+    w.close()
+    return open_readonly(fixture_db)
+
+
+def test_ledger_sum_past_int64_is_omitted_not_raised(fixture_db):
+    conn = _spoilt(fixture_db, f"UPDATE usage_ledger SET total_tokens = {2**62}")  # 6 rows: SQL SUM would raise
+    rep = usage_report(conn, SID)
+    assert rep.source == "usage_ledger"
+    assert rep.record["total_tokens"] is None and rep.record["input_tokens"] == 40309  # not derived: it was recorded
+    [odd] = rep.odd
+    assert (odd.table, odd.column, odd.rowid, odd.value) == ("usage_ledger", "SUM(total_tokens)", None, 6 * 2**62)
+    assert odd.value > INT64_MAX
+
+
+@pytest.mark.parametrize("value, storage, shown", [("'n/a'", "text", "n/a"), ("-0.5", "real", "-0.5"),
+                                                   ("9e999", "real", "inf"), ("x'00ff'", "blob", "00ff")])
+def test_ledger_odd_cost_omits_cost_and_is_evidence(fixture_db, value, storage, shown):
+    conn = _spoilt(fixture_db, f"UPDATE usage_ledger SET cost = {value} WHERE id = 2")
+    rep = usage_report(conn, SID)
+    assert "cost_usd" not in rep.record and rep.record["total_tokens"] == 41877  # the counters still add up
+    [odd] = rep.odd
+    ev = odd.evidence()
+    assert ev == {"type": "goose-ingest.native", "source": "sessions.db", "session": SID, "table": "usage_ledger",
+                  "column": "cost", "rowid": "2", "storage": storage, "value": shown, "outcome": odd.outcome}
+    json.loads(json.dumps(ev, allow_nan=False))  # evidence is plain JSON
+
+
+def test_odd_metadata_usage_and_accumulated_values(fixture_db):
+    conn = _spoilt(fixture_db, "DELETE FROM usage_ledger",
+                   """UPDATE messages SET metadata_json = '{"usage":{"inputTokens":"12","outputTokens":1}}'
+                      WHERE id = (SELECT MIN(id) FROM messages WHERE metadata_json LIKE '%usage%')""")
+    rep = usage_report(conn, SID)
+    assert rep.source == "message_metadata" and "input_tokens" not in rep.record
+    assert [(o.column, o.value) for o in rep.odd] == [("metadata_json.usage.inputTokens", "12")]
+    conn = _spoilt(fixture_db, """UPDATE messages SET metadata_json = '{"userVisible":true}'""",
+                   "UPDATE sessions SET accumulated_cost = 'lots', accumulated_input_tokens = -3")
+    rep = usage_report(conn, SID)
+    assert rep.source == "session_accumulated"
+    assert "cost_usd" not in rep.record and "input_tokens" not in rep.record and rep.record["total_tokens"] == 41877
+    assert sorted(o.column for o in rep.odd) == ["accumulated_cost", "accumulated_input_tokens"]
+
+
+def test_odd_message_cells_are_replaced_and_reported(fixture_db):
+    conn = _spoilt(fixture_db, "UPDATE messages SET created_timestamp = 9e999 WHERE id = 4",
+                   "UPDATE messages SET role = x'ff' WHERE id = 5",
+                   "UPDATE messages SET content_json = '[1e400]' WHERE id = 6",
+                   "UPDATE messages SET message_id = 42 WHERE id = 9",
+                   "UPDATE messages SET metadata_json = CAST(x'7b22ff' AS TEXT) WHERE id = 10")
+    msgs = read_messages(conn, SID)
+    by_row = {m.rowid: m for m in msgs}
+    assert msgs[-1].rowid == 4  # +Inf sorts last (the spec's order over the stored values) ...
+    assert by_row[4].created == msgs[-2].created  # ... and takes its predecessor's time
+    assert [o.column for o in by_row[4].odd] == ["created_timestamp"]
+    assert by_row[5].role == "ff" and [o.column for o in by_row[5].odd] == ["role"]
+    assert by_row[6].content == "[1e400]"  # not JSON a worker can read: kept as text
+    assert by_row[9].message_id == "42"  # INTEGER into a TEXT column: SQLite made it text
+    assert by_row[10].metadata == '{"\ufffd'  # not UTF-8: U+FFFD, no exception
+    for m in msgs:
+        json.loads(m.line, parse_constant=lambda c: pytest.fail(f"{c} in a line"))
+
+
+def test_odd_session_row_and_model_from_the_ledger(fixture_db):
+    conn = _spoilt(fixture_db, "UPDATE sessions SET created_at = -1e15, updated_at = 1e300, model_config_json = '{'",
+                   "UPDATE usage_ledger SET model = 'claude-opus-4' WHERE id = (SELECT MAX(id) FROM usage_ledger)")
+    [s] = list_sessions(conn)
+    assert s.created_at is None and s.updated_at is None
+    assert [o.column for o in s.odd] == ["created_at", "updated_at"]
+    assert s.model == "claude-opus-4"  # model_config_json names none: the last ledger row's
+    assert list_sessions(conn, since=datetime(2030, 1, 1)) == [s]  # an unknown creation time is never dropped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:  # imported where used: only an interactive import draws a bar
     from tqdm import tqdm
 
 PROG = "goose-ingest import-sessions"
+EXIT_SKIPPED = 3  # every other session imported; some were skipped (each named on stderr)
+ODD_SHOWN = 3  # odd values listed on a session's warning line; the rest are counted
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -100,9 +103,12 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         try:
             sessions = list_sessions(conn, since=since, session_id=args.session)
-            counts = dict(conn.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id").fetchall())
-        except Exception as exc:  # sqlite3.Error: a damaged database
+        except Exception as exc:  # sqlite3.Error: a damaged sessions table
             return _fail(f"cannot read {args.path}: {exc}")
+        try:  # only for the progress bar: a damaged messages table is each session's to report
+            counts = dict(conn.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id").fetchall())
+        except sqlite3.DatabaseError:
+            counts = {}
         if args.session and not sessions:
             return _fail(f"no session {args.session!r} in {args.path}")
         importer = Importer(settings, conn, ns, client, final_after_s=args.final_after, now_s=now_s,
@@ -110,16 +116,25 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run and client is None:
             print("no broker configured: nothing is known to be published yet, every message counts as new")
         bar = _progress(sum(counts.get(s.id, 0) for s in sessions), not args.no_progress)
-        totals = {"sessions": 0, "published": 0, "ended": 0, "skipped": 0}
+        totals = {"sessions": 0, "published": 0, "ended": 0, "skipped": 0, "odd": 0}
+        why: dict[str, int] = {}  # skip reasons by column
         try:
             for s in sessions:
                 res = importer.import_session(s)
                 totals["sessions"] += 1
                 totals["published"] += res.new
                 totals["ended"] += int(res.eof)
-                if res.run is None:
+                if res.skipped:
                     totals["skipped"] += 1
-                    print(f"{PROG}: warning: {s.id}: {res.note}", file=sys.stderr)
+                    column = res.skipped.split(" ", 1)[0].rstrip(":")
+                    why[column] = why.get(column, 0) + 1
+                    print(f"{PROG}: warning: session {s.id!r} skipped: {res.skipped}", file=sys.stderr)
+                if res.odd:
+                    totals["odd"] += len(res.odd)
+                    shown = "; ".join(o.brief() for o in res.odd[:ODD_SHOWN])
+                    more = f"; and {len(res.odd) - ODD_SHOWN} more" if len(res.odd) > ODD_SHOWN else ""
+                    print(f"{PROG}: warning: session {s.id!r}: {len(res.odd)} odd value(s) kept as native "
+                          f"evidence: {shown}{more}", file=sys.stderr)
                 if args.dry_run:
                     eof = "yes" if res.eof else "no"
                     extra = f"  ({res.note})" if res.note else ""
@@ -136,10 +151,13 @@ def run(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.close()
         verb = "would publish" if args.dry_run else "published"
-        print(f"{PROG}: {totals['sessions']} session(s), {verb} {totals['published']} message(s), "
-              f"{totals['ended']} run(s) ended" + (f", {totals['skipped']} skipped" if totals["skipped"] else ""),
-              file=sys.stderr)
-        return 1 if totals["skipped"] else 0
+        skipped = f"{totals['skipped']} skipped"
+        if why:
+            skipped += " (" + ", ".join(f"{n} {col}" for col, n in sorted(why.items())) + ")"
+        print(f"{PROG}: {totals['sessions']} session(s): {totals['sessions'] - totals['skipped']} imported, "
+              f"{skipped}; {verb} {totals['published']} message(s), {totals['ended']} run(s) ended, "
+              f"{totals['odd']} odd value(s) kept as native evidence", file=sys.stderr)
+        return EXIT_SKIPPED if totals["skipped"] else 0
     finally:
         conn.close()
         if client is not None:

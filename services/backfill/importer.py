@@ -10,6 +10,11 @@ Per session ``S`` of namespace ``NS``:
 - the checkpoint lives in the broker: hash ``<ns>:goose-ingest:import:NS/S`` (``run``, ``part``,
   ``next_seq``, ``ended``, ``last_ms``, ``reported``) and set ``...:ids`` (message keys published);
   it is written only after the Publisher confirmed delivery of what it covers.
+
+A session is read and parsed whole (``prepare``) before anything of it is published: a value that
+does not parse is either replaced (and published as native evidence, a ``goose-ingest.native``
+line that workers keep as an ``unknown`` event) or makes the session skipped with one line naming
+the column; either way the other sessions go on (docs/backfill.md, "Odd values").
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ from typing import Any
 import redis
 
 from services.backfill.sessions_db import (
+    OddValue,
     SessionInfo,
     SourceMessage,
     UsageRecord,
-    _parse_ts,
+    UsageReport,
     read_messages,
-    usage_complete_with_source,
+    usage_report,
 )
 from services.settings import Settings
 from services.tap.publisher import Publisher
@@ -48,6 +54,8 @@ DEFAULT_FINAL_AFTER_S = 600.0
 # idle-abandon horizon (GOOSE_INGEST_RUN_IDLE_TIMEOUT_S)
 IDLE_MARGIN_S = 60.0
 COMPLETE_TAG = "\x00complete"
+EVIDENCE_TAG = "\x00native"  # spool resume tag of native-evidence lines: <message key> + it, or it alone
+MODEL_LABEL_MAX = 200  # a longer (or unprintable) model name is not put on every raw entry
 # test hook: exit abruptly after N sessions were flushed, before their checkpoint is written
 CRASH_ENV = "GOOSE_INGEST_IMPORT_TEST_CRASH_AFTER"
 
@@ -192,6 +200,22 @@ class SessionResult:
     eof: bool  # eof published (or would be)
     note: str = ""
     continuation: bool = False
+    skipped: str = ""  # why the session was skipped (nothing of it published): "<column>: <reason>"
+    odd: tuple[OddValue, ...] = ()  # values that did not parse, published as native evidence
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A session read and parsed whole, before anything of it is published."""
+
+    messages: list[SourceMessage]
+    keys: list[str]
+    final: bool
+    last_ms: int
+    usage: UsageReport
+    parent: str | None  # the parent's run key
+    model: str | None
+    odd: tuple[OddValue, ...]  # the session row's and the usage's odd values (the messages' ride along)
 
 
 @dataclass
@@ -203,16 +227,12 @@ class Importer:
     final_after_s: float = DEFAULT_FINAL_AFTER_S
     now_s: float | None = None  # "now" for the idle rule (default: the broker's clock)
     dry_run: bool = False
-    _updated: dict[str, datetime | None] = field(default_factory=dict)
     _crash_after: int | None = None
     _flushed_sessions: int = 0
     _now_s: float = field(init=False, default=0.0)  # now_s, or the broker's clock when it was None
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
-        cols = {r[1] for r in self.conn.execute("PRAGMA table_info(sessions)")}
-        if "updated_at" in cols:
-            self._updated = {sid: _parse_ts(u) for sid, u in self.conn.execute("SELECT id, updated_at FROM sessions")}
         env = os.environ.get(CRASH_ENV)
         self._crash_after = int(env) if env else None
         self._now_s = self.now_s if self.now_s is not None else _now_ms_of(self.client) / 1000
@@ -221,18 +241,20 @@ class Importer:
     def base(self, session_id: str) -> str:
         return f"{self.namespace}/{session_id}"
 
-    def labels(self, session: SessionInfo, continues: str | None) -> dict[str, str]:
+    def labels(self, prep: Prepared, continues: str | None) -> dict[str, str]:
         labels = {"host": self.namespace, "agent": AGENT}
-        if session.parent_session_id:
-            labels["parent"] = self.base(session.parent_session_id)
+        if prep.parent:
+            labels["parent"] = prep.parent
         if continues:
             labels["continues"] = continues
+        if prep.model:
+            labels["model"] = prep.model
         return labels
 
     def _final(self, session: SessionInfo, messages: list[SourceMessage]) -> tuple[bool, int]:
         """(final?, last activity in ms): final when idle for at least final_after_s."""
         times = [m.created for m in messages]
-        upd = self._updated.get(session.id)
+        upd = session.updated_at
         if upd is not None:
             times.append(int(upd.timestamp()))
         if not times and session.created_at is not None:
@@ -261,15 +283,50 @@ class Importer:
         except (SpoolLocked, OSError):
             pass
 
+    def _run_base_ok(self, sid: str) -> bool:
+        return SID_RE.fullmatch(sid) is not None and is_valid_run(self.base(sid) + "/99999")
+
+    def prepare(self, session: SessionInfo) -> Prepared | str:
+        """Reads and parses the whole session; a string says why it is skipped (naming the column)."""
+        sid = session.id
+        if session.id_problem:
+            return f"{session.id_problem}: no run key can be formed"
+        if not self._run_base_ok(sid):
+            return f"sessions.id {sid!r} cannot form a run key ([A-Za-z0-9._:@-], at most 200 with the namespace)"
+        odd = list(session.odd)
+        parent = None
+        if session.parent_session_id is not None:
+            if self._run_base_ok(session.parent_session_id):
+                parent = self.base(session.parent_session_id)
+            else:
+                odd.append(OddValue(sid, "sessions", None, "parent_session_id", session.parent_session_id,
+                                    "cannot form a run key: the parent link is dropped"))
+        model = session.model
+        if model is not None and not (len(model) <= MODEL_LABEL_MAX and model.isprintable() and _utf8(model)):
+            odd.append(OddValue(sid, "sessions", None, "model", model,
+                                f"not a printable name of at most {MODEL_LABEL_MAX} characters: no model label"))
+            model = None
+        try:
+            messages = read_messages(self.conn, sid)
+            usage = usage_report(self.conn, sid)
+        except sqlite3.DatabaseError as exc:  # a damaged page under this session's rows
+            return f"messages/usage_ledger unreadable: {exc}"
+        final, last_ms = self._final(session, messages)
+        return Prepared(messages, message_keys(messages), final, last_ms, usage, parent, model,
+                        tuple(odd) + usage.odd)
+
     # ---------------------------------------------------------------- one session
     def import_session(self, session: SessionInfo) -> SessionResult:
         sid = session.id
-        if not SID_RE.fullmatch(sid or "") or not is_valid_run(self.base(sid) + "/99999"):
-            return SessionResult(sid, None, 0, False, note=f"skipped: session id {sid!r} cannot form a run key")
+        prep = self.prepare(session)
+        if isinstance(prep, str):
+            return SessionResult(sid, None, 0, False, note=f"skipped: {prep}", skipped=prep)
+        return self._import_prepared(session, prep)
+
+    def _import_prepared(self, session: SessionInfo, prep: Prepared) -> SessionResult:
+        sid = session.id
         base = self.base(sid)
-        messages = read_messages(self.conn, sid)
-        keys = message_keys(messages)
-        final, last_ms = self._final(session, messages)
+        messages, keys, final = prep.messages, prep.keys, prep.final
         cp = load_checkpoint(self.client, self.settings, base) if self.client is not None else Checkpoint()
 
         force = ""  # set when the open run turned out not to be continuable
@@ -303,13 +360,14 @@ class Importer:
             if self.dry_run:
                 if not final:
                     note = "; ".join(x for x in (note, "session active: run stays open") if x)
-                return SessionResult(sid, run, len(new), final, note=note, continuation=continuation)
+                return SessionResult(sid, run, len(new), final, note=note, continuation=continuation,
+                                     odd=_odd_of(prep, new))
             client = self.client
             if client is None:
                 raise ImportError_("no broker configured: set GOOSE_INGEST_REDIS_URL (or use --dry-run)")
             if ends_open_run is not None:
                 self._drop_spool(ends_open_run)  # that run is over; its unconfirmed entries go to the new part
-            labels = self.labels(session, continues)
+            labels = self.labels(prep, continues)
             pub = Publisher(self.settings, run, labels, client=client)
             try:
                 if pub.next_seq < seq0:  # the spool is behind the checkpoint: cannot continue this run
@@ -325,12 +383,12 @@ class Importer:
                                     last_ms=_now_ms_of(client), reported=cp.reported if cp.run else {},
                                     ids=cp.ids | set(covered))
                     if pub.lines_from(COMPLETE_TAG):
-                        cp.reported = usage_complete_with_source(self.conn, sid)[0]
+                        cp.reported = prep.usage.record
                     save_checkpoint(client, self.settings, base, cp, covered, session)
                     pub.close()
                     recovered, recovered_eof = len(covered), True
                     continue
-                published = self._publish(pub, session, new, final, last_ms, cp.reported)
+                published = self._publish(pub, session, prep, new, cp.reported)
                 pub.flush()
                 self._flushed_sessions += 1
                 if self._crash_after is not None and self._flushed_sessions >= self._crash_after:
@@ -343,23 +401,29 @@ class Importer:
             finally:
                 pub.close()
             return SessionResult(sid, run, len(new) + recovered, final or recovered_eof, note=note,
-                                 continuation=continuation)
+                                 continuation=continuation, odd=_odd_of(prep, new))
         raise RuntimeError(f"session {sid}: could not settle its run state")
 
-    def _publish(self, pub: Publisher, session: SessionInfo, new: list[tuple[SourceMessage, str]], final: bool,
-                 last_ms: int, reported: UsageRecord) -> UsageRecord:
-        """Spools the new messages (and complete + eof when final); returns the usage totals reported."""
+    def _publish(self, pub: Publisher, session: SessionInfo, prep: Prepared, new: list[tuple[SourceMessage, str]],
+                 reported: UsageRecord) -> UsageRecord:
+        """Spools the new messages (and complete + eof when final); returns the usage totals reported.
+        Every odd value goes with what it belongs to: a message's right after that message, the
+        session row's and the usage's right before the complete."""
         sid = session.id
         for m, k in new:
-            if pub.lines_from(k):
-                continue  # spooled by an interrupted import: the spool delivers it
-            pub.add_line(m.line, "stdout", m.created * 1000,
-                         {"src.table": "messages", "src.rowid": str(m.rowid), "src.message_id": m.message_id,
-                          "src.session_id": sid},
-                         source=k)
-        if not final:
+            if not pub.lines_from(k):  # else spooled by an interrupted import: the spool delivers it
+                pub.add_line(m.line, "stdout", m.created * 1000,
+                             {"src.table": "messages", "src.rowid": str(m.rowid), "src.message_id": m.message_id,
+                              "src.session_id": sid},
+                             source=k)
+            if m.odd:
+                self._evidence(pub, m.odd, m.created * 1000, k + EVIDENCE_TAG)
+        if not prep.final:
             return reported
-        totals, source = usage_complete_with_source(self.conn, sid)
+        last_ms = prep.last_ms
+        if prep.odd and not pub.lines_from(COMPLETE_TAG):
+            self._evidence(pub, prep.odd, last_ms, EVIDENCE_TAG)
+        totals, source = prep.usage.record, prep.usage.source
         if not pub.lines_from(COMPLETE_TAG):
             complete = usage_delta(totals, reported)
             pub.add_line(json.dumps(complete, separators=(",", ":")), "stdout", last_ms,
@@ -368,6 +432,28 @@ class Importer:
                          source=COMPLETE_TAG)
         pub.add_eof(None, last_ms, {"src.table": "sessions", "src.session_id": sid})
         return totals
+
+    @staticmethod
+    def _evidence(pub: Publisher, odd: tuple[OddValue, ...], ts_ms: int, tag: str) -> None:
+        for o in odd[pub.lines_from(tag):]:  # those an interrupted import spooled are not added again
+            pub.add_line(json.dumps(o.evidence(), ensure_ascii=True, separators=(",", ":")), "stdout", ts_ms,
+                         {"src.table": o.table, "src.session_id": o.session, "src.native": "1"}, source=tag)
+
+
+def _utf8(text: str) -> bool:
+    """False for a lone surrogate (a JSON escape in model_config_json): no raw entry can carry it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _odd_of(prep: Prepared, new: list[tuple[SourceMessage, str]]) -> tuple[OddValue, ...]:
+    """The odd values this import publishes: those of its new messages, and the session's and the
+    usage's when the run ends now."""
+    out = [o for m, _k in new for o in m.odd]
+    return tuple(out) + (prep.odd if prep.final else ())
 
 
 def parse_since(text: str) -> datetime:
