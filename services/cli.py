@@ -241,6 +241,26 @@ def _is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, RedisConnectionError)
 
 
+def _bad_database(exc: BaseException) -> str | None:
+    """redis-py's refusal of the URL's database number (raised on connect, anywhere in a command), as
+    one line; None for any other error. The tap's own client raises BrokerConfigError for it itself."""
+    if "redis" not in sys.modules:
+        return None
+    from redis.exceptions import ResponseError
+
+    from services.broker.url import is_db_out_of_range, no_such_database
+    from services.settings import Settings
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:  # FastStream and asyncio may wrap it
+        seen.add(id(cause))
+        if isinstance(cause, ResponseError) and is_db_out_of_range(cause):
+            return str(no_such_database(Settings().redis_url or "", str(cause)))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(_subcommand_in(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
@@ -254,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         # the error types are looked up now: the command may have loaded redis-py meanwhile
         if isinstance(exc, _config_error_types()):
             return _fail(getattr(args, SUBCOMMAND), _broker_problem(exc))
+        bad_db = _bad_database(exc)
+        if bad_db is not None:
+            return _fail(getattr(args, SUBCOMMAND), bad_db)
         if _is_unreachable(exc):
             from services.broker.url import redact_url
             from services.settings import Settings

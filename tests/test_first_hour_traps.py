@@ -1,0 +1,159 @@
+"""A first hour without traps (issue 22 section 5): each case as a new user meets it -- a subprocess,
+its exit code, its stderr."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.broker.embedded import free_port
+from tests.fixtures import REPO
+from tests.pipeline_helpers import start_worker, stop, wait_until
+from tests.support.redis_server import cli_env
+
+pytestmark = pytest.mark.e2e
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    env.update(extra)
+    return env
+
+
+def goose_ingest(*args: str, env: dict[str, str], timeout: float = 60,
+                 stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env, stdin=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_line(out: subprocess.CompletedProcess, code: int = 2) -> str:
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.returncode == code, (out.returncode, out.stderr[-2000:])
+    lines = [line for line in out.stderr.strip().splitlines() if line]
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+def with_db(url: str, db: int) -> str:
+    return re.sub(r"/\d*$", "", url.rstrip("/")) + f"/{db}"
+
+
+# --- 1. tracebacks ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args", [["tail", "--no-follow"], ["replay"], ["worker"],
+                                  ["tap", "--run", "fh/db", "--", sys.executable, "-c", "print(1)"],
+                                  ["publish", "--run", "fh/db", "-"]],
+                         ids=lambda a: a[0])
+def test_a_database_index_out_of_range_is_one_line_exit_2(settings, args, tmp_path):
+    env = cli_env(settings, GOOSE_INGEST_REDIS_URL=with_db(settings.redis_url, 99),
+                  GOOSE_INGEST_METRICS_PORT="0", GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
+    started = time.monotonic()
+    line = one_line(goose_ingest(*args, env=env, timeout=60))
+    assert time.monotonic() - started < 30  # not an endless spooling tap, not a worker retrying forever
+    assert "GOOSE_INGEST_REDIS_URL" in line and "no such database" in line and "/99" in line, line
+    assert not (tmp_path / "spool").exists() or not any((tmp_path / "spool").rglob("entries.jsonl"))
+
+
+def test_a_database_out_of_range_never_shows_the_password(settings):
+    url = settings.redis_url.replace("redis://", "redis://:hunter2@", 1)
+    env = cli_env(settings, GOOSE_INGEST_REDIS_URL=with_db(url, 99))
+    out = goose_ingest("tail", "--no-follow", env=env)
+    assert out.returncode == 2 and "hunter2" not in out.stderr, out.stderr
+
+
+def _fetch_record(exc: Exception) -> logging.LogRecord:
+    return logging.LogRecord("faststream.access.redis", logging.ERROR, __file__, 1, "Message fetch error", None,
+                             (type(exc), exc, None))
+
+
+def test_fetch_errors_become_one_line_per_change_and_a_count_per_minute():
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ResponseError
+
+    from services.worker.command import FETCH_ERROR_REPEAT_S, FetchErrorDigest
+
+    now = [0.0]
+    digest = FetchErrorDigest(clock=lambda: now[0])
+    down = RedisConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
+    shown = []
+    for _ in range(40):  # 8 subscribers x 5 reads, each 5 s apart, all failing the same way
+        record = _fetch_record(down)
+        if digest.filter(record):
+            shown.append(record)
+        now[0] += 1.0
+    assert len(shown) == 1 and shown[0].exc_info is None and "Connection refused" in shown[0].getMessage()
+    now[0] += FETCH_ERROR_REPEAT_S
+    record = _fetch_record(down)
+    assert digest.filter(record) and "still failing" in record.getMessage() and "40 failed reads" in record.getMessage()
+    record = _fetch_record(ResponseError("LOADING Redis is loading the dataset in memory"))
+    assert digest.filter(record) and "LOADING" in record.getMessage()  # a new state: at once
+    other = logging.LogRecord("faststream.access.redis", logging.ERROR, __file__, 1, "something else", None, None)
+    assert digest.filter(other) and other.getMessage() == "something else"
+
+
+def _ready(port_file: Path) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        host, port = port_file.read_text().split()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+            return resp.status == 200
+    except (OSError, ValueError, urllib.error.URLError):
+        return False
+
+
+def test_a_worker_logs_a_broker_outage_in_a_few_lines_without_tracebacks(private_redis, settings, tmp_path):
+    own = settings.model_copy(update={"redis_url": private_redis.url})
+    log, port_file = tmp_path / "worker.log", tmp_path / "metrics.port"
+    worker = start_worker(own, log, GOOSE_INGEST_METRICS_PORT_FILE=str(port_file))
+    try:
+        wait_until(lambda: _ready(port_file), timeout=60)
+        private_redis.stop()
+        time.sleep(7)  # two failed reads of every subscriber (FastStream waits 5 s between them)
+        private_redis.start()
+        time.sleep(2)
+    finally:
+        stop(worker)
+    text = log.read_text()
+    assert "Traceback" not in text, text[-4000:]
+    assert "Message fetch error" not in text
+    fetch_lines = [line for line in text.splitlines() if "message fetch" in line]
+    assert 1 <= len(fetch_lines) <= 4, fetch_lines
+    for needle in ("housekeeping: broker unavailable", "shard leases: broker unavailable"):
+        assert sum(needle in line for line in text.splitlines()) <= 2, text[-4000:]  # the first, then per minute
+    assert len(text.splitlines()) < 30, text[-4000:]
+
+
+def test_repeated_worker_warnings_are_shown_once_a_minute_with_a_count():
+    from services.worker.command import FETCH_ERROR_REPEAT_S, RepeatDigest
+
+    now = [0.0]
+    digest = RepeatDigest(clock=lambda: now[0])
+
+    def warning(text: str) -> logging.LogRecord:
+        return logging.LogRecord("goose_ingest.worker", logging.WARNING, __file__, 1, "%s", (text,), None)
+
+    assert digest.filter(warning("housekeeping: broker unavailable: ConnectionError"))
+    assert sum(digest.filter(warning("housekeeping: broker unavailable: ConnectionError")) for _ in range(10)) == 0
+    assert digest.filter(warning("taking over shard 3: broker unavailable"))  # another text: shown
+    now[0] = FETCH_ERROR_REPEAT_S + 1
+    again = warning("housekeeping: broker unavailable: ConnectionError")
+    assert digest.filter(again) and "repeated 10 times" in again.getMessage()
+    info = logging.LogRecord("goose_ingest.worker", logging.INFO, __file__, 1, "took the lease", None, None)
+    assert all(digest.filter(info) for _ in range(3))
+
+
+def test_demo_otlp_to_a_dead_collector_is_one_line_at_once(tmp_path):
+    port = free_port()
+    started = time.monotonic()
+    out = goose_ingest("demo", "--otlp", f"http://127.0.0.1:{port}", env=clean_env(), timeout=60)
+    line = one_line(out)
+    assert time.monotonic() - started < 20
+    assert f"127.0.0.1:{port}" in line and "no OTLP collector" in line, line
