@@ -33,6 +33,14 @@ CLUSTER_SHARDS = 16  # enough to spread over many primaries; see docs/scaling.md
 ENV_PREFIX = "GOOSE_INGEST_"
 
 
+# Default metrics port of each long-running command when GOOSE_INGEST_METRICS_PORT is not set: distinct, so
+# a worker (or `up`) and the exporters run side by side on one host without a collision. Containers and
+# the chart set the variable explicitly (one process per container, one port for every probe).
+DEFAULT_METRICS_PORT = 9464
+COMMAND_METRICS_PORTS = {"worker": DEFAULT_METRICS_PORT, "up": DEFAULT_METRICS_PORT,
+                         "export otlp": 9465, "export postgres": 9466}
+
+
 class ConfigError(Exception):
     """A misconfiguration found at run time: the CLI prints its message as one line and exits 2."""
 
@@ -111,7 +119,11 @@ class Settings(BaseSettings):
         ge=0,
         description="Run sequencers a worker keeps in memory between batches (LRU); bounds the worker's RSS, not the fleet. 0: none.",
     )
-    metrics_port: int = Field(default=9464, ge=0, le=65535, description="HTTP port of /metrics, /healthz, /readyz (0: any free port).")
+    metrics_port: int = Field(
+        default=DEFAULT_METRICS_PORT, ge=0, le=65535,
+        description="HTTP port of /metrics, /healthz, /readyz (0: any free port). Unset: 9464 for `worker` and `up`, "
+        "9465 for `export otlp`, 9466 for `export postgres`.",
+    )
     metrics_host: str = Field(default="0.0.0.0", description="Bind address of the metrics server.")
     metrics_port_file: str = Field(
         default="",
@@ -192,6 +204,12 @@ class Settings(BaseSettings):
         from services.redaction import Redactor
 
         return Redactor(self.redaction_extra_rules, self.redaction_disable)
+
+    def for_command(self, command: str) -> Settings:
+        """These settings with `command`'s own default metrics port, unless GOOSE_INGEST_METRICS_PORT was set."""
+        if "metrics_port" in self.model_fields_set:
+            return self
+        return self.model_copy(update={"metrics_port": COMMAND_METRICS_PORTS.get(command, DEFAULT_METRICS_PORT)})
 
     def key(self, name: str) -> str:
         return self.layout.key(name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 from services.broker.embedded import free_port
 from tests.fixtures import REPO
 from tests.pipeline_helpers import start_worker, stop, wait_until
+from tests.support import postgres as pg_support
 from tests.support.redis_server import cli_env
 
 pytestmark = pytest.mark.e2e
@@ -157,3 +159,55 @@ def test_demo_otlp_to_a_dead_collector_is_one_line_at_once(tmp_path):
     line = one_line(out)
     assert time.monotonic() - started < 20
     assert f"127.0.0.1:{port}" in line and "no OTLP collector" in line, line
+
+
+# --- 2. a metrics port of its own per command ---------------------------------------------------------
+def test_each_command_has_its_own_default_metrics_port_unless_one_is_set():
+    from services.settings import COMMAND_METRICS_PORTS, Settings
+
+    ports = {command: Settings().for_command(command).metrics_port for command in COMMAND_METRICS_PORTS}
+    assert ports == {"worker": 9464, "up": 9464, "export otlp": 9465, "export postgres": 9466}
+    assert Settings(metrics_port=0).for_command("export postgres").metrics_port == 0  # a set value wins
+
+
+pg_database = pg_support.pg_database
+pg_dsn = pg_support.pg_dsn
+
+
+def test_export_postgres_beside_a_worker_takes_its_own_port(settings, pg_dsn):
+    """`export postgres` without GOOSE_INGEST_METRICS_PORT on a host where 9464 is a worker's: it binds
+    9466 and says so (the line names the port)."""
+    env = cli_env(settings, GOOSE_INGEST_POSTGRES_DSN=pg_dsn)
+    env.pop("GOOSE_INGEST_METRICS_PORT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "export", "postgres", "--group", "fh-port"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "metrics on" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    if "address already in use" in line.lower():
+        pytest.skip("another process of this machine holds 9466")
+    assert re.search(r"metrics on [0-9.]+:9466\b", line), line
+
+
+# --- 5. what the server answered ----------------------------------------------------------------------
+@pytest.mark.parametrize("what,dsn_part,needle", [
+    ("database", "user=postgres dbname=fh_no_such_db", 'database "fh_no_such_db" does not exist'),
+    ("role", "user=fh_no_such_role password=hunter2 dbname=postgres", 'role "fh_no_such_role" does not exist'),
+])
+def test_export_postgres_migrate_names_what_the_server_refused(what, dsn_part, needle):
+    dsn = f"host=127.0.0.1 port=5432 {dsn_part} connect_timeout=5"
+    line = one_line(goose_ingest("export", "postgres", "--migrate", env=clean_env(GOOSE_INGEST_POSTGRES_DSN=dsn)))
+    assert needle in line and "unreachable" not in line and "hunter2" not in line, line
+
+
+def test_export_postgres_migrate_with_no_server_still_says_unreachable():
+    dsn = f"host=127.0.0.1 port={free_port()} user=postgres dbname=postgres connect_timeout=3"
+    line = one_line(goose_ingest("export", "postgres", "--migrate", env=clean_env(GOOSE_INGEST_POSTGRES_DSN=dsn)))
+    assert "unreachable (OperationalError)" in line, line
