@@ -211,3 +211,94 @@ def test_export_postgres_migrate_with_no_server_still_says_unreachable():
     dsn = f"host=127.0.0.1 port={free_port()} user=postgres dbname=postgres connect_timeout=3"
     line = one_line(goose_ingest("export", "postgres", "--migrate", env=clean_env(GOOSE_INGEST_POSTGRES_DSN=dsn)))
     assert "unreachable (OperationalError)" in line, line
+
+
+# --- 3. up: a stable port, --port, an inherited URL ---------------------------------------------------
+def _up_until(args: list[str], env: dict[str, str], pattern: str) -> tuple[re.Match | None, str, int]:
+    """Start `up`, wait for a stderr line matching `pattern` and for its worker to be ready, stop it;
+    (match, stderr, exit code)."""
+    port_file = Path(env.get("GOOSE_INGEST_SPOOL_DIR") or "/tmp") / f"up-metrics-{os.getpid()}-{time.monotonic_ns()}.port"
+    port_file.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(env, GOOSE_INGEST_METRICS_PORT_FILE=str(port_file))
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    match = None
+    try:
+        deadline = time.monotonic() + 60
+        while match is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+            seen.append(line)
+            match = re.search(pattern, line)
+        if match is not None:
+            wait_until(lambda: _ready(port_file) or proc.poll() is not None, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=60)
+    return match, "".join(seen) + rest, proc.returncode
+
+
+def _port_answers(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+def test_up_starts_its_broker_on_6379_when_free_and_always_prints_the_url(tmp_path):
+    busy = _port_answers(6379)
+    env = clean_env(GOOSE_INGEST_METRICS_PORT="0", GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
+    match, stderr, code = _up_until([], env, r"export GOOSE_INGEST_REDIS_URL=redis://127\.0\.0\.1:(\d+)/0")
+    assert match is not None and code == 0 and "Traceback" not in stderr, stderr[-3000:]
+    if not busy and "6379" not in match.group(0):
+        pytest.skip("another process took 6379 meanwhile (tests run in parallel here)")
+    assert busy or match.group(1) == "6379"
+
+
+def test_up_port_chooses_the_embedded_port(tmp_path):
+    port = free_port()
+    env = clean_env(GOOSE_INGEST_METRICS_PORT="0", GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
+    match, stderr, code = _up_until(["--port", str(port)], env, rf"export GOOSE_INGEST_REDIS_URL=redis://127\.0\.0\.1:{port}/0")
+    assert match is not None and code == 0 and "Traceback" not in stderr, stderr[-3000:]
+
+
+def test_up_with_an_inherited_url_says_it_uses_that_broker(settings):
+    env = cli_env(settings, GOOSE_INGEST_METRICS_PORT="0")
+    match, stderr, code = _up_until([], env, r"using the broker GOOSE_INGEST_REDIS_URL=\S+ from the environment")
+    assert match is not None and code == 0, stderr[-3000:]
+    assert "embedded redis-server at" not in stderr
+
+
+def test_up_port_with_an_inherited_url_or_a_taken_port_is_one_line(settings):
+    line = one_line(goose_ingest("up", "--port", str(free_port()), env=cli_env(settings, GOOSE_INGEST_METRICS_PORT="0")))
+    assert "--port" in line and "GOOSE_INGEST_REDIS_URL" in line, line
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        line = one_line(goose_ingest("up", "--port", str(port), env=clean_env(GOOSE_INGEST_METRICS_PORT="0")))
+    assert f"--port {port}" in line and "already in use" in line, line
+
+
+def test_up_falls_back_to_a_free_port_when_the_preferred_one_is_taken():
+    import socket
+
+    from services.quickstart.command import _broker
+    from services.settings import Settings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        broker = _broker(Settings(redis_url=None), None, preferred=port)
+    try:
+        assert broker.embedded is not None and f":{port}/" not in (broker.settings.redis_url or "")
+    finally:
+        broker.stop()
