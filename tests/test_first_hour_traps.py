@@ -302,3 +302,73 @@ def test_up_falls_back_to_a_free_port_when_the_preferred_one_is_taken():
         assert broker.embedded is not None and f":{port}/" not in (broker.settings.redis_url or "")
     finally:
         broker.stop()
+
+
+# --- 4. the tap: signals reach the whole command, a terminal tap ends, an undelivered run is not "0" --
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 128 + signal.SIGINT)],
+                         ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_tap_stops_the_grandchildren_too_and_at_once(settings, signum, code):
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "tap", "--run", f"fh/sig-{signum}", "--", "sh", "-c",
+                             "sleep 300 & echo $!; wait"], cwd=REPO, env=cli_env(settings),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(proc.stdout.readline())
+        assert _alive(grandchild)
+        started = time.monotonic()
+        proc.send_signal(signum)
+        proc.wait(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stderr = proc.stderr.read()
+    assert proc.returncode == code, (proc.returncode, stderr[-2000:])
+    assert took < 5, took  # no wait for pipes held open by what the command started
+    wait_until(lambda: not _alive(grandchild), timeout=5)
+    assert "Traceback" not in stderr
+
+
+def test_a_tap_on_a_terminal_gives_up_on_an_unreachable_broker_and_says_so(tmp_path):
+    from services.tap.command import INTERACTIVE_DRAIN_TIMEOUT_S, UNDELIVERED_EXIT
+
+    master, slave = os.openpty()  # stdin is a terminal: someone is watching
+    env = clean_env(GOOSE_INGEST_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+                    GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
+    started = time.monotonic()
+    try:
+        out = goose_ingest("tap", "--quiet", "--run", "fh/tty", "--", "echo", "hi", env=env,
+                           stdin=slave, timeout=INTERACTIVE_DRAIN_TIMEOUT_S + 40)
+    finally:
+        os.close(slave)
+        os.close(master)
+    took = time.monotonic() - started
+    assert out.returncode == UNDELIVERED_EXIT, (out.returncode, out.stderr[-2000:])
+    assert INTERACTIVE_DRAIN_TIMEOUT_S <= took < INTERACTIVE_DRAIN_TIMEOUT_S + 30
+    assert "publish --run fh/tty --drain" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_ctrl_c_while_a_tap_waits_for_the_broker_is_not_exit_0(tmp_path):
+    from services.tap.command import UNDELIVERED_EXIT
+
+    env = clean_env(GOOSE_INGEST_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+                    GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "tap", "--quiet", "--run", "fh/int", "--", "true"],
+                            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "run fh/int" in proc.stderr.readline()
+        time.sleep(2)  # the command is over; the tap waits for the broker (no drain timeout off a terminal)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == UNDELIVERED_EXIT, proc.stderr.read()[-2000:]

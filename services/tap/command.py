@@ -39,6 +39,15 @@ PIPE_READ_BYTES = 1 << 16  # per read; below malloc's mmap threshold (a larger b
 PIPE_COALESCE_S = 0.005
 PIPE_BUFFER_BYTES = 1 << 20
 CREDENTIAL_CHECK_TIMEOUT_S = 2.0  # one PING before the command starts; a slow broker only delays the check
+# A tap on a terminal (someone watching) waits this long for an unreachable broker after the command
+# ended, unless --drain-timeout says otherwise; a tap under a supervisor or in a script waits until
+# delivered. What is not delivered stays in the spool (the last line says how to deliver it).
+INTERACTIVE_DRAIN_TIMEOUT_S = 10.0
+# After a forwarded SIGINT/SIGTERM/SIGHUP the user wants out: wait this long for the broker, no longer.
+SIGNALLED_DRAIN_TIMEOUT_S = 2.0
+# Exit code of a tap whose command succeeded but whose entries stay in the spool (EX_TEMPFAIL): a
+# script must not take "0" for "delivered". A failed command's own code is passed through as ever.
+UNDELIVERED_EXIT = 75
 
 # Executables (basename) of the agent CLIs and the npm packages they ship in -> the run's format.
 AGENT_COMMANDS = {"goose": "goose", "claude": "claude-code", "codex": "codex"}
@@ -121,7 +130,8 @@ def register(subparsers) -> None:
         "tap",
         help="run a command (goose run --output-format stream-json ...) and publish its output lines",
         description="Run COMMAND, echo and publish every stdout/stderr line as a raw entry, then an eof "
-        "entry with its exit code; exit with the command's exit code (128+N when killed by signal N).",
+        "entry with its exit code; exit with the command's exit code (128+N when killed by signal N), or "
+        f"{UNDELIVERED_EXIT} when the command succeeded but its entries stay spooled (broker unreachable).",
     )
     tap.add_argument("--run", help=f"run key ({RUN_KEY_RULE}); default <host>/<ULID>")
     tap.add_argument("--quiet", "-q", action="store_true", help="do not echo the command's output")
@@ -131,7 +141,8 @@ def register(subparsers) -> None:
                      "goose, claude, codex, also behind env/npx/nohup; otherwise none and the workers detect it)")
     tap.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
                      help="after the command ends, wait at most this long for an unreachable broker "
-                     "(default: wait until delivered); undelivered entries stay in the spool")
+                     f"(default: {INTERACTIVE_DRAIN_TIMEOUT_S:g} s on a terminal, else until delivered); undelivered "
+                     f"entries stay in the spool and a command that succeeded then exits {UNDELIVERED_EXIT}")
     tap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     tap.set_defaults(func=cmd_tap)
 
@@ -312,31 +323,44 @@ def cmd_tap(args: argparse.Namespace) -> int:
         return pub
     _err(f"run {run}")
     abort = threading.Event()
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    drain_timeout = args.drain_timeout
+    if drain_timeout is None and interactive:
+        drain_timeout = INTERACTIVE_DRAIN_TIMEOUT_S
     if pub.finished:
         _err(f"run {run} already ended (its eof is in the spool {pub.spool_dir}); delivering what is spooled, "
              "not starting the command: choose a new run key")
-        _drain(pub, args.drain_timeout, abort)
+        _drain(pub, drain_timeout, abort)
         return 2
 
-    # A separate process group when not on a terminal, so a signal we forward arrives once; on a
-    # terminal the child stays in the foreground group (it may read the tty) and Ctrl-C reaches it directly too.
-    own_group = not (sys.stdin is not None and sys.stdin.isatty())
+    # Not on a terminal: the child leads its own process group and a signal we get is forwarded to that
+    # whole group, so what it started (`sh -c`, npx -> node) stops with it instead of living on under
+    # init. On a terminal the child stays in the foreground group (it may read the tty): Ctrl-C reaches
+    # it and its descendants from the terminal itself, and a forwarded signal goes to the child.
+    own_group = not interactive
     try:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  process_group=0 if own_group else None)
     except OSError as exc:
         _err(f"cannot run {command[0]!r}: {exc.strerror or exc}")
-        _drain(pub, args.drain_timeout, abort)
+        _drain(pub, drain_timeout, abort)
         return 127 if isinstance(exc, FileNotFoundError) else 126
 
     for pipe in (child.stdout, child.stderr):
         _grow_pipe(pipe)
+    signalled: list[int] = []
 
     def on_signal(signum, _frame):
         if child.poll() is None:
+            # a second signal while the command still runs: it ignores them, so end it for good
+            sent = signal.SIGKILL if signalled else signum
+            signalled.append(signum)
             try:
-                os.kill(child.pid, signum)
-            except ProcessLookupError:
+                if own_group:
+                    os.killpg(child.pid, sent)
+                else:
+                    os.kill(child.pid, sent)
+            except (ProcessLookupError, PermissionError):
                 pass
         else:  # the command is over: a signal now means "stop waiting for the broker"
             abort.set()
@@ -353,6 +377,13 @@ def cmd_tap(args: argparse.Namespace) -> int:
         for t in readers:
             t.start()
         rc = child.wait()
+        if signalled and own_group:
+            # We were asked to stop and the command is gone: what it left in its group (a `sh` job
+            # started with `&` ignores SIGINT) would hold our pipes open for READER_GRACE_S and live on.
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
         deadline = time.monotonic() + READER_GRACE_S
         for t in readers:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -360,10 +391,14 @@ def cmd_tap(args: argparse.Namespace) -> int:
             log.warning("the command exited but its output pipes are still open (background processes?); "
                         "ending the run without their further output")
         pub.add_eof(rc)
-        _drain(pub, args.drain_timeout, abort)
+        if signalled and (drain_timeout is None or drain_timeout > SIGNALLED_DRAIN_TIMEOUT_S):
+            drain_timeout = SIGNALLED_DRAIN_TIMEOUT_S
+        delivered = _drain(pub, drain_timeout, abort)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    if rc == 0 and not delivered:
+        return UNDELIVERED_EXIT
     return rc if rc >= 0 else 128 - rc
 
 
