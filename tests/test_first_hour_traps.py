@@ -372,3 +372,23 @@ def test_ctrl_c_while_a_tap_waits_for_the_broker_is_not_exit_0(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == UNDELIVERED_EXIT, proc.stderr.read()[-2000:]
+
+
+# --- 5. what the broker answered ----------------------------------------------------------------------
+def test_a_tap_at_maxmemory_says_the_broker_answered_oom_not_unreachable(private_redis, settings):
+    import redis
+
+    client = redis.Redis.from_url(private_redis.url)
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")  # below what is used: every write is refused with OOM
+    try:
+        s = settings.model_copy(update={"redis_url": private_redis.url})
+        out = goose_ingest("tap", "--quiet", "--drain-timeout", "1", "--run", "fh/oom", "--", "echo", "hi",
+                           env=cli_env(s))
+    finally:
+        client.config_set("maxmemory", "0")
+        client.close()
+    assert out.returncode == 75, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert "answered" in last and "OOM" in last and "unreachable" not in last, last
+    assert "broker refused the entries" in out.stderr and "Traceback" not in out.stderr

@@ -295,9 +295,10 @@ def _drain(pub: Publisher, timeout: float | None, abort: threading.Event) -> boo
             break
     ok = pub.close(timeout=None if ok else 0)
     if not ok:
-        _err(f"{pub.pending} entries of run {pub.run} are not delivered yet (broker "
-             f"{redact_url(pub.settings.redis_url)} unreachable); they are kept in {pub.spool_dir}: deliver them "
-             f"with `{PROG} publish --run {pub.run} --drain`")
+        url = redact_url(pub.settings.redis_url)
+        why = f"broker {url} answered {pub.last_answer}" if pub.last_answer else f"broker {url} unreachable"
+        _err(f"{pub.pending} entries of run {pub.run} are not delivered yet ({why}); they are kept in "
+             f"{pub.spool_dir}: deliver them with `{PROG} publish --run {pub.run} --drain`")
     return ok
 
 
