@@ -157,6 +157,21 @@ def describe_settings_error(exc: Exception) -> str:
 _NEVER_REDACT = frozenset({"tap", "publish"})
 
 
+def _warn_unknown_variables(command: str | None) -> None:
+    """One warning line naming every GOOSE_INGEST_* variable no setting reads (a typo keeps the default)."""
+    import os
+
+    from services.settings import unknown_env_variables
+
+    unknown = unknown_env_variables(os.environ)
+    if not unknown:
+        return
+    names = ", ".join(f"{name} (did you mean {close}?)" if close else name for name, close in unknown)
+    where = f"{PROG} {command}" if command else PROG
+    print(f"{where}: warning: ignoring unknown environment variable{'s' if len(unknown) > 1 else ''} {names}",
+          file=sys.stderr, flush=True)
+
+
 def check_settings(command: str | None = None) -> None:
     """Load the settings and check what `command` would only find out later. Raises ConfigError."""
     from pydantic import ValidationError
@@ -170,6 +185,7 @@ def check_settings(command: str | None = None) -> None:
         raise ConfigError(describe_validation_error(exc)) from None
     except SettingsError as exc:
         raise ConfigError(describe_settings_error(exc)) from None
+    _warn_unknown_variables(command)
     if settings.redis_url:
         from services.broker.url import target
 

@@ -41,6 +41,29 @@ COMMAND_METRICS_PORTS = {"worker": DEFAULT_METRICS_PORT, "up": DEFAULT_METRICS_P
                          "export otlp": 9465, "export postgres": 9466}
 
 
+# GOOSE_INGEST_* variables that are read outside Settings (build, tests, tools): not worth a warning.
+ENV_NOT_SETTINGS = frozenset({
+    "PURE_PYTHON", "REDIS_SERVER", "SHARED", "PHOENIX_VENV", "IMAGE", "IMPORT_TEST_CRASH_AFTER",
+})
+
+
+def unknown_env_variables(environ: dict[str, str] | Any) -> list[tuple[str, str | None]]:
+    """(variable, the setting it probably meant or None) for every GOOSE_INGEST_* variable no setting
+    reads: a typo there silently leaves the default in force."""
+    known = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    known |= {f"{ENV_PREFIX}{name}" for name in ENV_NOT_SETTINGS}
+    out = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper.startswith(f"{ENV_PREFIX}TEST_"):
+            continue
+        import difflib  # only for a variable to explain: a tap pays for no import it does not use
+
+        close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.8)
+        out.append((name, close[0] if close else None))
+    return out
+
+
 class ConfigError(Exception):
     """A misconfiguration found at run time: the CLI prints its message as one line and exits 2."""
 

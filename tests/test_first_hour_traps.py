@@ -392,3 +392,22 @@ def test_a_tap_at_maxmemory_says_the_broker_answered_oom_not_unreachable(private
     last = out.stderr.strip().splitlines()[-1]
     assert "answered" in last and "OOM" in last and "unreachable" not in last, last
     assert "broker refused the entries" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_replay_of_an_unknown_run_says_there_is_no_such_run(settings):
+    line = one_line(goose_ingest("replay", "--run", "fh/never-was", env=cli_env(settings)))
+    assert "--run fh/never-was: no such run" in line, line
+
+
+def test_an_unknown_goose_ingest_variable_gets_one_warning_line(tmp_path):
+    env = clean_env(GOOSE_INGEST_REDIS_ULR="redis://127.0.0.1:6379/0", GOOSE_INGEST_NO_SUCH_THING="1")
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    out = goose_ingest("normalize", str(src), env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "warning" in lines[0], out.stderr
+    assert "GOOSE_INGEST_REDIS_ULR (did you mean GOOSE_INGEST_REDIS_URL?)" in lines[0]
+    assert "GOOSE_INGEST_NO_SUCH_THING" in lines[0] and "redis://" not in lines[0]  # names, never values
+    quiet = goose_ingest("normalize", str(src), env=clean_env(GOOSE_INGEST_NAMESPACE="x"))
+    assert quiet.stderr == "", quiet.stderr
