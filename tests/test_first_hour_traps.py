@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from services.broker.embedded import free_port
-from tests.fixtures import REPO
+from tests.fixtures import REPO, TRANSCRIPTS
 from tests.pipeline_helpers import start_worker, stop, wait_until
 from tests.support import postgres as pg_support
 from tests.support.redis_server import cli_env
@@ -411,3 +411,36 @@ def test_an_unknown_goose_ingest_variable_gets_one_warning_line(tmp_path):
     assert "GOOSE_INGEST_NO_SUCH_THING" in lines[0] and "redis://" not in lines[0]  # names, never values
     quiet = goose_ingest("normalize", str(src), env=clean_env(GOOSE_INGEST_NAMESPACE="x"))
     assert quiet.stderr == "", quiet.stderr
+
+
+# --- 6. wrong input -----------------------------------------------------------------------------------
+def test_tapping_output_format_json_gives_one_hint_line(settings, tmp_path):
+    fake = tmp_path / "goose"
+    fake.write_text('#!/bin/sh\nprintf \'{\\n  "messages": []\\n}\\n\'\n')
+    fake.chmod(0o755)
+    out = goose_ingest("tap", "--quiet", "--run", "fh/json-doc", "--", str(fake), "run", "--output-format", "json",
+                       "-t", "hi", env=cli_env(settings), timeout=60)
+    assert out.returncode == 0, out.stderr
+    hints = [line for line in out.stderr.splitlines() if "hint:" in line]
+    assert len(hints) == 1 and "--output-format stream-json" in hints[0], out.stderr
+    plain = goose_ingest("tap", "--quiet", "--run", "fh/stream", "--", str(fake), "run", "--output-format",
+                         "stream-json", env=cli_env(settings), timeout=60)
+    assert plain.returncode == 0 and "hint:" not in plain.stderr, plain.stderr
+
+
+@pytest.mark.parametrize("kind,suffix", [("gzip", ".gz"), ("bzip2", ".bz2"), ("xz", ".xz")])
+def test_a_compressed_transcript_through_normalize_is_one_clear_line(kind, suffix, tmp_path):
+    import bz2
+    import gzip
+    import lzma
+
+    data = TRANSCRIPTS[0].read_bytes()
+    packed = {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress}[kind](data)
+    src = tmp_path / f"run.jsonl{suffix}"
+    src.write_bytes(packed)
+    for args, stdin_file in (([str(src)], None), (["-"], src)):
+        with open(stdin_file, "rb") if stdin_file else open(os.devnull, "rb") as stdin:
+            out = subprocess.run([sys.executable, "-m", "services.cli", "normalize", *args], cwd=REPO, env=clean_env(),
+                                 stdin=stdin, capture_output=True, text=True, timeout=60)
+        line = one_line(out)
+        assert f"{kind}-compressed" in line and "decompress it first" in line, line

@@ -323,6 +323,9 @@ def cmd_tap(args: argparse.Namespace) -> int:
     if isinstance(pub, int):
         return pub
     _err(f"run {run}")
+    if _prints_one_document(command):
+        _err("hint: `--output-format json` prints one JSON document at the end, not a line per event, so every "
+             "line of it becomes a warning; use `--output-format stream-json` (claude: add --verbose)")
     abort = threading.Event()
     interactive = sys.stdin is not None and sys.stdin.isatty()
     drain_timeout = args.drain_timeout
@@ -401,6 +404,14 @@ def cmd_tap(args: argparse.Namespace) -> int:
     if rc == 0 and not delivered:
         return UNDELIVERED_EXIT
     return rc if rc >= 0 else 128 - rc
+
+
+def _prints_one_document(command: list[str]) -> bool:
+    """The agent was asked for one JSON document (`goose run`/`claude -p --output-format json`)."""
+    for i, arg in enumerate(command):
+        if arg == "--output-format=json" or (arg == "--output-format" and command[i + 1:i + 2] == ["json"]):
+            return True
+    return False
 
 
 def _grow_pipe(pipe: IO[bytes] | None) -> None:
