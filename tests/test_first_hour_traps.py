@@ -444,3 +444,62 @@ def test_a_compressed_transcript_through_normalize_is_one_clear_line(kind, suffi
                                  stdin=stdin, capture_output=True, text=True, timeout=60)
         line = one_line(out)
         assert f"{kind}-compressed" in line and "decompress it first" in line, line
+
+
+# --- 7. the runs that are open --------------------------------------------------------------------------
+def test_runs_lists_the_open_runs_with_host_format_age_and_last_activity(settings, tmp_path):
+    import json
+
+    from services.broker.connect import sync_client
+    from services.runs.command import count_active
+    from services.tap.publisher import Publisher
+
+    port_file = tmp_path / "metrics.port"
+    worker = start_worker(settings, tmp_path / "w.log", GOOSE_INGEST_METRICS_PORT_FILE=str(port_file))
+    try:
+        with Publisher(settings, "fh/open", {"host": "fh-host"}, format="goose") as pub:
+            for line in TRANSCRIPTS[0].read_bytes().splitlines()[:3]:
+                pub.add_line(line, "stdout")
+            assert pub.flush(30)
+        with Publisher(settings, "fh/done", {"host": "fh-host"}) as pub:
+            pub.add_line(b"hello", "stdout")
+            pub.add_eof(0)
+            assert pub.flush(30)
+        client = sync_client(settings)
+        wait_until(lambda: count_active(client, settings) == 1 and "fh/done" in _ended(settings), timeout=60)
+        client.close()
+        # the gauge of the dashboard's "Open runs" panel, from the worker's next sweep
+        wait_until(lambda: re.search(r"^goose_ingest_active_runs 1\.0$", _metrics(port_file), re.M), timeout=30)
+    finally:
+        stop(worker)
+    out = goose_ingest("runs", env=cli_env(settings))
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.splitlines()
+    assert rows[0].split()[:4] == ["RUN", "HOST", "FORMAT", "AGENT"] and len(rows) == 2, out.stdout
+    assert rows[1].split()[:3] == ["fh/open", "fh-host", "goose"], rows[1]
+    assert "1 open run" in out.stderr
+    as_json = [json.loads(line) for line in goose_ingest("runs", "--json", env=cli_env(settings)).stdout.splitlines()]
+    assert [r["runId"] for r in as_json] == ["fh/open"]
+    assert as_json[0]["entries"] == 3 and as_json[0]["startedMs"] and as_json[0]["lastActivityMs"] >= as_json[0]["startedMs"]
+
+
+def _metrics(port_file: Path) -> str:
+    import urllib.request
+
+    try:
+        port = port_file.read_text().split()[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            return resp.read().decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def _ended(settings) -> set[str]:
+    from tests.pipeline_helpers import ended_runs
+
+    return set(ended_runs(settings))
+
+
+def test_runs_without_a_broker_is_one_line():
+    line = one_line(goose_ingest("runs", env=clean_env()))
+    assert "GOOSE_INGEST_REDIS_URL" in line
