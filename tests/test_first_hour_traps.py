@@ -503,3 +503,15 @@ def _ended(settings) -> set[str]:
 def test_runs_without_a_broker_is_one_line():
     line = one_line(goose_ingest("runs", env=clean_env()))
     assert "GOOSE_INGEST_REDIS_URL" in line
+
+
+# --- 8. the README says what a first hour costs and does ------------------------------------------------
+def test_readme_names_the_install_cost_the_phoenix_environment_and_the_new_commands():
+    readme = (REPO / "README.md").read_text()
+    assert "about 30 s" not in readme  # the old install estimate: the mypyc build takes minutes
+    assert "850 MB" in readme and "14 minutes" in readme and ".venv-phoenix" in readme
+    for needle in ("`up [--port PORT]`", "6379 when it is free", "`runs [--limit N] [--json]`",
+                   "9466 for `export postgres`", "GOOSE_INGEST_REDIS_ULR"):
+        assert needle in readme, needle
+    raw = (REPO / "docs" / "raw-entries.md").read_text()
+    assert "**75** (EX_TEMPFAIL)" in raw and "10 s by default" in raw
