@@ -42,6 +42,7 @@ _MODULE_OF = {
     "normalize": "services.normalizer.command",
     "tap": "services.tap.command",
     "publish": "services.tap.command",
+    "spool": "services.tap.command",
     "worker": "services.worker.command",
     "replay": "services.replay.command",
     "tail": "services.tail.command",

@@ -515,3 +515,35 @@ def test_readme_names_the_install_cost_the_phoenix_environment_and_the_new_comma
         assert needle in readme, needle
     raw = (REPO / "docs" / "raw-entries.md").read_text()
     assert "**75** (EX_TEMPFAIL)" in raw and "10 s by default" in raw
+
+
+# --- spooled runs: listed, and delivered in one command -----------------------------------------------------
+def test_spool_lists_every_spooled_run_and_drain_delivers_them_all(private_redis, settings):
+    from services.tap.command import UNDELIVERED_EXIT
+
+    s = settings.model_copy(update={"redis_url": private_redis.url})
+    env = cli_env(s)
+    private_redis.stop()
+    for run, lines in (("fh/spooled-a", "a\nb\n"), ("fh/spooled-b", "c\n")):
+        out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", run, "--drain-timeout", "0.3",
+                              "-"], cwd=REPO, env=env, input=lines, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1, out.stderr
+    listed = goose_ingest("spool", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(line.split()[0] for line in listed.stdout.splitlines()) == ["fh/spooled-a", "fh/spooled-b"]
+    assert "3 entries, 3 not confirmed, ended" in listed.stdout and "spool --drain" in listed.stderr
+    still_down = goose_ingest("spool", "--drain", "--drain-timeout", "0.5", env=env)
+    assert still_down.returncode == UNDELIVERED_EXIT and "Traceback" not in still_down.stderr, still_down.stderr
+    private_redis.start()
+    drained = goose_ingest("spool", "--drain", "--drain-timeout", "20", env=env)
+    assert drained.returncode == 0, drained.stderr
+    assert drained.stderr.count("delivered") == 2, drained.stderr
+    import redis
+
+    client = redis.Redis.from_url(private_redis.url)
+    try:
+        total = sum(client.xlen(stream) for stream in s.layout.raw_streams())
+    finally:
+        client.close()
+    assert total == 5  # three lines and two eofs
+    assert goose_ingest("spool", env=env).stdout == ""

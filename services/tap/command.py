@@ -165,6 +165,20 @@ def register(subparsers) -> None:
                      help="wait at most this long for an unreachable broker at the end (default: until delivered)")
     pub.set_defaults(func=cmd_publish)
 
+    spool = subparsers.add_parser(
+        "spool",
+        help="list the runs waiting in this host's spool; --drain delivers them all",
+        description="List every run of this namespace whose entries wait in the spool (GOOSE_INGEST_SPOOL_DIR): "
+        "entries, how many are not yet confirmed by the broker, whether the run ended, whether a tap still "
+        f"publishes it. --drain delivers each one not in use (as `publish --run RUN --drain`); exit {UNDELIVERED_EXIT} "
+        "when some stay spooled.",
+    )
+    spool.add_argument("--drain", action="store_true", help="deliver every spooled run not in use by a live tap")
+    spool.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
+                       help="with --drain: wait at most this long per run for an unreachable broker (default: until "
+                       "delivered)")
+    spool.set_defaults(func=cmd_spool)
+
 
 # --- shared ---------------------------------------------------------------------------------------
 def _setup_logging() -> None:
@@ -526,3 +540,95 @@ def cmd_publish(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pub.close(timeout=0)
         return 130
+
+
+# --- spool ----------------------------------------------------------------------------------------
+def spooled_runs(settings: Settings) -> list[dict[str, object]]:
+    """Every run of the configured namespace with a spool: run, entries, pending, ended, in_use, path.
+
+    Read without taking the lock (a live tap holds it); `in_use` says whether one does."""
+    from services.tap.spool import LOCK, LOG, SENT, spool_path
+
+    root = spool_path(settings, "x").parent
+    found: list[dict[str, object]] = []
+    if not root.is_dir():
+        return found
+    for path in sorted(root.iterdir()):
+        log_file = path / LOG
+        if not log_file.is_file():
+            continue
+        lines = [line for line in log_file.read_bytes().split(b"\n") if line.strip()]
+        if not lines:
+            continue
+        try:
+            import orjson
+
+            first, last = orjson.loads(lines[0]), orjson.loads(lines[-1])
+        except ValueError:
+            first, last = {}, {}
+        try:
+            sent = int((path / SENT).read_text().strip() or 0)
+        except (OSError, ValueError):
+            sent = 0
+        found.append({"run": str(first.get("run") or path.name), "entries": len(lines),
+                      "pending": max(0, len(lines) - sent), "ended": last.get("kind") == "eof",
+                      "in_use": _locked(path / LOCK), "path": str(path)})
+    return found
+
+
+def _locked(lock: os.PathLike[str] | str) -> bool:
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def cmd_spool(args: argparse.Namespace) -> int:
+    settings = Settings()
+    _setup_logging()
+    runs = spooled_runs(settings)
+    for r in runs:
+        state = "ended" if r["ended"] else "open"
+        use = "  (a tap is publishing it)" if r["in_use"] else ""
+        print(f"{r['run']}  {r['entries']} entries, {r['pending']} not confirmed, {state}{use}")
+    if not args.drain:
+        _err(f"{len(runs)} spooled run{'s' if len(runs) != 1 else ''} in {settings.spool_dir}"
+             + (f": deliver them with `{PROG} spool --drain`" if any(r["pending"] for r in runs) else ""))
+        return 0
+    if runs and not settings.redis_url:
+        _err("no broker configured: set GOOSE_INGEST_REDIS_URL (e.g. redis://127.0.0.1:6379/0)")
+        return 2
+    try:
+        return _drain_spooled(settings, runs, args.drain_timeout)
+    except KeyboardInterrupt:
+        _err(f"interrupted: what is not delivered stays in the spool; `{PROG} spool` lists it")
+        return 130
+
+
+def _drain_spooled(settings: Settings, runs: list[dict[str, object]], timeout: float | None) -> int:
+    left = 0
+    abort = threading.Event()
+    for r in runs:
+        if r["in_use"] or not (r["pending"] or r["ended"]):
+            continue  # a live tap delivers its own; an open run with nothing pending is only its seq counter
+        run = str(r["run"])
+        try:
+            pub = Publisher(settings, run, _labels(settings, None))
+        except (SpoolLocked, SpoolCorrupt, OSError, ValueError) as exc:
+            _err(f"run {run}: {exc}")
+            left += 1
+            continue
+        if not _drain(pub, timeout, abort):
+            left += 1
+        else:
+            _err(f"run {run}: delivered")
+        if abort.is_set():
+            break
+    return UNDELIVERED_EXIT if left else 0
