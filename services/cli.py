@@ -33,6 +33,7 @@ _COMMAND_MODULES = [
     "services.backfill.command",
     "services.export.command",
     "services.broker.acl",
+    "services.runs.command",
 ]
 # The subcommands each module registers: a command line naming one imports only its module (a tap
 # must not pay for the worker's FastStream or the exporters' clients). tests/test_tap_conn.py holds
@@ -41,6 +42,7 @@ _MODULE_OF = {
     "normalize": "services.normalizer.command",
     "tap": "services.tap.command",
     "publish": "services.tap.command",
+    "spool": "services.tap.command",
     "worker": "services.worker.command",
     "replay": "services.replay.command",
     "tail": "services.tail.command",
@@ -49,6 +51,7 @@ _MODULE_OF = {
     "import-sessions": "services.backfill.command",
     "export": "services.export.command",
     "acl": "services.broker.acl",
+    "runs": "services.runs.command",
 }
 
 # Values of these settings are never echoed in an error line (credentials, or URLs that may hold them).
@@ -157,6 +160,21 @@ def describe_settings_error(exc: Exception) -> str:
 _NEVER_REDACT = frozenset({"tap", "publish"})
 
 
+def _warn_unknown_variables(command: str | None) -> None:
+    """One warning line naming every GOOSE_INGEST_* variable no setting reads (a typo keeps the default)."""
+    import os
+
+    from services.settings import unknown_env_variables
+
+    unknown = unknown_env_variables(os.environ)
+    if not unknown:
+        return
+    names = ", ".join(f"{name} (did you mean {close}?)" if close else name for name, close in unknown)
+    where = f"{PROG} {command}" if command else PROG
+    print(f"{where}: warning: ignoring unknown environment variable{'s' if len(unknown) > 1 else ''} {names}",
+          file=sys.stderr, flush=True)
+
+
 def check_settings(command: str | None = None) -> None:
     """Load the settings and check what `command` would only find out later. Raises ConfigError."""
     from pydantic import ValidationError
@@ -170,6 +188,7 @@ def check_settings(command: str | None = None) -> None:
         raise ConfigError(describe_validation_error(exc)) from None
     except SettingsError as exc:
         raise ConfigError(describe_settings_error(exc)) from None
+    _warn_unknown_variables(command)
     if settings.redis_url:
         from services.broker.url import target
 
@@ -241,6 +260,26 @@ def _is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, RedisConnectionError)
 
 
+def _bad_database(exc: BaseException) -> str | None:
+    """redis-py's refusal of the URL's database number (raised on connect, anywhere in a command), as
+    one line; None for any other error. The tap's own client raises BrokerConfigError for it itself."""
+    if "redis" not in sys.modules:
+        return None
+    from redis.exceptions import ResponseError
+
+    from services.broker.url import is_db_out_of_range, no_such_database
+    from services.settings import Settings
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:  # FastStream and asyncio may wrap it
+        seen.add(id(cause))
+        if isinstance(cause, ResponseError) and is_db_out_of_range(cause):
+            return str(no_such_database(Settings().redis_url or "", str(cause)))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(_subcommand_in(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
@@ -254,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         # the error types are looked up now: the command may have loaded redis-py meanwhile
         if isinstance(exc, _config_error_types()):
             return _fail(getattr(args, SUBCOMMAND), _broker_problem(exc))
+        bad_db = _bad_database(exc)
+        if bad_db is not None:
+            return _fail(getattr(args, SUBCOMMAND), bad_db)
         if _is_unreachable(exc):
             from services.broker.url import redact_url
             from services.settings import Settings

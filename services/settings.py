@@ -33,6 +33,37 @@ CLUSTER_SHARDS = 16  # enough to spread over many primaries; see docs/scaling.md
 ENV_PREFIX = "GOOSE_INGEST_"
 
 
+# Default metrics port of each long-running command when GOOSE_INGEST_METRICS_PORT is not set: distinct, so
+# a worker (or `up`) and the exporters run side by side on one host without a collision. Containers and
+# the chart set the variable explicitly (one process per container, one port for every probe).
+DEFAULT_METRICS_PORT = 9464
+COMMAND_METRICS_PORTS = {"worker": DEFAULT_METRICS_PORT, "up": DEFAULT_METRICS_PORT,
+                         "export otlp": 9465, "export postgres": 9466}
+
+
+# GOOSE_INGEST_* variables that are read outside Settings (build, tests, tools): not worth a warning.
+ENV_NOT_SETTINGS = frozenset({
+    "PURE_PYTHON", "REDIS_SERVER", "SHARED", "PHOENIX_VENV", "IMAGE", "IMPORT_TEST_CRASH_AFTER",
+})
+
+
+def unknown_env_variables(environ: dict[str, str] | Any) -> list[tuple[str, str | None]]:
+    """(variable, the setting it probably meant or None) for every GOOSE_INGEST_* variable no setting
+    reads: a typo there silently leaves the default in force."""
+    known = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    known |= {f"{ENV_PREFIX}{name}" for name in ENV_NOT_SETTINGS}
+    out = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper.startswith(f"{ENV_PREFIX}TEST_"):
+            continue
+        import difflib  # only for a variable to explain: a tap pays for no import it does not use
+
+        close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.8)
+        out.append((name, close[0] if close else None))
+    return out
+
+
 class ConfigError(Exception):
     """A misconfiguration found at run time: the CLI prints its message as one line and exits 2."""
 
@@ -123,7 +154,11 @@ class Settings(BaseSettings):
         ge=0,
         description="Run sequencers a worker keeps in memory between batches (LRU); bounds the worker's RSS, not the fleet. 0: none.",
     )
-    metrics_port: int = Field(default=9464, ge=0, le=65535, description="HTTP port of /metrics, /healthz, /readyz (0: any free port).")
+    metrics_port: int = Field(
+        default=DEFAULT_METRICS_PORT, ge=0, le=65535,
+        description="HTTP port of /metrics, /healthz, /readyz (0: any free port). Unset: 9464 for `worker` and `up`, "
+        "9465 for `export otlp`, 9466 for `export postgres`.",
+    )
     metrics_host: str = Field(default="0.0.0.0", description="Bind address of the metrics server.")
     metrics_port_file: str = Field(
         default="",
@@ -204,6 +239,12 @@ class Settings(BaseSettings):
         from services.redaction import Redactor
 
         return Redactor(self.redaction_extra_rules, self.redaction_disable)
+
+    def for_command(self, command: str) -> Settings:
+        """These settings with `command`'s own default metrics port, unless GOOSE_INGEST_METRICS_PORT was set."""
+        if "metrics_port" in self.model_fields_set:
+            return self
+        return self.model_copy(update={"metrics_port": COMMAND_METRICS_PORTS.get(command, DEFAULT_METRICS_PORT)})
 
     def key(self, name: str) -> str:
         return self.layout.key(name)

@@ -156,6 +156,24 @@ def parse_broker_url(url: str, *, cluster: bool, username: str | None = None,
     )
 
 
+# Redis's reply to SELECT of a database past its `databases` setting (16 by default)
+DB_OUT_OF_RANGE = "DB index is out of range"
+
+
+def is_db_out_of_range(exc: BaseException) -> bool:
+    """The broker refused the URL's database number: a configuration error, never worth a retry."""
+    return DB_OUT_OF_RANGE in str(exc)
+
+
+def no_such_database(url: str, reply: str) -> BrokerConfigError:
+    """One line for a database number the broker does not have (the URL without its password)."""
+    shown = redact_url(url)
+    return BrokerConfigError(
+        f"GOOSE_INGEST_REDIS_URL {shown}: the broker has no such database ({reply.strip()}); Redis has 16 "
+        "(0..15) unless its `databases` setting says more -- use /0"
+    )
+
+
 def require_url(settings: Settings) -> str:
     if not settings.redis_url:
         raise BrokerConfigError("no broker configured: set GOOSE_INGEST_REDIS_URL (or use `goose-ingest up`)")

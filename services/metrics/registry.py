@@ -231,6 +231,12 @@ class Metrics:
             "1 while this worker is ready (connected, groups created, consuming), else 0.",
             registry=r,
         )
+        self.active_runs = Gauge(
+            "goose_ingest_active_runs",
+            "Open runs (started, not ended or abandoned) in the broker's active-runs index; every worker reports "
+            "the same fleet-wide count, so aggregate with max(), not sum().",
+            registry=r,
+        )
         self.shard_leases = Gauge(
             "goose_ingest_shard_leases_held",
             "Raw shards this worker holds the lease of (reads and commits); summed over workers: the shards being read.",
@@ -375,6 +381,9 @@ class Metrics:
 
     def set_ready(self, ready: bool) -> None:
         self.worker_ready.set(1 if ready else 0)
+
+    def set_active_runs(self, count: int) -> None:
+        self.active_runs.set(count)
 
     def set_leases(self, held: int) -> None:
         self.shard_leases.set(held)

@@ -2,7 +2,7 @@
 
 Exit codes: 0 events written (also when stdout is closed early); 2 a usage error, an unreadable
 file, or input that is not a line stream at all (a SQLite database such as goose's sessions.db,
-or one multi-line JSON document such as `goose run --output-format json` prints): one line on
+a compressed file, or one multi-line JSON document such as `goose run --output-format json` prints): one line on
 stderr says what the input looks like and what to use instead, and nothing is written to stdout.
 """
 
@@ -25,6 +25,9 @@ from services.normalizer.timefmt import parse_ts
 _RUN_RE = re.compile(RUN_KEY_PATTERN)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/@-]")
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# Compressed files (magic bytes -> the tool that opens them): their bytes decode to junk "lines".
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "zcat"), (b"\x28\xb5\x2f\xfd", "zstd", "zstdcat"), (b"BZh", "bzip2", "bzcat"),
+               (b"\xfd7zXZ\x00", "xz", "xzcat"), (b"PK\x03\x04", "zip", "unzip -p"))
 # A line stream never has a line that is only an opening bracket; a pretty-printed document does.
 _DOCUMENT_OPENERS = ("{", "[")
 
@@ -73,6 +76,11 @@ def _lines(stream: BinaryIO, name: str, check: bool) -> Iterator[str]:
     """Decoded lines without their newline; `check`: refuse input that is not a line stream."""
     if check:
         head = stream.peek(len(SQLITE_MAGIC)) if hasattr(stream, "peek") else b""
+        for magic, kind, tool in _COMPRESSED:
+            if head.startswith(magic) and not (kind == "bzip2" and not head[3:4].isdigit()):
+                shown = name if name != "-" else "FILE"
+                raise NotAStream(f"{_label(name)} is {kind}-compressed, not stream lines: decompress it first "
+                                 f"(`{tool} {shown} | goose-ingest normalize -`)")
         if head.startswith(SQLITE_MAGIC):
             raise NotAStream(
                 f"{_label(name)} is a SQLite database (goose's sessions.db?), not stream lines: "

@@ -19,6 +19,8 @@ from typing import Any
 import orjson
 
 from services.broker.connect import sync_client
+from services.broker.url import DEFAULT_PORT as EMBEDDED_DEFAULT_PORT  # Redis's own: the URL users expect
+from services.broker.url import redact_url
 from services.settings import ConfigError, Settings
 
 SHARED_FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
@@ -52,6 +54,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "configured, on an embedded redis-server started here (its URL is printed on stderr, to export in "
         "other shells for `tap` and `tail`). Runs until Ctrl-C or SIGTERM; the embedded server stops with it.",
     )
+    up.add_argument("--port", type=int, metavar="PORT",
+                    help=f"port of the embedded redis-server (default: {EMBEDDED_DEFAULT_PORT} when free, else any free "
+                    "port; the URL is printed either way)")
     up.set_defaults(func=run_up)
     demo = sub.add_parser(
         "demo",
@@ -78,16 +83,34 @@ class Broker:
             self.embedded.close()  # type: ignore[attr-defined]
 
 
-def _broker(settings: Settings) -> Broker:
+def _broker(settings: Settings, port: int | None = None, preferred: int | None = None) -> Broker:
+    """The configured broker, or an embedded redis-server: on `port` exactly when given, else on
+    `preferred` when it is free, else on any free port."""
     if settings.redis_url:
         return Broker(settings, None)
     from services.broker.embedded import RedisServerNotFound, start_redis
 
     try:
-        server = start_redis()
+        if port is not None:
+            try:
+                server = start_redis(port)
+            except RuntimeError as exc:  # taken, or redis-server refused it: the user asked for this one
+                raise ConfigError(f"--port {port}: cannot start the embedded redis-server there ({exc})") from None
+        else:
+            server = _on_preferred_port(start_redis, preferred) or start_redis()
     except RedisServerNotFound as exc:
         raise ConfigError(str(exc)) from None
     return Broker(settings.model_copy(update={"redis_url": server.url}), server)
+
+
+def _on_preferred_port(start: Any, port: int | None) -> Any:
+    """An embedded server on `port`, or None when another server has it (a system Redis, another `up`)."""
+    if port is None:
+        return None
+    try:
+        return start(port)
+    except RuntimeError:
+        return None
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -97,14 +120,24 @@ def run_up(args: argparse.Namespace) -> int:
     stdout_to_stderr()  # `up` promises nothing on stdout; FastStream must not write there either
     configure_logging("INFO")
     settings = Settings()
+    if args.port is not None:
+        if settings.redis_url:
+            raise ConfigError(f"--port is the embedded redis-server's, but GOOSE_INGEST_REDIS_URL is set "
+                              f"({redact_url(settings.redis_url)}): unset it to start an embedded one")
+        if not 1 <= args.port <= 65535:
+            raise ConfigError(f"--port {args.port}: must be 1..65535")
     check_bindable(settings.metrics_host, settings.metrics_port)  # before starting a server we would orphan
-    broker = _broker(settings)
+    broker = _broker(settings, args.port, EMBEDDED_DEFAULT_PORT)
+    url = broker.settings.redis_url
     if broker.embedded is not None:
-        url = broker.settings.redis_url
         print(f"goose-ingest: embedded redis-server at {url}\n"
               f"  in another shell: export GOOSE_INGEST_REDIS_URL={url}\n"
               f"  then: goose-ingest tap -- goose run --output-format stream-json ...   and   goose-ingest tail",
               file=sys.stderr, flush=True)
+    else:
+        # An URL exported in this shell (perhaps long ago) wins over the embedded server: say so, once.
+        print(f"goose-ingest: using the broker GOOSE_INGEST_REDIS_URL={redact_url(url or '')} from the environment, "
+              "no embedded redis-server (unset the variable to start one)", file=sys.stderr, flush=True)
     try:
         return asyncio.run(serve_worker(broker.settings))
     except KeyboardInterrupt:

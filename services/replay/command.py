@@ -12,7 +12,7 @@ import orjson
 from services.broker.connect import sync_client
 from services.normalizer import Limits
 from services.replay.rebuild import LogEntry, merge_log, rebuild
-from services.settings import Settings
+from services.settings import ConfigError, Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,6 +56,12 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
         rid = fields[b"runId"].decode()
         if run_key is None or rid == run_key:
             published.setdefault(rid, []).append(orjson.loads(fields[b"data"]))
+    if run_key is not None and run_key not in rebuilt.events and run_key not in published:
+        wanted = run_key.encode()
+        if not any(e.fields.get(b"run") == wanted for e in raw):
+            where = f" of namespace {settings.namespace!r}" if settings.namespace else ""
+            raise ConfigError(f"--run {run_key}: no such run in the raw log or on the topics{where} "
+                              "(`goose-ingest tail --no-follow` lists the runs the topics hold)")
     diffs = 0
     for rid in sorted(set(rebuilt.events) | set(published)):
         want, got = rebuilt.events.get(rid, []), published.get(rid, [])

@@ -39,6 +39,15 @@ PIPE_READ_BYTES = 1 << 16  # per read; below malloc's mmap threshold (a larger b
 PIPE_COALESCE_S = 0.005
 PIPE_BUFFER_BYTES = 1 << 20
 CREDENTIAL_CHECK_TIMEOUT_S = 2.0  # one PING before the command starts; a slow broker only delays the check
+# A tap on a terminal (someone watching) waits this long for an unreachable broker after the command
+# ended, unless --drain-timeout says otherwise; a tap under a supervisor or in a script waits until
+# delivered. What is not delivered stays in the spool (the last line says how to deliver it).
+INTERACTIVE_DRAIN_TIMEOUT_S = 10.0
+# After a forwarded SIGINT/SIGTERM/SIGHUP the user wants out: wait this long for the broker, no longer.
+SIGNALLED_DRAIN_TIMEOUT_S = 2.0
+# Exit code of a tap whose command succeeded but whose entries stay in the spool (EX_TEMPFAIL): a
+# script must not take "0" for "delivered". A failed command's own code is passed through as ever.
+UNDELIVERED_EXIT = 75
 
 # Executables (basename) of the agent CLIs and the npm packages they ship in -> the run's format.
 AGENT_COMMANDS = {"goose": "goose", "claude": "claude-code", "codex": "codex"}
@@ -121,7 +130,8 @@ def register(subparsers) -> None:
         "tap",
         help="run a command (goose run --output-format stream-json ...) and publish its output lines",
         description="Run COMMAND, echo and publish every stdout/stderr line as a raw entry, then an eof "
-        "entry with its exit code; exit with the command's exit code (128+N when killed by signal N).",
+        "entry with its exit code; exit with the command's exit code (128+N when killed by signal N), or "
+        f"{UNDELIVERED_EXIT} when the command succeeded but its entries stay spooled (broker unreachable).",
     )
     tap.add_argument("--run", help=f"run key ({RUN_KEY_RULE}); default <host>/<ULID>")
     tap.add_argument("--quiet", "-q", action="store_true", help="do not echo the command's output")
@@ -131,7 +141,8 @@ def register(subparsers) -> None:
                      "goose, claude, codex, also behind env/npx/nohup; otherwise none and the workers detect it)")
     tap.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
                      help="after the command ends, wait at most this long for an unreachable broker "
-                     "(default: wait until delivered); undelivered entries stay in the spool")
+                     f"(default: {INTERACTIVE_DRAIN_TIMEOUT_S:g} s on a terminal, else until delivered); undelivered "
+                     f"entries stay in the spool and a command that succeeded then exits {UNDELIVERED_EXIT}")
     tap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     tap.set_defaults(func=cmd_tap)
 
@@ -153,6 +164,20 @@ def register(subparsers) -> None:
     pub.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
                      help="wait at most this long for an unreachable broker at the end (default: until delivered)")
     pub.set_defaults(func=cmd_publish)
+
+    spool = subparsers.add_parser(
+        "spool",
+        help="list the runs waiting in this host's spool; --drain delivers them all",
+        description="List every run of this namespace whose entries wait in the spool (GOOSE_INGEST_SPOOL_DIR): "
+        "entries, how many are not yet confirmed by the broker, whether the run ended, whether a tap still "
+        f"publishes it. --drain delivers each one not in use (as `publish --run RUN --drain`); exit {UNDELIVERED_EXIT} "
+        "when some stay spooled.",
+    )
+    spool.add_argument("--drain", action="store_true", help="deliver every spooled run not in use by a live tap")
+    spool.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
+                       help="with --drain: wait at most this long per run for an unreachable broker (default: until "
+                       "delivered)")
+    spool.set_defaults(func=cmd_spool)
 
 
 # --- shared ---------------------------------------------------------------------------------------
@@ -284,9 +309,10 @@ def _drain(pub: Publisher, timeout: float | None, abort: threading.Event) -> boo
             break
     ok = pub.close(timeout=None if ok else 0)
     if not ok:
-        _err(f"{pub.pending} entries of run {pub.run} are not delivered yet (broker "
-             f"{redact_url(pub.settings.redis_url)} unreachable); they are kept in {pub.spool_dir}: deliver them "
-             f"with `{PROG} publish --run {pub.run} --drain`")
+        url = redact_url(pub.settings.redis_url)
+        why = f"broker {url} answered {pub.last_answer}" if pub.last_answer else f"broker {url} unreachable"
+        _err(f"{pub.pending} entries of run {pub.run} are not delivered yet ({why}); they are kept in "
+             f"{pub.spool_dir}: deliver them with `{PROG} publish --run {pub.run} --drain`")
     return ok
 
 
@@ -311,32 +337,48 @@ def cmd_tap(args: argparse.Namespace) -> int:
     if isinstance(pub, int):
         return pub
     _err(f"run {run}")
+    if _prints_one_document(command):
+        _err("hint: `--output-format json` prints one JSON document at the end, not a line per event, so every "
+             "line of it becomes a warning; use `--output-format stream-json` (claude: add --verbose)")
     abort = threading.Event()
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    drain_timeout = args.drain_timeout
+    if drain_timeout is None and interactive:
+        drain_timeout = INTERACTIVE_DRAIN_TIMEOUT_S
     if pub.finished:
         _err(f"run {run} already ended (its eof is in the spool {pub.spool_dir}); delivering what is spooled, "
              "not starting the command: choose a new run key")
-        _drain(pub, args.drain_timeout, abort)
+        _drain(pub, drain_timeout, abort)
         return 2
 
-    # A separate process group when not on a terminal, so a signal we forward arrives once; on a
-    # terminal the child stays in the foreground group (it may read the tty) and Ctrl-C reaches it directly too.
-    own_group = not (sys.stdin is not None and sys.stdin.isatty())
+    # Not on a terminal: the child leads its own process group and a signal we get is forwarded to that
+    # whole group, so what it started (`sh -c`, npx -> node) stops with it instead of living on under
+    # init. On a terminal the child stays in the foreground group (it may read the tty): Ctrl-C reaches
+    # it and its descendants from the terminal itself, and a forwarded signal goes to the child.
+    own_group = not interactive
     try:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  process_group=0 if own_group else None)
     except OSError as exc:
         _err(f"cannot run {command[0]!r}: {exc.strerror or exc}")
-        _drain(pub, args.drain_timeout, abort)
+        _drain(pub, drain_timeout, abort)
         return 127 if isinstance(exc, FileNotFoundError) else 126
 
     for pipe in (child.stdout, child.stderr):
         _grow_pipe(pipe)
+    signalled: list[int] = []
 
     def on_signal(signum, _frame):
         if child.poll() is None:
+            # a second signal while the command still runs: it ignores them, so end it for good
+            sent = signal.SIGKILL if signalled else signum
+            signalled.append(signum)
             try:
-                os.kill(child.pid, signum)
-            except ProcessLookupError:
+                if own_group:
+                    os.killpg(child.pid, sent)
+                else:
+                    os.kill(child.pid, sent)
+            except (ProcessLookupError, PermissionError):
                 pass
         else:  # the command is over: a signal now means "stop waiting for the broker"
             abort.set()
@@ -353,6 +395,13 @@ def cmd_tap(args: argparse.Namespace) -> int:
         for t in readers:
             t.start()
         rc = child.wait()
+        if signalled and own_group:
+            # We were asked to stop and the command is gone: what it left in its group (a `sh` job
+            # started with `&` ignores SIGINT) would hold our pipes open for READER_GRACE_S and live on.
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
         deadline = time.monotonic() + READER_GRACE_S
         for t in readers:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -360,11 +409,23 @@ def cmd_tap(args: argparse.Namespace) -> int:
             log.warning("the command exited but its output pipes are still open (background processes?); "
                         "ending the run without their further output")
         pub.add_eof(rc)
-        _drain(pub, args.drain_timeout, abort)
+        if signalled and (drain_timeout is None or drain_timeout > SIGNALLED_DRAIN_TIMEOUT_S):
+            drain_timeout = SIGNALLED_DRAIN_TIMEOUT_S
+        delivered = _drain(pub, drain_timeout, abort)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    if rc == 0 and not delivered:
+        return UNDELIVERED_EXIT
     return rc if rc >= 0 else 128 - rc
+
+
+def _prints_one_document(command: list[str]) -> bool:
+    """The agent was asked for one JSON document (`goose run`/`claude -p --output-format json`)."""
+    for i, arg in enumerate(command):
+        if arg == "--output-format=json" or (arg == "--output-format" and command[i + 1:i + 2] == ["json"]):
+            return True
+    return False
 
 
 def _grow_pipe(pipe: IO[bytes] | None) -> None:
@@ -479,3 +540,95 @@ def cmd_publish(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pub.close(timeout=0)
         return 130
+
+
+# --- spool ----------------------------------------------------------------------------------------
+def spooled_runs(settings: Settings) -> list[dict[str, object]]:
+    """Every run of the configured namespace with a spool: run, entries, pending, ended, in_use, path.
+
+    Read without taking the lock (a live tap holds it); `in_use` says whether one does."""
+    from services.tap.spool import LOCK, LOG, SENT, spool_path
+
+    root = spool_path(settings, "x").parent
+    found: list[dict[str, object]] = []
+    if not root.is_dir():
+        return found
+    for path in sorted(root.iterdir()):
+        log_file = path / LOG
+        if not log_file.is_file():
+            continue
+        lines = [line for line in log_file.read_bytes().split(b"\n") if line.strip()]
+        if not lines:
+            continue
+        try:
+            import orjson
+
+            first, last = orjson.loads(lines[0]), orjson.loads(lines[-1])
+        except ValueError:
+            first, last = {}, {}
+        try:
+            sent = int((path / SENT).read_text().strip() or 0)
+        except (OSError, ValueError):
+            sent = 0
+        found.append({"run": str(first.get("run") or path.name), "entries": len(lines),
+                      "pending": max(0, len(lines) - sent), "ended": last.get("kind") == "eof",
+                      "in_use": _locked(path / LOCK), "path": str(path)})
+    return found
+
+
+def _locked(lock: os.PathLike[str] | str) -> bool:
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def cmd_spool(args: argparse.Namespace) -> int:
+    settings = Settings()
+    _setup_logging()
+    runs = spooled_runs(settings)
+    for r in runs:
+        state = "ended" if r["ended"] else "open"
+        use = "  (a tap is publishing it)" if r["in_use"] else ""
+        print(f"{r['run']}  {r['entries']} entries, {r['pending']} not confirmed, {state}{use}")
+    if not args.drain:
+        _err(f"{len(runs)} spooled run{'s' if len(runs) != 1 else ''} in {settings.spool_dir}"
+             + (f": deliver them with `{PROG} spool --drain`" if any(r["pending"] for r in runs) else ""))
+        return 0
+    if runs and not settings.redis_url:
+        _err("no broker configured: set GOOSE_INGEST_REDIS_URL (e.g. redis://127.0.0.1:6379/0)")
+        return 2
+    try:
+        return _drain_spooled(settings, runs, args.drain_timeout)
+    except KeyboardInterrupt:
+        _err(f"interrupted: what is not delivered stays in the spool; `{PROG} spool` lists it")
+        return 130
+
+
+def _drain_spooled(settings: Settings, runs: list[dict[str, object]], timeout: float | None) -> int:
+    left = 0
+    abort = threading.Event()
+    for r in runs:
+        if r["in_use"] or not (r["pending"] or r["ended"]):
+            continue  # a live tap delivers its own; an open run with nothing pending is only its seq counter
+        run = str(r["run"])
+        try:
+            pub = Publisher(settings, run, _labels(settings, None))
+        except (SpoolLocked, SpoolCorrupt, OSError, ValueError) as exc:
+            _err(f"run {run}: {exc}")
+            left += 1
+            continue
+        if not _drain(pub, timeout, abort):
+            left += 1
+        else:
+            _err(f"run {run}: delivered")
+        if abort.is_set():
+            break
+    return UNDELIVERED_EXIT if left else 0

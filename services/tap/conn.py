@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import hiredis
 
+from services.broker.url import is_db_out_of_range, no_such_database
 from services.tap.resp import command
 
 if TYPE_CHECKING:
@@ -154,6 +155,8 @@ class RespConnection:
                 replies = self._exchange([handshake], int(authenticates) + int(bool(t.db)))
                 for i, reply in enumerate(replies):
                     if isinstance(reply, ReplyError):
+                        if is_db_out_of_range(reply):  # a wrong URL, not an outage: never spool for it
+                            raise no_such_database(t.url_without_credentials, str(reply))
                         raise classify(str(reply), during_auth=authenticates and i == 0)
         except BaseException:
             self.close()

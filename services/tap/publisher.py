@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from contracts.raw import EOF, LINE, MAX_LABEL_CHARS
-from services.broker.errors import describe
+from services.broker.errors import TOPOLOGY_CODES, describe, reply_code
 from services.broker.url import BrokerTLSError, redact_url, target, tls_options
 from services.settings import Settings
 from services.tap.conn import BrokerError, ReplicationShortfall, ReplyError, RespConnection
@@ -251,6 +251,7 @@ class Publisher:
         self._abort_evt = threading.Event()
         self._closed = False
         self.broker_up: bool | None = None  # None until the first send
+        self.last_answer: str | None = None  # the broker's error reply (OOM...) while failing; None: no answer
         self.resumed = self._spool.resumed
         self._thread = threading.Thread(target=self._sender, name=f"publisher[{run}]", daemon=True)
         self._thread.start()
@@ -599,8 +600,14 @@ class Publisher:
                                self.settings.redis_wait_replicas, self.settings.redis_wait_timeout_ms)
             except self._retryable as exc:
                 now = time.monotonic()
+                # an error reply (OOM at maxmemory, ...) is the broker's answer, not an unreachable broker;
+                # a cluster's redirect (MOVED...) only means the client's slot map was stale
+                answered = (any(c.__name__ in ("ReplyError", "ResponseError") for c in type(exc).__mro__)
+                            and reply_code(exc) not in TOPOLOGY_CODES)
+                self.last_answer = describe(exc) if answered else None
                 if self.broker_up is not False:
-                    log.warning("broker unreachable at %s (%s); spooling run %s in %s and retrying",
+                    log.warning("broker %s at %s (%s); spooling run %s in %s and retrying",
+                                "refused the entries" if answered else "unreachable",
                                 redact_url(self.settings.redis_url), describe(exc), self.run, self._spool.path)
                     failing_since = last_report = now
                     attempts = 0

@@ -123,6 +123,8 @@ class Housekeeper:
             if lag is not None and int(lag) == 0 and pending == 0:
                 idle.add(shard)
         self._idle_shards = idle
+        if self.metrics is not None:  # `goose-ingest runs` lists them (services/runs/command.py)
+            self.metrics.set_active_runs(sum([int(await self.client.zcard(k)) for k in self.settings.layout.active_run_sets()]))
 
     async def _oldest_pending_age_s(self, stream: str) -> float:
         """Seconds since the shard's oldest unacknowledged entry was published (alert: stuck entries)."""

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    settings = Settings()
+    settings = Settings().for_command("export otlp")  # 9465 unless set: beside a worker on one host
     if args.metrics_port is not None:
         settings = settings.model_copy(update={"metrics_port": args.metrics_port})
     if not settings.redis_url:

@@ -16,10 +16,29 @@ from services.settings import ConfigError, Settings
 STOP_TIMEOUT_S = 15.0
 
 
+PROBE_TIMEOUT_S = 3.0  # a collector that does not accept a connection in this long is not there
+
+
 def check_endpoint(url: str) -> str:
+    """A well-formed http(s) URL whose host accepts a TCP connection: the demo would otherwise wait its
+    whole timeout for traces that cannot be delivered (one line, exit 2, before anything starts)."""
+    import socket
+
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigError(f"--otlp {url!r}: expected an http(s):// OTLP endpoint, e.g. http://127.0.0.1:6006")
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    except ValueError as exc:
+        raise ConfigError(f"--otlp {url!r}: {exc}") from None
+    host = parsed.hostname or ""
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(f"--otlp {url}: no OTLP collector answers at {host}:{port} ({reason}); start one "
+                          "first (e.g. Phoenix on 6006, docs/otel.md)") from None
     return url
 
 

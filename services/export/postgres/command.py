@@ -36,6 +36,29 @@ def register(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(func=run)
 
 
+_MAX_REASON = 200
+
+
+def server_reason(exc: BaseException, dsn: str) -> str | None:
+    """What the PostgreSQL server answered (`FATAL:  database "x" does not exist`), without the DSN's
+    password; None when no server answered (refused, timed out: "unreachable" says it all)."""
+    import re
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    match = re.search(r"\b(FATAL|ERROR):\s+(.*)", str(exc))
+    if match is None:
+        return None
+    reason = " ".join(match.group(2).split())[:_MAX_REASON]
+    try:
+        password = str(conninfo_to_dict(dsn).get("password") or "")
+    except Exception:  # unparseable: checked before connecting, so not expected here
+        password = ""
+    if password:
+        reason = reason.replace(password, "***")
+    return reason
+
+
 def _fail(message: str) -> int:
     print(f"goose-ingest export postgres: {message}", file=sys.stderr)
     return 2
@@ -46,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     try:
-        settings = Settings()
+        settings = Settings().for_command("export postgres")  # 9466 unless set: beside a worker on one host
     except ValidationError as exc:
         return _fail(f"invalid settings: {exc.errors()[0].get('loc')} {exc.errors()[0].get('msg')}")
     if args.dsn:
@@ -73,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             applied = store.migrate()
         except psycopg.OperationalError as exc:
+            reason = server_reason(exc, dsn)
+            if reason:  # the server answered: a missing database or role, refused credentials...
+                return _fail(f"database {redact_dsn(dsn)} refused the connection: {reason}")
             return _fail(f"database {redact_dsn(dsn)} unreachable ({type(exc).__name__})")
         except Exception as exc:  # a migration that fails is reported, not dumped as a traceback
             return _fail(f"migration failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
