@@ -12,7 +12,11 @@ from uuid import uuid4
 import orjson
 import pytest
 import redis
-from normalizer_helpers import c_answer, c_assistant, c_call, c_text, c_use
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from normalizer_helpers import c_answer, c_assistant, c_call, c_text, c_use, claude, req, resp, x_item
+from test_normalizer_properties_formats import T0, formats, labels, lines, streams
 
 from contracts.raw import DEFAULT_MAX_PENDING_TOOL_BYTES
 from services.broker.connect import async_client
@@ -272,3 +276,105 @@ def test_evictions_are_counted_by_cap_in_the_worker_metrics():
     assert sample("goose_ingest_pending_tool_evictions_total", {"cap": "bytes"}) == 3.0
     assert sample("goose_ingest_pending_tool_evictions_total", {"cap": "count"}) == 1.0
     assert sample("goose_ingest_pending_tool_evictions_total", {"cap": "no-such-cap"}) is None
+
+
+# ------------------------------------------------------------------------------- properties
+tiny = Limits(max_span_chars=24, max_pending_tools=3, max_pending_tool_bytes=600)
+ids = st.sampled_from(["a", "b", "c", "d"])
+names = st.sampled_from(["Write", "Bash", "TodoWrite", "developer__shell", "todo__write"])
+sizes = st.integers(0, 900)
+# Calls and answers of every format (ids reused, sizes around the tiny cap), among arbitrary lines.
+tool_lines = st.one_of(
+    st.builds(lambda c, n, k: c_call(c, n, {"command": "ls " + "y" * k}), ids, names, sizes),
+    st.builds(c_answer, ids),
+    st.just(claude("result", subtype="success", result="done")),
+    st.builds(lambda c, n, k: req(c, n, {"command": "ls " + "y" * k}), ids, names, sizes),
+    st.builds(lambda c, n: req(c, n), ids, names),
+    st.builds(resp, ids),
+    st.builds(lambda c, k: x_item("item.started", c, "command_execution", command="ls " + "z" * k), ids, sizes),
+    st.builds(lambda c: x_item("item.completed", c, "command_execution", command="ls", exit_code=0), ids),
+)
+call_runs = st.lists(st.tuples(st.one_of(tool_lines, tool_lines, lines), streams), max_size=30)
+
+
+@hsettings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(call_runs, st.sets(st.integers(0, 30)), formats, labels,
+       st.sampled_from([Limits(), tiny, Limits(max_pending_tool_bytes=1024)]))
+def test_resuming_from_the_state_and_the_calls_stored_apart_gives_the_same_events(items, cuts, fmt, label, limits):
+    """Any input of any format: the calls stay under the byte cap, what is to be stored apart names
+    exactly the pending calls (each written once, deleted once), and a run resumed from its state
+    plus those stored calls gives the events of one pass."""
+    one_pass = RunNormalizer("r", limits, fmt)
+    expected = one_pass.apply_labels(label[0], label[1], 0, T0)
+    for i, (text, stream) in enumerate(items):
+        expected += one_pass.line(i, T0 + i, text, stream)
+    expected += one_pass.end(len(items), 7)
+
+    norm = RunNormalizer("r", limits, fmt)
+    events = norm.apply_labels(label[0], label[1], 0, T0)
+    store: dict[int, bytes] = {}
+    for i, (text, stream) in enumerate(items):
+        events += norm.line(i, T0 + i, text, stream)
+        assert norm.pending_bytes <= limits.max_pending_tool_bytes
+        added, removed = norm.take_call_changes()
+        for key in removed:
+            del store[key]
+        for key, data in added:
+            assert key not in store
+            store[key] = data
+        assert sorted(store) == sorted(c[6] for c in norm.pending)
+        if i in cuts:
+            state = orjson.dumps(norm.to_state(include_calls=False))
+            norm = RunNormalizer.from_state(orjson.loads(state), limits, {k: orjson.loads(v) for k, v in store.items()})
+    events += norm.end(len(items), 7)
+    assert orjson.dumps(events) == orjson.dumps(expected)
+    added, removed = norm.take_call_changes()
+    assert added == [] and sorted(removed) == sorted(store)  # the end gives every stored call up
+
+
+# ------------------------------------------------------------------------------- an upgrade
+def test_a_worker_takes_over_a_state_written_with_its_calls_inline(settings):
+    """States of an older worker kept each call whole in `s` (input twice): the next commit moves
+    each block to its own field and the call is still answered."""
+    s = settings.model_copy(update={"redaction_enabled": False, "shards": 1})
+    layout = s.layout
+    sync = redis.Redis.from_url(s.redis_url)
+    run = "pt/upgrade"
+    key = layout.run_state(run)
+    stream = layout.raw_stream(0)
+    old = RunSequencer(run)
+    old.accept(entry(run, 0, c_call("a", "Write", {"file_path": "/w/a.txt", "content": "q" * 5000})))
+    state = old.to_state()
+    norm = state["norm"]
+    (meta,) = norm.pop("calls")
+    del norm["callsMade"]
+    block = meta[7]
+    norm["pending"] = [["a", "Write", dict(block["input"]), block, 0, TS]]  # the old form
+    sync.hset(key, mapping={"v": "1", "s": orjson.dumps(state)})
+
+    async def body(client: Any) -> tuple[list[bytes], int, int]:
+        sync.xadd(stream, entry(run, 1, small_line(1)).to_fields())
+        reply = sync.xreadgroup(s.group, "test", {stream: ">"}, count=100)
+        items = reply[0][1]
+        await BatchProcessor(s, client).process(0, [i.decode() for i, _ in items], [f for _, f in items])
+        moved = sync.hkeys(key), sync.hstrlen(key, "s"), sync.hstrlen(key, "c:0")
+        sync.xadd(stream, entry(run, 2, c_answer("a")).to_fields())
+        sync.xadd(stream, entry(run, 3, kind="eof").to_fields())
+        reply = sync.xreadgroup(s.group, "test", {stream: ">"}, count=100)
+        items = reply[0][1]
+        await BatchProcessor(s, client).process(0, [i.decode() for i, _ in items], [f for _, f in items])
+        return moved
+
+    async def go() -> Any:
+        client = async_client(s)
+        try:
+            await ensure_groups(client, s)
+            return await body(client)
+        finally:
+            await client.aclose()
+
+    fields, state_size, call_size = asyncio.run(go())
+    assert sorted(fields) == [b"c:0", b"s", b"v"] and state_size < 1000 and 5000 < call_size < 5200  # input once
+    assert not sync.exists(key) or b"c:0" not in sync.hkeys(key)
+    events = [orjson.loads(f[b"data"]) for _, f in sync.xrange(layout.events_partition(0))]
+    assert [e["type"] for e in events] == ["agent", "write"] and events[1]["path"] == "/w/a.txt"
