@@ -13,6 +13,13 @@ MAX_LABEL_CHARS = 64  # `format` is a short label (goose | claude-code | codex |
 # GOOSE_INGEST_MAX_HELD_BYTES, docs/contract.md). Here, not in the sequencer, so that Settings can take
 # it without importing the sequencer and the normalizer.
 DEFAULT_MAX_HELD_BYTES = 64 * 1024 * 1024
+# Bytes of unanswered tool calls a run may keep before the oldest is surfaced as `unknown` (the default
+# of GOOSE_INGEST_MAX_PENDING_TOOL_BYTES, docs/contract.md); here for the same reason. Sixteen calls of
+# the largest line a tap sends (MAX_LINE_BYTES, 1 MiB) fit; a real run keeps a few small ones.
+DEFAULT_MAX_PENDING_TOOL_BYTES = 16 * 1024 * 1024
+# Which cap surfaced a pending tool call early (MAX_PENDING_TOOLS, MAX_PENDING_TOOL_BYTES): the `cap`
+# label of goose_ingest_pending_tool_evictions.
+PENDING_TOOL_CAPS: tuple[str, ...] = ("count", "bytes")
 
 # Entry kinds. `abandon` is a control entry: only workers write it, on the control streams.
 LINE = "line"

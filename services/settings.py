@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, SecretStr, TypeAdapter, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.raw import DEFAULT_MAX_HELD_BYTES
+from contracts.raw import DEFAULT_MAX_HELD_BYTES, DEFAULT_MAX_PENDING_TOOL_BYTES
 from services.broker.keys import KeyLayout
 
 if TYPE_CHECKING:  # imported where used: commands that never redact do not compile the rules
@@ -143,6 +143,11 @@ class Settings(BaseSettings):
     sweep_interval_s: float = Field(default=5.0, gt=0, description="How often idle runs, reclaim and retention are checked.")
     max_span_chars: int = Field(default=262_144, ge=16, description="Cap on an accumulating agent/reasoning span.")
     max_pending_tools: int = Field(default=256, ge=1, description="Cap on unanswered tool calls per run.")
+    max_pending_tool_bytes: int = Field(
+        default=DEFAULT_MAX_PENDING_TOOL_BYTES,
+        ge=1024,
+        description="Cap on the bytes of unanswered tool calls per run; beyond it the oldest becomes `unknown`.",
+    )
     max_buffered_entries: int = Field(default=10_000, ge=1, description="Cap on out-of-order entries a run may hold.")
     max_held_bytes: int = Field(
         default=DEFAULT_MAX_HELD_BYTES,

@@ -71,7 +71,7 @@ lines = st.one_of(
 )
 streams = st.sampled_from(["stdout", "stdout", "stdout", "stderr"])
 runs = st.lists(st.tuples(lines, streams), max_size=40)
-small = Limits(max_span_chars=24, max_pending_tools=3)
+small = Limits(max_span_chars=24, max_pending_tools=3, max_pending_tool_bytes=600)
 
 
 def _feed(norm: RunNormalizer, items, start: int = 0) -> list[dict]:

@@ -110,7 +110,7 @@ runs = st.lists(st.tuples(lines, streams), max_size=30)
 formats = st.sampled_from([None, "goose", "claude-code", "codex"])
 labels = st.tuples(st.none() | st.sampled_from(["goose", "claude-code", "codex", "aider", ""]),
                    st.none() | st.sampled_from(["claude/2", "codex-exec", "goose/1", "x"]))
-small = Limits(max_span_chars=24, max_pending_tools=3)
+small = Limits(max_span_chars=24, max_pending_tools=3, max_pending_tool_bytes=600)
 T0 = 1_790_000_000_000
 
 

@@ -23,6 +23,7 @@ from contracts.events import EVENT_TYPES as _CONTRACT_EVENT_TYPES
 from contracts.events import FORMATS as FORMATS
 from contracts.events import TOOL_EVENT_TYPES as _CONTRACT_TOOL_EVENT_TYPES
 from contracts.raw import DEAD_LETTER_REASONS as DEAD_LETTER_REASONS  # one source: the contract
+from contracts.raw import PENDING_TOOL_CAPS as PENDING_TOOL_CAPS
 from contracts.raw import RAW_OUTCOMES as RAW_OUTCOMES
 from contracts.runs import RUN_STATES as RUN_STATES
 
@@ -190,6 +191,13 @@ class Metrics:
             ["rule"],
             registry=r,
         )
+        self.pending_tool_eviction_counter = Counter(
+            "goose_ingest_pending_tool_evictions",
+            "Unanswered tool calls surfaced early as `unknown` because a run's pending calls passed a cap"
+            " (count: MAX_PENDING_TOOLS, bytes: MAX_PENDING_TOOL_BYTES).",
+            ["cap"],
+            registry=r,
+        )
         self.batch_seconds = Histogram(
             "goose_ingest_batch_seconds",
             "Time to process one batch of raw entries (read to ack).",
@@ -264,6 +272,7 @@ class Metrics:
         }
         self._run_children = {(s, fmt): self.runs.labels(s, fmt) for s in RUN_STATES for fmt in FORMAT_LABELS}
         self._token_children = {kind: self.tokens.labels(kind) for kind in TOKEN_KINDS}
+        self._eviction_children = {cap: self.pending_tool_eviction_counter.labels(cap) for cap in PENDING_TOOL_CAPS}
         self.worker_ready.set(0)
 
     # --- configuration ---------------------------------------------------------------------
@@ -353,6 +362,12 @@ class Metrics:
         elif not isinstance(rule, str) or not rule:
             rule = OTHER
         self.redaction_counter.labels(rule).inc(n)
+
+    def pending_tool_evictions(self, cap: str, n: int = 1) -> None:
+        n = _count(n)
+        child = self._eviction_children.get(cap)
+        if n and child is not None:  # an unknown cap is a bug of the core, never a new series
+            child.inc(n)
 
     # --- histograms ------------------------------------------------------------------------
     def observe_batch(self, seconds: float, entries: int) -> None:

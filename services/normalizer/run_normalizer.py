@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, TypeGuard
 import orjson
 
 from contracts.events import EVENT_TYPES, FORMATS
+from contracts.raw import DEFAULT_MAX_PENDING_TOOL_BYTES, PENDING_TOOL_CAPS
 from services.normalizer.error_classes import event_class
 from services.normalizer.timefmt import format_ms
 
@@ -56,15 +57,30 @@ JSON_ERRORS = (orjson.JSONDecodeError, ValueError)
 _loads = orjson.loads
 _NOT_JSON = object()
 
-# A pending span is the list [kind, message id, text, first seq, last seq, truncated] and a
-# pending tool call [call id, tool name, input, raw block, seq, ts]: plain lists, because they are
-# the serialized state (unchanged since goose-only states) and the hot path indexes them directly.
-CALL_ID, CALL_NAME, CALL_INPUT, CALL_RAW, CALL_SEQ, CALL_TS = range(6)
+# A pending span is the list [kind, message id, text, first seq, last seq, truncated] (plain, as it is
+# serialized). A pending tool call is [call id, tool name, input, raw block, seq, ts, key, size, where]:
+# the format modules build and read the first six (``add_call``, ``take_call``); the last three are
+# this module's bookkeeping: the call's key (``k``, its hash field ``c:<k>`` where the worker stores
+# the block apart), the bytes it counts against MAX_PENDING_TOOL_BYTES, and where its input lies in
+# its block (so the input, a part of the block, is stored once).
+CALL_ID, CALL_NAME, CALL_INPUT, CALL_RAW, CALL_SEQ, CALL_TS, CALL_KEY, CALL_SIZE, CALL_WHERE = range(9)
+CALL_FIELDS = 6  # what a format module sees of a call
+# Bytes counted per pending call besides its block's JSON (its id, name, seq, ts, key in the state):
+# a flood of tiny calls is bounded by the count cap, this keeps the byte count honest for them.
+PENDING_CALL_OVERHEAD = 64
+# How deep in a block the input is looked for (goose: toolCall.value.arguments).
+INPUT_SEARCH_DEPTH = 4
+# `where` of a call whose input is not a part of its block (no format does that): the block is
+# stored as [block, input].
+INPUT_BESIDE = True
+# Which cap surfaced a call early (the `cap` label of goose_ingest_pending_tool_evictions).
+EVICT_COUNT, EVICT_BYTES = PENDING_TOOL_CAPS
 
 
 class Limits(NamedTuple):
     max_span_chars: int = 262_144
     max_pending_tools: int = 256
+    max_pending_tool_bytes: int = DEFAULT_MAX_PENDING_TOOL_BYTES
 
 
 DEFAULT_LIMITS = Limits()
@@ -154,6 +170,40 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
+def locate_input(block: Any, value: Any, equal: bool = False) -> Any:
+    """Where ``value`` (a call's input, taken from ``block``) lies in ``block``: the list of object
+    keys leading to it (found by identity, or with ``equal`` by equal value and type, breadth first,
+    at most INPUT_SEARCH_DEPTH deep), None for no input, INPUT_BESIDE when it is not a part of the
+    block."""
+    if value is None:
+        return None
+    if value is block or (equal and type(block) is type(value) and block == value):
+        return []
+    level: list[tuple[dict[str, Any], list[str]]] = [(block, [])] if type(block) is dict else []
+    for _ in range(INPUT_SEARCH_DEPTH):
+        deeper: list[tuple[dict[str, Any], list[str]]] = []
+        for node, path in level:
+            for key, child in node.items():
+                if child is value or (equal and type(child) is type(value) and child == value):
+                    return [*path, key]
+                if type(child) is dict:
+                    deeper.append((child, [*path, key]))
+        level = deeper
+    return INPUT_BESIDE
+
+
+def input_at(stored: Any, where: Any) -> tuple[Any, Any]:
+    """(block, input) of a call stored as ``stored`` with its input at ``where`` (``locate_input``)."""
+    if where is None:
+        return stored, None
+    if where is INPUT_BESIDE:
+        return stored[0], stored[1]
+    node = stored
+    for key in where:
+        node = node[key]
+    return stored, node
+
+
 def detect_format(record: Record) -> str:
     """F3: the format named by the first JSON object of a run's stdout."""
     rtype = record.get("type")
@@ -206,6 +256,11 @@ class RunNormalizer:
         "_text",
         "_counted_text",
         "_bracket_heavy",
+        "pending_bytes",
+        "calls_made",
+        "evictions",
+        "_calls_added",
+        "_calls_removed",
     )
 
     def __init__(self, run: str, limits: Limits = DEFAULT_LIMITS, fmt: str | None = None) -> None:
@@ -215,6 +270,13 @@ class RunNormalizer:
         self.counts: dict[str, int] = {}
         self.span: list[Any] | None = None  # [kind, message id, text, first seq, last seq, truncated]
         self.pending: list[list[Any]] = []  # unanswered tool calls, oldest first; see CALL_*
+        self.pending_bytes = 0  # their CALL_SIZEs
+        self.calls_made = 0  # the key of the next call kept
+        # Pending calls surfaced early, by cap (EVICT_*): counted by the shell, not part of the state.
+        self.evictions: dict[str, int] = {}
+        # Calls kept / given up since the last `take_call_changes` (for storage apart from the state).
+        self._calls_added: dict[int, bytes] = {}
+        self._calls_removed: set[int] = set()
         self.usage: dict[str, Any] | None = None  # a new object at each completion (the sequencer checks identity)
         # The run's input format; None until decided (F1, F2 by apply_labels, F3 by the first JSON object).
         self.format: str | None = None
@@ -230,17 +292,37 @@ class RunNormalizer:
             self.set_format(fmt)
 
     # ------------------------------------------------------------------ state
-    def to_state(self) -> dict[str, Any]:
+    def to_state(self, include_calls: bool = True) -> dict[str, Any]:
+        """The run as JSON-able data. Pending calls are ``calls``: [key, id, name, seq, ts, size,
+        where] and, unless ``include_calls`` is False, the block (the worker stores each block once,
+        apart, as ``take_call_changes`` tells it; ``from_state(..., calls=...)`` puts them back).
+
+        ``pending`` (the old form of the calls: [id, name, input, block, seq, ts]) is written, empty,
+        only when there are no calls: a run without calls has the state it always had, and a worker
+        older than ``calls`` cannot read a state that has calls (it dead-letters that run's entries
+        with a reason instead of dropping its calls unseen).
+        """
         state: dict[str, Any] = {
             "v": STATE_VERSION,
             "run": self.run,
             "n": self.n,
             "counts": self.counts,
             "span": self.span,
-            "pending": self.pending,
-            "usage": self.usage,
-            "format": self.format,
         }
+        pending = self.pending
+        if pending:
+            if include_calls:
+                state["calls"] = [[c[CALL_KEY], c[CALL_ID], c[CALL_NAME], c[CALL_SEQ], c[CALL_TS], c[CALL_SIZE],
+                                   c[CALL_WHERE], _stored(c)] for c in pending]
+            else:
+                state["calls"] = [[c[CALL_KEY], c[CALL_ID], c[CALL_NAME], c[CALL_SEQ], c[CALL_TS], c[CALL_SIZE],
+                                   c[CALL_WHERE]] for c in pending]
+        else:
+            state["pending"] = []
+        state["usage"] = self.usage
+        state["format"] = self.format
+        if self.calls_made:
+            state["callsMade"] = self.calls_made
         # Written only when set, so a goose run's state stays as it was.
         if self.session is not None:
             state["session"] = self.session
@@ -256,14 +338,38 @@ class RunNormalizer:
         return cls.from_state(orjson.loads(data), limits)
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> RunNormalizer:
+    def from_state(cls, state: dict[str, Any], limits: Limits = DEFAULT_LIMITS,
+                   calls: dict[int, Any] | None = None) -> RunNormalizer:
+        """A normalizer from ``to_state``'s data. ``calls``: the blocks stored apart, by key (as
+        stored: ``[block, input]`` for a call whose input is not part of its block); given (even
+        empty), calls found whole in the state are reported by ``take_call_changes`` as added,
+        so a worker stores them apart from then on."""
         if state.get("v") != STATE_VERSION:
             raise ValueError(f"normalizer state version {state.get('v')!r} is not {STATE_VERSION}")
         self = cls(state["run"], limits)
         self.n = state["n"]
         self.counts = state["counts"]
         self.span = state["span"]
-        self.pending = state["pending"]
+        self.calls_made = state.get("callsMade", 0)
+        if "calls" in state:
+            for meta in state["calls"]:
+                key, size, where = meta[0], meta[5], meta[6]
+                if len(meta) > 7:
+                    stored = meta[7]
+                    if calls is not None:
+                        self._calls_added[key] = orjson.dumps(stored)
+                elif calls is not None and key in calls:
+                    stored = calls[key]
+                else:
+                    raise ValueError(f"pending call {key!r} is not in the state nor stored apart")
+                block, args = input_at(stored, where)
+                self.pending.append([meta[1], meta[2], args, block, meta[3], meta[4], key, size, where])
+                self.pending_bytes += size
+        else:
+            # Written before calls were stored apart: each call whole, its input a second time (a
+            # copy now, found again in the block by its value).
+            for old in state["pending"]:
+                self._keep([*old[:CALL_FIELDS]], calls is not None, equal=True)
         self.usage = state["usage"]
         # States written before formats existed have no key: those runs were goose runs.
         fmt = state.get("format", GOOSE)
@@ -430,35 +536,104 @@ class RunNormalizer:
 
     # ------------------------------------------------------------------ tools
     def add_call(self, out: list[Event], ts_ms: int, call: list[Any]) -> None:
-        """Record an unanswered call; beyond the cap the oldest is surfaced as `unknown`."""
+        """Record an unanswered call ([id, name, input, block, seq, ts]); beyond either cap
+        (MAX_PENDING_TOOLS calls, MAX_PENDING_TOOL_BYTES of them) the oldest is surfaced as
+        `unknown`, until both hold. A call larger than the byte cap by itself is surfaced at once
+        instead (making room for it would surface every other call and still not be enough)."""
         if self._too_deep(call[CALL_RAW]):
             # Never kept in the state (which could not be serialized): surfaced at once.
             self.unknown(out, ts_ms, call[CALL_RAW], call[CALL_SEQ], call[CALL_SEQ], tool=call[CALL_NAME], call_id=call[CALL_ID])
             return
+        self._keep(call, True)
+        pending = self.pending
+        limits = self.limits
+        if len(pending) > limits.max_pending_tools:
+            self._evict(out, ts_ms, EVICT_COUNT, 0)
+        if call[CALL_SIZE] > limits.max_pending_tool_bytes:
+            self._evict(out, ts_ms, EVICT_BYTES, len(pending) - 1)
+        while self.pending_bytes > limits.max_pending_tool_bytes:
+            self._evict(out, ts_ms, EVICT_BYTES, 0)
+
+    def _keep(self, call: list[Any], tracked: bool, equal: bool = False) -> None:
+        """Append a call with its key, size and input's place; ``tracked``: reported as added."""
+        block, args = call[CALL_RAW], call[CALL_INPUT]
+        where = locate_input(block, args, equal)
+        if type(where) is list:
+            block, args = input_at(block, where)  # the block's own part from now on, as after a reload
+            call[CALL_INPUT] = args
+        data = orjson.dumps([block, args] if where is INPUT_BESIDE else block)
+        size = len(data) + PENDING_CALL_OVERHEAD
+        key = self.calls_made
+        self.calls_made = key + 1
+        call.extend((key, size, where))
         self.pending.append(call)
-        if len(self.pending) > self.limits.max_pending_tools:
-            oldest = self.pending.pop(0)
-            rules = self._rules
-            if rules is not None and rules.consumed(oldest[1]):
-                return  # consumed calls stay silent, even when evicted
-            self.unknown(out, ts_ms, oldest[3], oldest[4], oldest[4], tool=oldest[1], call_id=oldest[0])
+        self.pending_bytes += size
+        if tracked:
+            self._calls_added[key] = data
+
+    def _drop(self, call: list[Any]) -> list[Any]:
+        """A call leaves the pending list: its bytes and storage go; its first six fields stay."""
+        self.pending_bytes -= call[CALL_SIZE]
+        key = call[CALL_KEY]
+        if self._calls_added.pop(key, None) is None:
+            self._calls_removed.add(key)
+        del call[CALL_FIELDS:]
+        return call
+
+    def _evict(self, out: list[Event], ts_ms: int, cap: str, index: int) -> None:
+        oldest = self._drop(self.pending.pop(index))
+        self.evictions[cap] = self.evictions.get(cap, 0) + 1
+        rules = self._rules
+        if rules is not None and rules.consumed(oldest[CALL_NAME]):
+            return  # consumed calls stay silent, even when evicted
+        self.unknown(out, ts_ms, oldest[CALL_RAW], oldest[CALL_SEQ], oldest[CALL_SEQ], tool=oldest[CALL_NAME],
+                     call_id=oldest[CALL_ID])
 
     def take_call(self, call_id: Any) -> list[Any] | None:
-        """The oldest pending call with this id (removed), or None."""
+        """The oldest pending call with this id (removed: [id, name, input, block, seq, ts]), or None."""
         if type(call_id) is str:
             for i, pending in enumerate(self.pending):
                 if pending[0] == call_id:
-                    return self.pending.pop(i)
+                    return self._drop(self.pending.pop(i))
         return None
 
     def drain(self, out: list[Event], ts_ms: int) -> None:
         """Unanswered calls at a turn's or the input's end become `unknown{raw: request}`."""
+        if not self.pending:
+            return
         pending, self.pending = self.pending, []
         rules = self._rules
-        for call_id, name, _args, block, req_seq, _ts in pending:
+        for call in pending:
+            call_id, name, block, req_seq = call[CALL_ID], call[CALL_NAME], call[CALL_RAW], call[CALL_SEQ]
+            self._drop(call)
             if rules is not None and rules.consumed(name):
                 continue
             self.unknown(out, ts_ms, block, req_seq, req_seq, tool=name, call_id=call_id)
+
+    def take_call_changes(self) -> tuple[list[tuple[int, bytes]], list[int]]:
+        """Calls kept (key, stored JSON) and given up (key) since the last call or since the state
+        was loaded: what a worker writes and deletes beside the state."""
+        if not self._calls_added and not self._calls_removed:
+            return [], []
+        added = sorted(self._calls_added.items())
+        removed = sorted(self._calls_removed)
+        self._calls_added = {}
+        self._calls_removed = set()
+        return added, removed
+
+    def take_evictions(self) -> dict[str, int]:
+        """Calls surfaced early by each cap since the last call (for the shell's counter)."""
+        evictions = self.evictions
+        if evictions:
+            self.evictions = {}
+        return evictions
+
+    def side_snapshot(self) -> tuple[dict[int, Any], dict[int, bytes], set[int]]:
+        """What ``to_state(include_calls=False)`` leaves out, for a guarded step's restore."""
+        return ({c[CALL_KEY]: _stored(c) for c in self.pending}, dict(self._calls_added), set(self._calls_removed))
+
+    def side_restore(self, snapshot: tuple[dict[int, Any], dict[int, bytes], set[int]]) -> None:
+        self._calls_added, self._calls_removed = dict(snapshot[1]), set(snapshot[2])
 
     def tool_events(
         self,
@@ -584,3 +759,10 @@ class RunNormalizer:
 
     def counts_by_type(self) -> dict[str, int]:
         return {t: self.counts.get(t, 0) for t in EVENT_TYPES}
+
+
+def _stored(call: list[Any]) -> Any:
+    """A pending call's block as stored: with its input beside it when the input is not part of it."""
+    if call[CALL_WHERE] is INPUT_BESIDE:
+        return [call[CALL_RAW], call[CALL_INPUT]]
+    return call[CALL_RAW]

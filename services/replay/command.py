@@ -47,7 +47,7 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
     raw = [LogEntry(sid, fields) for stream in layout.raw_streams() for sid, fields in _read_all(client, stream)]
     control = [LogEntry(sid, fields, control=True)
                for stream in layout.control_streams() for sid, fields in _read_all(client, stream)]
-    rebuilt = rebuild(merge_log(raw, control), Limits(settings.max_span_chars, settings.max_pending_tools),
+    rebuilt = rebuild(merge_log(raw, control), Limits(settings.max_span_chars, settings.max_pending_tools, settings.max_pending_tool_bytes),
                       settings.max_buffered_entries, run_key, settings.max_line_bytes, settings.redactor(),
                       settings.max_held_bytes)
     published: dict[str, list[dict[str, Any]]] = {}

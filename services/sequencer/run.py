@@ -85,10 +85,13 @@ class Disposition(NamedTuple):
 
 
 class HeldChanges(NamedTuple):
-    """Held entries added and removed since the last `take_held_changes` (for incremental storage)."""
+    """What a worker stores beside the run's state, changed since the last `take_held_changes`:
+    held entries added and removed, and pending tool calls kept (key, stored JSON) and given up."""
 
     added: list[Entry]
     removed: list[int]
+    calls_added: list[tuple[int, bytes]] = []
+    calls_removed: list[int] = []
 
 
 class _Mark(NamedTuple):
@@ -104,6 +107,8 @@ class Outcome:
     dispositions: list[Disposition] = field(default_factory=list)
     redactions: dict[str, int] = field(default_factory=dict)  # rule -> replacements
     redacted: int = 0  # events[:redacted] are already redacted (by guarded steps)
+    # pending tool calls surfaced early, by the cap that did it (count, bytes; docs/contract.md Caps)
+    evictions: dict[str, int] = field(default_factory=dict)
 
     def extend(self, other: Outcome) -> None:
         self.events.extend(other.events)
@@ -111,6 +116,11 @@ class Outcome:
         self.dispositions.extend(other.dispositions)
         for rule, n in other.redactions.items():
             self.redactions[rule] = self.redactions.get(rule, 0) + n
+        self.add_evictions(other.evictions)
+
+    def add_evictions(self, evictions: dict[str, int]) -> None:
+        for cap, n in evictions.items():
+            self.evictions[cap] = self.evictions.get(cap, 0) + n
 
     def mark(self) -> _Mark:
         return _Mark(len(self.events), len(self.records), len(self.dispositions))
@@ -168,12 +178,13 @@ class RunSequencer:
 
     # ------------------------------------------------------------------ state
     def to_state(self, include_held: bool = True) -> dict[str, Any]:
-        """The run as JSON-able data. `include_held=False` leaves the held entries out (the worker
-        stores them one by one beside the state; `from_state(..., held=...)` puts them back)."""
+        """The run as JSON-able data. `include_held=False` leaves the held entries and the pending
+        tool calls' blocks out (the worker stores them one by one beside the state;
+        `from_state(..., held=..., calls=...)` puts them back)."""
         return {
             "v": STATE_VERSION,
             "run": self.run,
-            "norm": self.norm.to_state(),
+            "norm": self.norm.to_state(include_calls=include_held),
             "next": self.next,
             "buffer": [e.to_list() for _, e in sorted(self.buffer.items())] if include_held else None,
             "heldBytes": self.held_bytes,
@@ -199,16 +210,17 @@ class RunSequencer:
         redactor: Any = None,
         max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
         held: dict[int, Entry] | None = None,
+        calls: dict[int, Any] | None = None,
     ) -> RunSequencer:
         if st.get("v") != STATE_VERSION:
             raise ValueError(f"run state version {st.get('v')!r} is not {STATE_VERSION}")
         self = cls(st["run"], limits, max_buffered, redactor, max_held_bytes)
-        self._load(st, held)
+        self._load(st, held, calls)
         return self
 
-    def _load(self, st: dict[str, Any], held: dict[int, Entry] | None) -> None:
+    def _load(self, st: dict[str, Any], held: dict[int, Entry] | None, calls: dict[int, Any] | None) -> None:
         """Every attribute a state carries, from a state (``from_state``, ``_restore``)."""
-        self.norm = RunNormalizer.from_state(st["norm"], self.limits)
+        self.norm = RunNormalizer.from_state(st["norm"], self.limits, calls)
         self.next = st["next"]
         if st.get("buffer") is not None:
             self.buffer = {e[1]: Entry.from_list(e) for e in st["buffer"]}
@@ -234,10 +246,12 @@ class RunSequencer:
             self.secrets = SecretFieldTracker.from_dict(st["secrets"])
 
     def take_held_changes(self) -> HeldChanges:
-        """Held entries added/removed since the last call (or since the state was loaded)."""
+        """Held entries and pending calls added/removed since the last call (or since the state
+        was loaded)."""
+        calls_added, calls_removed = self.norm.take_call_changes()
         if not self._held_added and not self._held_removed:  # the usual case: nothing held
-            return HeldChanges([], [])
-        changes = HeldChanges(list(self._held_added.values()), sorted(self._held_removed))
+            return HeldChanges([], [], calls_added, calls_removed)
+        changes = HeldChanges(list(self._held_added.values()), sorted(self._held_removed), calls_added, calls_removed)
         self._held_added = {}
         self._held_removed = set()
         return changes
@@ -341,6 +355,8 @@ class RunSequencer:
             raise RuntimeError(f"the normalizer took {pulled} of {len(entries)} entries")
         after(entries[-1])
         out.events.extend(events)
+        if norm.evictions:
+            out.add_evictions(norm.take_evictions())
         if self.redactor is not None and len(out.events) > first:
             self._redact_new(out, first)
 
@@ -456,6 +472,8 @@ class RunSequencer:
         dead letter, seq lost and skipped). True when it was processed."""
         if not self.guarded:
             self._process(entry, out)
+            if self.norm.evictions:
+                out.add_evictions(self.norm.take_evictions())
             return True
         snapshot = self._snapshot()
         mark = out.mark()
@@ -465,11 +483,13 @@ class RunSequencer:
                 self._redact_new(out, mark.events)
                 out.redacted = len(out.events)
         except Exception as exc:  # the class name only: a message may quote the entry's data
-            self._restore(snapshot)
+            self._restore(snapshot)  # a new normalizer: the failed step's evictions go with its events
             out.truncate(mark)
             out.dispositions.append(Disposition(entry, DEAD, PROCESSING_ERROR, type(exc).__name__))
             self._skip(entry.seq, entry.seq, entry.ts, out)
             return False
+        if self.norm.evictions:
+            out.add_evictions(self.norm.take_evictions())
         return True
 
     def _guard_events(self, produce: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -481,14 +501,17 @@ class RunSequencer:
         except Exception:
             return []
 
-    def _snapshot(self) -> tuple[bytes, dict[int, Entry], dict[int, Entry], set[int]]:
+    def _snapshot(self) -> tuple[bytes, dict[int, Entry], dict[int, Entry], set[int], Any]:
+        # Without the held entries and the calls' blocks (kept by reference: nothing mutates them),
+        # so a guarded step costs the same whatever the run holds.
         return (orjson.dumps(self.to_state(include_held=False)), dict(self.buffer), dict(self._held_added),
-                set(self._held_removed))
+                set(self._held_removed), self.norm.side_snapshot())
 
-    def _restore(self, snapshot: tuple[bytes, dict[int, Entry], dict[int, Entry], set[int]]) -> None:
-        state, buffer, added, removed = snapshot
-        self._load(orjson.loads(state), buffer)
+    def _restore(self, snapshot: tuple[bytes, dict[int, Entry], dict[int, Entry], set[int], Any]) -> None:
+        state, buffer, added, removed, side = snapshot
+        self._load(orjson.loads(state), buffer, side[0])
         self._held_added, self._held_removed = added, removed
+        self.norm.side_restore(side)
 
     def _adopt_labels(self, entry: Entry) -> None:
         """A run's labels are the first non-empty value any of its processed entries carries."""

@@ -1,5 +1,5 @@
 -- Commits one batch atomically: run states (with a version check per run), their held
--- (out-of-order) entries one by one, the acknowledgement of its raw entries, and every output
+-- (out-of-order) entries and pending tool calls one by one, the acknowledgement of its raw entries, and every output
 -- entry (topics, runs, dead letters, control entries). Either all of it happens or none of it:
 -- a worker killed before this call leaves its entries pending for another worker; after it,
 -- everything is durable together. Python half: services/worker/commit.py.
@@ -9,7 +9,8 @@
 --   [runs, acks, outputs] (one argument instead of thousands: building and sending each
 --   argument separately cost the worker a fifth of its time):
 --   runs:    {state key, expected version, state, ended (0/1), run key, last activity ms,
---             {held field, entry, ...} to write, {held field, ...} to delete}, ...
+--             {field, value, ...} to write, {field, ...} to delete}, ...: held entries (h:<seq>)
+--             and pending tool calls' blocks (c:<key>), written once, deleted once (services/worker/commit.py)
 --   acks:    raw entry ids
 --   outputs: {{stream, ...}, {field, value, ...}}, ... (an event goes to two topics, one copy)
 --   then the shard's lease key and the committing worker ("" and "": no lease is checked).

@@ -24,6 +24,7 @@ COMMIT_LUA = resources.files("services.worker").joinpath("commit.lua").read_text
 # Redis bundles an old lua-cmsgpack: no bin or str8 types, so pack bytes and str as raw.
 _packb = msgpack.Packer(use_bin_type=False).pack
 HELD_PREFIX = b"h:"  # hash field of a held entry in the run's state hash: h:<seq>
+CALL_PREFIX = b"c:"  # hash field of a pending tool call's block: c:<key> (RunNormalizer.take_call_changes)
 VERSION_FIELD, STATE_FIELD = b"v", b"s"
 def is_transient(exc: BaseException) -> bool:
     """An error reply about the broker's state, not the batch's content: never a reason to split the
@@ -85,6 +86,16 @@ def encode_held(entry: Entry) -> bytes:
     return orjson.dumps(entry.to_list())
 
 
+def call_field(key: int) -> bytes:
+    return CALL_PREFIX + str(key).encode()
+
+
+def decode_calls(fields: dict[bytes, bytes]) -> dict[int, Any]:
+    """Pending tool calls' blocks from a run's state hash (HGETALL), by key, as stored."""
+    return {int(name[len(CALL_PREFIX):]): orjson.loads(value)
+            for name, value in fields.items() if name.startswith(CALL_PREFIX)}
+
+
 def decode_held(fields: dict[bytes, bytes]) -> dict[int, Entry]:
     """Held entries from a run's state hash (HGETALL)."""
     out: dict[int, Entry] = {}
@@ -103,6 +114,9 @@ def _argv(commit: Commit) -> list[Any]:
         for entry in w.held.added:
             held_set += [held_field(entry.seq), encode_held(entry)]
         held_del = [held_field(seq) for seq in w.held.removed]
+        for key, data in w.held.calls_added:
+            held_set += [call_field(key), data]
+        held_del += [call_field(key) for key in w.held.calls_removed]
         runs.append((w.key, w.version, w.state, 1 if w.ended else 0, w.run, w.last_ms or now_ms, held_set, held_del))
     outputs = [(o.streams, o.fields) for o in commit.outputs]
     return [commit.group, commit.active_runs, str(commit.ttl_ms), _packb((runs, commit.acks, outputs)),

@@ -60,6 +60,7 @@ from services.worker.commit import (
     Committer,
     Output,
     RunWrite,
+    decode_calls,
     decode_held,
     is_transient,
 )
@@ -113,6 +114,7 @@ class BatchResult:
     processed_ids: list[str] = field(default_factory=list)
     settled_ms: int = 0
     redactions: dict[str, int] = field(default_factory=dict)  # rule -> replacements
+    evictions: dict[str, int] = field(default_factory=dict)  # cap -> pending tool calls surfaced early
 
     def count(self, outcome: str, reason: str | None = None) -> None:
         """One entry's outcome (the batch's dispositions are added by ``tally``, the same rule)."""
@@ -133,6 +135,8 @@ class BatchResult:
         self.settled_ms = max(self.settled_ms, other.settled_ms)
         for rule, n in other.redactions.items():
             self.redactions[rule] = self.redactions.get(rule, 0) + n
+        for cap, n in other.evictions.items():
+            self.evictions[cap] = self.evictions.get(cap, 0) + n
 
     def latencies_ms(self, step: int = 1) -> list[int]:
         """Redis clock at the entry's append -> settled, for every `step`-th processed entry."""
@@ -171,7 +175,7 @@ class BatchProcessor:
         self.layout = settings.layout
         self.client = client
         self.committer = Committer(client)
-        self.limits = Limits(settings.max_span_chars, settings.max_pending_tools)
+        self.limits = Limits(settings.max_span_chars, settings.max_pending_tools, settings.max_pending_tool_bytes)
         self.redactor = settings.redactor()
         self.ttl_ms = int(settings.run_state_ttl_hours * 3_600_000)
         self._topics: dict[tuple[str, int], str] = {}
@@ -305,6 +309,8 @@ class BatchProcessor:
             result.records.extend(outcome.records)
             for rule, n in outcome.redactions.items():
                 result.redactions[rule] = result.redactions.get(rule, 0) + n
+            for cap, n in outcome.evictions.items():
+                result.evictions[cap] = result.evictions.get(cap, 0) + n
             tally(outcome.dispositions, result.outcomes, result.dead, processed_ids)
         while len(cache) > self._cache_size:
             cache.popitem(last=False)
@@ -342,7 +348,8 @@ class BatchProcessor:
             sequencer = self.new_sequencer(run)
         else:
             sequencer = RunSequencer.from_state(orjson.loads(state), self.limits, s.max_buffered_entries,
-                                                self.redactor, s.max_held_bytes, held=decode_held(fields))
+                                                self.redactor, s.max_held_bytes, held=decode_held(fields),
+                                                calls=decode_calls(fields))
         return (fields.get(VERSION_FIELD) or b"0").decode(), sequencer
 
     async def _compute(self, runs: list[str], batch: _Batch, computed: dict[str, RunResult]) -> None:

@@ -24,6 +24,8 @@ def record_result(metrics: Metrics | None, result: BatchResult, seconds: float, 
     metrics.observe_batch(seconds, entries)
     for rule, n in result.redactions.items():
         metrics.redactions(rule, n)
+    for cap, n in result.evictions.items():
+        metrics.pending_tool_evictions(cap, n)
     # A uniform sample of each batch's entries estimates the latency distribution as well as all
     # of them would, at a fraction of the cost (entry counts are in the raw-entries counter).
     step = max(1, len(result.processed_ids) // LATENCY_SAMPLES_PER_BATCH)

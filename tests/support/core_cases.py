@@ -79,7 +79,8 @@ def _fields(rnd: random.Random, run: str, seq: int, text: str, kind: str, fmt: s
 
 def _held(sequencer: RunSequencer) -> list[Any]:
     changes = sequencer.take_held_changes()
-    return [[e.to_list() for e in changes.added], list(changes.removed)]
+    return [[e.to_list() for e in changes.added], list(changes.removed),
+            [[key, data.decode()] for key, data in changes.calls_added], list(changes.calls_removed)]
 
 
 def sequence(case: dict[str, Any]) -> bytes:
