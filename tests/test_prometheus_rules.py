@@ -28,6 +28,7 @@ EXPECTED_ALERTS = {
     "GooseIngestStalled",
     "GooseIngestNoWorkers",
     "GooseIngestPendingEntryStuck",
+    "GooseIngestTopicTrimmedUnread",
 }
 
 
