@@ -184,7 +184,15 @@ class Settings(BaseSettings):
 
     # --- retention ----------------------------------------------------------
     raw_retention_hours: float = Field(default=168.0, gt=0, description="Committed raw entries older than this are trimmed (never uncommitted ones).")
-    topic_retention_hours: float = Field(default=72.0, gt=0, description="Topic entries older than this are trimmed.")
+    topic_retention_hours: float = Field(
+        default=72.0, gt=0,
+        description="Topic entries older than this are trimmed, once every registered consumer group has read them.",
+    )
+    topic_max_unread_hours: float = Field(
+        default=168.0, gt=0,
+        description="Hard cap: topic entries older than this are trimmed even if a registered group has not read them "
+        "(counted per group in goose_ingest_topic_trimmed_unread_total).",
+    )
     run_state_ttl_hours: float = Field(default=168.0, gt=0, description="How long an ended run's state is kept to recognise late duplicates.")
 
     # --- tap ----------------------------------------------------------------

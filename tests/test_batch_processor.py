@@ -4,6 +4,7 @@ entries, abandonment and the control stream. Milliseconds each; kill -9 stays in
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -585,3 +586,75 @@ def test_workers_committing_the_same_runs_at_once_all_commit_and_lose_nothing(pl
         assert [r["state"] for r in h.records(run)] == ["started", "ended"]
     assert h.pending(shard) == 0
     assert not h.dead()
+
+
+def test_a_broker_outage_during_a_batch_is_sent_again_at_once_and_commits_once(plain):
+    """A topology change or lost connection (the read of the states, the commit before it reached
+    Redis, the commit whose reply was lost) is retried on the spot, not left for CLAIM_IDLE_MS;
+    resending a commit Redis did execute writes nothing twice (its version check refuses it)."""
+    h = Harness(plain)
+    shard = 0
+    runs = [r for r in (f"bp/outage-{i}" for i in range(40)) if h.layout.shard_of(r) == shard][:2]
+    for run in runs:
+        for seq in range(3):
+            h.add(line(run, seq))
+        h.add(eof(run, 3))
+    injected = [redis.exceptions.ClusterDownError("The cluster is down"),  # reading the states
+                redis.ConnectionError("Error 111 connecting to 127.0.0.1:1."),  # commit never sent
+                redis.ResponseError("TRYAGAIN Multiple keys request during rehashing of slot"),
+                "reply lost"]  # the commit ran, its reply never came
+
+    async def body(client):
+        processor = BatchProcessor(plain, client)
+        read, commit = processor._read_states, processor.committer.commit
+
+        async def flaky_read(names):
+            if injected and isinstance(injected[0], redis.exceptions.ClusterDownError):
+                raise injected.pop(0)
+            return await read(names)
+
+        async def flaky_commit(c):
+            what = injected.pop(0) if injected else None
+            if what == "reply lost":
+                await commit(c)
+                raise redis.ConnectionError("Connection closed by server.")
+            if what is not None:
+                raise what
+            return await commit(c)
+
+        processor._read_states = flaky_read
+        processor.committer.commit = flaky_commit
+        started = time.monotonic()
+        result = await process_shard(h, processor, shard)
+        return result, processor.outage_retries, time.monotonic() - started
+
+    result, retries, took = run_async(plain, body)
+    assert injected == [] and retries == 4
+    assert took < 5  # at once and with a short backoff, not CLAIM_IDLE_MS
+    for run in runs:
+        assert h.events(run) == expected(run, 3)  # once, though the last commit was sent twice
+        assert [r["state"] for r in h.records(run)] == ["started", "ended"]
+    assert h.pending(shard) == 0 and h.dead() == []
+    assert result.dead == {}
+
+
+def test_an_outage_that_outlasts_claim_idle_leaves_the_entries_pending(plain):
+    settings = plain.model_copy(update={"claim_idle_ms": 300})
+    h = Harness(settings)
+    run = "bp/outage-long"
+    h.add(line(run, 0))
+    shard, _ = h.add(eof(run, 1))
+
+    async def body(client):
+        processor = BatchProcessor(settings, client)
+
+        async def down(c):
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:1.")
+
+        processor.committer.commit = down
+        with pytest.raises(redis.ConnectionError):
+            await process_shard(h, processor, shard)
+        return processor.outage_retries
+
+    assert run_async(settings, body) >= 2
+    assert h.pending(shard) == 2 and h.events(run) == [] and h.dead() == []

@@ -19,7 +19,7 @@ from redis.crc import key_slot
 
 from services.broker.cluster import xadd_batch
 from services.broker.connect import sync_client
-from services.broker.errors import TOPOLOGY_CODES, TRANSIENT_CODES, describe, reply_code, server_message
+from services.broker.errors import TOPOLOGY_CODES, TRANSIENT_CODES, describe, is_outage, reply_code, server_message
 from services.tap.publisher import STILL_FAILING_REPORT_S, Publisher
 from services.worker.commit import is_transient
 
@@ -69,6 +69,20 @@ def test_codes_redis_py_strips_are_read_from_the_class():
     assert describe(redis.ConnectionError("Error 111 connecting to 127.0.0.1:1.")) == \
         "ConnectionError: Error 111 connecting to 127.0.0.1:1."
     assert describe(redis.ResponseError()) == "ResponseError"
+
+
+def test_an_outage_is_a_lost_connection_or_a_reply_about_the_brokers_state_never_a_refusal():
+    outages = [redis.ConnectionError("Error 111"), redis.TimeoutError("Timeout reading"), ConnectionResetError(),
+               redis.exceptions.ClusterDownError("The cluster is down"), redis.exceptions.MovedError("1 h:1"),
+               redis.exceptions.SlotNotCoveredError("slot 3 not covered"), redis.ResponseError("TRYAGAIN x"),
+               redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+               redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+               redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory")]
+    refusals = [redis.ResponseError("ERR Error running script"), redis.ResponseError("WRONGTYPE Operation"),
+                redis.exceptions.NoPermissionError("NOPERM no permissions"), ValueError("OOM in a message"),
+                redis.exceptions.DataError("Invalid input")]
+    assert [type(e).__name__ for e in outages if not is_outage(e)] == []
+    assert [type(e).__name__ for e in refusals if is_outage(e)] == []
 
 
 # --- a stale slot map on a real cluster --------------------------------------------------------------

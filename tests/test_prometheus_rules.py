@@ -39,6 +39,7 @@ EXPECTED_ALERTS = {
     "GooseIngestContextLengthErrors",
     "GooseIngestAgentExitSpike",
     "GooseIngestToolFailing",
+    "GooseIngestTopicTrimmedUnread",
 }
 
 

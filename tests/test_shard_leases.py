@@ -19,7 +19,7 @@ from services.metrics import Metrics
 from services.settings import Settings
 from services.worker.commit import LeaseLost
 from services.worker.housekeeping import Housekeeper
-from services.worker.leases import ShardLeases, fair_share, plan
+from services.worker.leases import KeepAlive, ShardLeases, fair_share, plan
 from services.worker.processor import BatchProcessor
 from tests.pipeline_helpers import ended_runs, start_worker, stop, wait_until
 from tests.test_batch_processor import Harness, eof, expected, line
@@ -213,3 +213,62 @@ def test_two_worker_processes_split_the_shards_and_a_killed_ones_shards_move_aft
             stop(w)
     for run in runs:
         assert h.events(run) == expected(run, 3)
+
+
+def test_leases_outlive_a_computation_longer_than_the_ttl_through_the_keep_alive_thread(leased):
+    """The event loop is blocked (a batch computing) for 2.5 ttl: the keep-alive thread renews the
+    leases meanwhile, so the batch's commit afterwards is not fenced off."""
+    h = Harness(leased)
+    run = "lease/long-compute"
+    for seq in range(3):
+        h.add(line(run, seq))
+    shard, _ = h.add(eof(run, 3))
+
+    async def body(client):
+        leases = ShardLeases(leased, client, "me")
+        await leases.tick()
+        keepalive = KeepAlive(leases)
+        keepalive.start()
+        try:
+            ids, fields = h.read(shard)
+            time.sleep(2.5 * leased.lease_ttl_ms / 1000)  # the loop computes: no tick can run
+            assert h.sync.get(leased.layout.shard_lease(shard)) == b"me"
+            assert leases.may_read(shard) and leases.thread_renewals >= 2
+            result = await BatchProcessor(leased, client, lease_owner="me").process(shard, ids, fields)
+        finally:
+            keepalive.stop()
+        assert not keepalive._thread.is_alive()
+        return result
+
+    assert _run(leased, body).outcomes == {"processed": 4}
+    assert h.events(run) == expected(run, 3)
+
+
+def test_the_keep_alive_thread_sends_nothing_while_the_loop_renews_in_time(leased):
+    async def body(client):
+        leases = ShardLeases(leased, client, "me")
+        task = asyncio.create_task(leases.run())
+        await asyncio.sleep(2.5 * leased.lease_ttl_ms / 1000)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return leases
+
+    leases = _run(leased, body)
+    assert leases.held == set(range(leased.shards)) and leases.thread_renewals == 0
+
+
+def test_a_keep_alive_renewal_never_revives_a_lease_given_back_or_taken_by_another_worker(leased):
+    async def body(client):
+        leases = ShardLeases(leased, client, "me")
+        await leases.tick()
+        await leases.give_back(0)
+        h = Harness(leased)
+        h.sync.set(leased.layout.shard_lease(1), "other", px=60_000)
+        assert leases.renew_blocking(h.sync) == leased.shards - 2
+        assert 0 not in leases.held and not leases.may_read(0)
+        assert h.sync.get(leased.layout.shard_lease(0)) is None
+        assert h.sync.get(leased.layout.shard_lease(1)) == b"other"
+        assert h.sync.zscore(leased.layout.workers(), "me") is not None
+
+    _run(leased.model_copy(update={"shards": 4}), body)

@@ -23,6 +23,24 @@ _CODE_OF_CLASS = {"MovedError": "MOVED", "AskError": "ASK", "ClusterDownError": 
                   "AuthenticationError": "NOAUTH", "NoScriptError": "NOSCRIPT"}
 
 
+# Errors that are no reply at all but the broker (or the route to it) being away for a moment: a lost
+# connection, a timeout, a slot no known node serves while a replica is being promoted. Class names,
+# read along the MRO (redis-py's ConnectionError and TimeoutError, the builtins of the same names,
+# redis-py's cluster classes), so that this module needs no redis-py import.
+_OUTAGE_CLASSES = frozenset({"ConnectionError", "TimeoutError", "SlotNotCoveredError", "ClusterDownError",
+                             "MaxConnectionsError"})
+
+
+def is_outage(exc: BaseException) -> bool:
+    """The broker could not take the request now (an outage, a failover, a topology change), as
+    opposed to a refusal of the request itself: retry the same request, never split it, never
+    count it against an entry."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _OUTAGE_CLASSES:
+        return True
+    return "ResponseError" in names and reply_code(exc) in TRANSIENT_CODES
+
+
 def server_message(exc: BaseException) -> str:
     """The error as the server sent it, without redis-py's quoted pipeline command in front."""
     text = str(exc)

@@ -245,6 +245,15 @@ class Metrics:
             "the same fleet-wide count, so aggregate with max(), not sum().",
             registry=r,
         )
+        # `group` is bounded by the consumer groups registered on the topics (the exporters' and
+        # the operator's: docs/operations.md), not by data.
+        self.topic_trimmed_unread = Counter(
+            "goose_ingest_topic_trimmed_unread",
+            "Topic entries a registered consumer group had not read, trimmed because they were older than "
+            "TOPIC_MAX_UNREAD_HOURS (data that group will never see), by group.",
+            ["group"],
+            registry=r,
+        )
         self.shard_leases = Gauge(
             "goose_ingest_shard_leases_held",
             "Raw shards this worker holds the lease of (reads and commits); summed over workers: the shards being read.",
@@ -399,6 +408,13 @@ class Metrics:
 
     def set_active_runs(self, count: int) -> None:
         self.active_runs.set(count)
+
+    def seen_topic_group(self, group: str) -> None:
+        """A registered group exists: its trimmed-unread series starts at 0 (so increase() sees the first)."""
+        self.topic_trimmed_unread.labels(group)
+
+    def trimmed_unread(self, group: str, n: int) -> None:
+        self.topic_trimmed_unread.labels(group).inc(_count(n))
 
     def set_leases(self, held: int) -> None:
         self.shard_leases.set(held)

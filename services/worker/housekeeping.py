@@ -224,7 +224,8 @@ class Housekeeper:
 
     # ------------------------------------------------------------ retention
     async def trim(self) -> None:
-        """Trim raw streams only below what the group has committed, and topics by age."""
+        """Trim raw streams only below what the group has committed, and topics by age but not below
+        what a registered consumer group has read (up to TOPIC_MAX_UNREAD_HOURS)."""
         s = self.settings
         now_ms = await self._redis_ms()
         raw_cutoff = now_ms - int(s.raw_retention_hours * 3_600_000)
@@ -248,10 +249,81 @@ class Housekeeper:
                 # The shard's control entries (abandon markers) are part of the same log: same cutoff,
                 # so replay never meets a run's raw entries without the marker that ended it.
                 await self.client.xtrim(layout.control_stream(shard), minid=f"{cutoff}-0", approximate=True)
-        topic_cutoff = now_ms - int(s.topic_retention_hours * 3_600_000)
         topics = [*layout.events_partitions(), *layout.runs_partitions(), *layout.deadletter_partitions(),
                   *(p for t in EVENT_TYPES for p in layout.type_partitions(t))]
         for stream in topics:
-            if topic_cutoff > 0:
-                await self.client.xtrim(stream, minid=f"{topic_cutoff}-0", approximate=True)
+            await self.trim_topic(stream, now_ms)
 
+    async def trim_topic(self, stream: str, now_ms: int) -> dict[str, int]:
+        """Trim a topic stream by age, but never below what a registered consumer group has not read,
+        unless it is older than TOPIC_MAX_UNREAD_HOURS; returns what was trimmed unread, per group.
+
+        Registered = a consumer group on the stream (XINFO GROUPS): the exporters create theirs at
+        start, an operator creates or destroys one with XGROUP (docs/operations.md). A group has read
+        everything below its oldest pending entry, or, with nothing pending, up to its last-delivered
+        id. Entries past the cap that some group has not read are trimmed exactly, in steps between
+        the groups' positions, so each step's count is charged to exactly the groups that had not
+        read it (`goose_ingest_topic_trimmed_unread_total{group}`)."""
+        s = self.settings
+        age_cut = (now_ms - int(s.topic_retention_hours * 3_600_000), 0)
+        cap_cut = (now_ms - int(s.topic_max_unread_hours * 3_600_000), 0)
+        if age_cut[0] <= 0:
+            return {}
+        try:
+            groups = await self.client.xinfo_groups(stream)
+        except ResponseError:  # no such stream (nothing published to this partition yet)
+            return {}
+        read_to: dict[str, tuple[int, int]] = {}  # group -> first id it has not read
+        for g in groups:
+            name = _text(g["name"])
+            frontier = _next_id(_parse_id(g["last-delivered-id"]))
+            if int(g.get("pending") or 0):
+                summary = await self.client.xpending(stream, name)
+                if summary and summary.get("pending"):
+                    frontier = min(frontier, _parse_id(summary["min"]))
+            read_to[name] = frontier
+            if self.metrics is not None:
+                self.metrics.seen_topic_group(name)
+        if not read_to:
+            await self.client.xtrim(stream, minid=_id_text(age_cut), approximate=True)
+            return {}
+        unread_from = min(read_to.values())
+        if age_cut <= unread_from or cap_cut <= unread_from:
+            # everything old enough is read by every group (or not past the cap yet): trim that only
+            await self.client.xtrim(stream, minid=_id_text(min(age_cut, unread_from)), approximate=True)
+            return {}
+        # Past the cap some group has not read: exact trims, step by step up to the cut, so that
+        # what each step deletes is charged to the groups that had not read it.
+        cut = min(age_cut, cap_cut)
+        await self.client.xtrim(stream, minid=_id_text(unread_from), approximate=False)
+        steps = sorted({f for f in read_to.values() if f < cut} | {cut})
+        dropped: dict[str, int] = {}
+        for low, high in zip(steps, steps[1:], strict=False):
+            n = int(await self.client.xtrim(stream, minid=_id_text(high), approximate=False) or 0)
+            if n:
+                for name, frontier in read_to.items():
+                    if frontier <= low:
+                        dropped[name] = dropped.get(name, 0) + n
+        for name, n in dropped.items():
+            log.warning("trimmed %d entries of %s that group %s had not read (older than TOPIC_MAX_UNREAD_HOURS=%g)",
+                        n, stream, name, s.topic_max_unread_hours)
+            if self.metrics is not None:
+                self.metrics.trimmed_unread(name, n)
+        return dropped
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _parse_id(value: Any) -> tuple[int, int]:
+    ms, _, seq = _text(value).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _next_id(sid: tuple[int, int]) -> tuple[int, int]:
+    return sid[0], sid[1] + 1
+
+
+def _id_text(sid: tuple[int, int]) -> str:
+    return f"{sid[0]}-{sid[1]}"

@@ -23,6 +23,13 @@ The protocol keeps everything in Redis, and every step can be repeated safely:
 - **Takeover.** On taking a shard, the new owner claims the shard's pending entries at once,
   without the usual idle wait, because the previous owner can no longer commit them. So a killed
   worker's entries wait for its lease to expire (`LEASE_TTL_MS`), not for `CLAIM_IDLE_MS`.
+- **Computation never costs a lease.** A batch's computation (normalizing, redacting) runs on the
+  event loop that also runs `run`, and may outlast the ttl (20 lines of ~475 KB cost ~18 s of
+  redaction). So a thread of its own (`KeepAlive`), with its own synchronous connection, renews
+  the held leases and the announcement whenever the loop's round is late. It needs the GIL only
+  for a moment per round (one pipeline, one round trip), and the compiled core hands the GIL over
+  at least once per line even at its slowest (measured: gaps up to ~0.8 s while a 475 KB line is
+  redacted), so the leases stay renewed and the batch commits when its computation ends.
 
 The decisions (share, what to take, what to give back) are the pure `plan`. `ShardLeases` is the
 shell that carries them out against Redis.
@@ -33,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -40,6 +48,8 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import RedisError
 
+from services.broker.connect import sync_client
+from services.broker.errors import describe
 from services.metrics import Metrics
 from services.settings import Settings
 
@@ -61,6 +71,14 @@ return 0
 READ_SHARE_OF_TTL = 0.8
 # How long giving a shard back waits for the batch in flight before giving up for this round.
 DRAIN_WAIT_S = 5.0
+# The keep-alive thread's announcement: `_announce` in one script, on Redis's clock (one round trip).
+ANNOUNCE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+"""
 
 
 class LeasePlan(NamedTuple):
@@ -104,6 +122,11 @@ class ShardLeases:
         self._release = client.register_script(RELEASE_LUA)
         self.live_workers = 1
         self._takeovers: set[asyncio.Future[Any]] = set()  # on_acquire calls still running
+        # The keep-alive thread updates `_valid_until` too: it changes only shards still held, and
+        # the loop removes shards under the same lock (so a given-back shard is never revived).
+        self._lock = threading.Lock()
+        self.renewed_at = 0.0  # monotonic start of the last successful renewal round (loop or thread)
+        self.thread_renewals = 0  # rounds the keep-alive thread did because the loop was late
 
     # ------------------------------------------------------------------ what the subscribers ask
     @property
@@ -124,17 +147,22 @@ class ShardLeases:
     # ------------------------------------------------------------------ the background loop
     async def run(self) -> None:
         interval = self.ttl_ms / 3000
-        while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except RedisError as exc:  # the leases run out on their own; the next tick tries again
-                log.warning("shard leases: broker unavailable: %s", type(exc).__name__)
-            except Exception:  # a bug here must not stop the worker's main job
-                log.exception("shard leases failed")
-            self._report()
-            await asyncio.sleep(interval)
+        keepalive = KeepAlive(self)
+        keepalive.start()
+        try:
+            while True:
+                try:
+                    await self.tick()
+                except asyncio.CancelledError:
+                    raise
+                except RedisError as exc:  # the leases run out on their own; the next tick tries again
+                    log.warning("shard leases: broker unavailable: %s", type(exc).__name__)
+                except Exception:  # a bug here must not stop the worker's main job
+                    log.exception("shard leases failed")
+                self._report()
+                await asyncio.sleep(interval)
+        finally:
+            keepalive.stop()
 
     def _report(self) -> None:
         if self.metrics is not None:
@@ -148,10 +176,12 @@ class ShardLeases:
             if shard in self._draining:
                 continue
             if await self._renew(keys=[self.layout.shard_lease(shard)], args=[self.owner, self.ttl_ms]):
-                self._valid_until[shard] = read_until
+                self._valid_until[shard] = max(self._valid_until.get(shard, 0.0), read_until)
             else:
                 log.warning("lost the lease of shard %d (it expired or another worker took it)", shard)
-                self._valid_until.pop(shard, None)
+                with self._lock:
+                    self._valid_until.pop(shard, None)
+        self.renewed_at = max(self.renewed_at, started)
         todo = plan(self.settings.shards, self.held, self.live_workers)
         for shard in todo.release:
             await self.give_back(shard)
@@ -163,7 +193,8 @@ class ShardLeases:
                 if taken == todo.wanted:
                     break
                 if await self.client.set(self.layout.shard_lease(shard), self.owner, nx=True, px=self.ttl_ms):
-                    self._valid_until[shard] = read_until
+                    with self._lock:
+                        self._valid_until[shard] = read_until
                     taken += 1
                     log.info("took the lease of shard %d (%d workers alive)", shard, self.live_workers)
                     if self.on_acquire is not None:
@@ -192,7 +223,8 @@ class ShardLeases:
                 await asyncio.sleep(0.01)
             if self._busy.get(shard, 0):
                 return  # still busy: keep it (and renew it) until the next round
-            self._valid_until.pop(shard, None)
+            with self._lock:
+                self._valid_until.pop(shard, None)
             await self._release(keys=[self.layout.shard_lease(shard)], args=[self.owner])
             log.info("gave back the lease of shard %d (%d workers alive)", shard, self.live_workers)
         finally:
@@ -210,8 +242,91 @@ class ShardLeases:
                 await self._release(keys=[self.layout.shard_lease(shard)], args=[self.owner])
             await self.client.zrem(self.layout.workers(), self.owner)
         finally:
-            self._valid_until.clear()
+            with self._lock:
+                self._valid_until.clear()
             self._draining.clear()
+
+    def renew_blocking(self, client: Any) -> int:
+        """One renewal round from another thread, with a synchronous client: the announcement and
+        every held shard's lease in one pipeline. Returns how many leases were renewed. A lease
+        found lost is left to the loop's next round (it logs it and lets it go)."""
+        started = time.monotonic()
+        read_until = started + self.ttl_ms / 1000 * READ_SHARE_OF_TTL
+        with self._lock:
+            shards = [s for s in self._valid_until if s not in self._draining]
+        pipe = client.pipeline(transaction=False)
+        pipe.eval(ANNOUNCE_LUA, 1, self.layout.workers(), self.owner, self.ttl_ms)
+        for shard in shards:
+            pipe.eval(RENEW_LUA, 1, self.layout.shard_lease(shard), self.owner, self.ttl_ms)
+        replies = pipe.execute(raise_on_error=False)
+        if isinstance(replies[0], int):
+            self.live_workers = max(1, replies[0])
+        renewed = 0
+        with self._lock:
+            for shard, reply in zip(shards, replies[1:], strict=True):
+                if reply == 1 and shard in self._valid_until and shard not in self._draining:
+                    self._valid_until[shard] = max(self._valid_until[shard], read_until)
+                    renewed += 1
+        self.renewed_at = max(self.renewed_at, started)
+        return renewed
+
+
+class KeepAlive:
+    """Renews a worker's leases from a thread of its own while the event loop is busy.
+
+    The loop renews every ttl/3 (`ShardLeases.run`). This thread looks every ttl/10 and, when the
+    loop's last round started more than 0.4 ttl ago (the loop is stuck in a long computation),
+    renews in its place with its own synchronous connection. That leaves more than half the ttl
+    for the thread to get the GIL a few times (wake up, send, read the reply). While the loop keeps
+    time it sends nothing, so it costs Redis nothing in normal operation."""
+
+    def __init__(self, leases: ShardLeases, client_factory: Callable[[], Any] | None = None) -> None:
+        self.leases = leases
+        self.period_s = leases.ttl_ms / 10_000
+        self.late_after_s = leases.ttl_ms * 0.4 / 1000
+        self._client_factory = client_factory or (lambda: sync_client(leases.settings))
+        self._client: Any = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lease-keepalive", daemon=True)
+        self._stalled = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.period_s + 1)
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # closing a connection of a broker that is gone: nothing to do
+                pass
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.check()
+
+    def check(self) -> None:
+        """One look: renew if the loop is late (called by the thread; tests call it directly)."""
+        leases = self.leases
+        late_s = time.monotonic() - leases.renewed_at
+        if not leases.held or late_s < self.late_after_s:
+            if self._stalled:
+                self._stalled = False
+                log.info("event loop back: shard leases renewed by the loop again")
+            return
+        try:
+            if self._client is None:
+                self._client = self._client_factory()
+            renewed = leases.renew_blocking(self._client)
+        except Exception as exc:  # RedisError, or a cluster not discoverable now: the next look tries again
+            log.warning("shard leases: keep-alive renewal failed: %s", describe(exc))
+            return
+        leases.thread_renewals += 1
+        if not self._stalled:
+            self._stalled = True
+            log.info("event loop busy for %.1f s (a long batch): %d shard leases renewed from the keep-alive "
+                     "thread", late_s, renewed)
 
 
 def gate_reads(sub: Any, may_read: Callable[[], bool], idle_s: float) -> None:

@@ -12,18 +12,28 @@ Totality (nothing a tap writes can cost another run its data):
   dead-lettered and its state is left as it was;
 - a commit that Redis refuses (not a conflict, not a broker outage) is bisected: each half is
   processed and committed on its own, down to the single entry, which is dead-lettered.
+
+A broker outage (a lost connection, a failover, a topology change: `services/broker/errors.py`,
+`is_outage`) is not the batch's fault: the same read or commit is sent again at once, then with a
+short backoff, on whatever topology the client has found meanwhile, for up to CLAIM_IDLE_MS. Only
+then does the error leave the handler (the entries stay pending for the reclaim). So entries of
+shards whose primary survived a failover are committed as soon as the client has re-read the slot
+map, not CLAIM_IDLE_MS later. Sending a commit again is safe: if the first one was executed and
+only its reply was lost, the version check refuses the second (a conflict: the runs are reloaded,
+and their entries are then duplicates of what the first commit wrote).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 from redis.exceptions import ResponseError
@@ -40,6 +50,7 @@ from contracts.raw import (
     PROCESSING_ERROR,
     stream_id_ms,
 )
+from services.broker.errors import describe, is_outage
 from services.normalizer import Limits
 from services.sequencer import (
     Entry,
@@ -66,6 +77,7 @@ from services.worker.commit import (
 )
 
 log = logging.getLogger("goose_ingest.worker")
+T = TypeVar("T")
 
 # Attempts before a batch is given up (its entries then wait for a reclaim, claim_idle_ms later).
 # With the backoff below, 32 attempts last up to ~5 s; 8 without it were used up by 3 workers
@@ -79,6 +91,10 @@ SHARED_RUNS_S = 30.0
 # retry on, a worker waits a random time, doubling per attempt, so that one of them commits first.
 CONFLICT_BACKOFF_S = 0.002
 MAX_CONFLICT_BACKOFF_S = 0.2
+# A broker outage: the first retry goes at once (a MOVED or a lost connection is usually over by the
+# time redis-py has re-read the slot map), the next ones back off up to this.
+OUTAGE_BACKOFF_S = 0.05
+MAX_OUTAGE_BACKOFF_S = 1.0
 _DETAILS = {
     AFTER_END: "the run had already ended (eof or abandoned) and this seq is not part of it",
     OUT_OF_WINDOW: "seq is too far ahead of the run's next expected seq",
@@ -184,6 +200,7 @@ class BatchProcessor:
         self._cache_size = settings.run_cache_size
         self._check_cache_until = 0.0  # monotonic time until which cached runs are version-checked
         self.conflicts = 0  # runs whose commit met a moved version (each was recomputed)
+        self.outage_retries = 0  # reads and commits sent again because of a broker outage
 
     def new_sequencer(self, run: str) -> RunSequencer:
         s = self.settings
@@ -271,7 +288,8 @@ class BatchProcessor:
                 if attempt >= 2:
                     await asyncio.sleep(random.uniform(0, min(CONFLICT_BACKOFF_S * 2**attempt, MAX_CONFLICT_BACKOFF_S)))
                 await self._compute(todo, batch, computed)
-                conflicts = await self.committer.commit(self._commit(batch, computed))
+                commit = self._commit(batch, computed)
+                conflicts = await self.through_outage(functools.partial(self.committer.commit, commit))
                 if not conflicts:
                     break
                 runs = list(computed)
@@ -321,16 +339,11 @@ class BatchProcessor:
         """Each run's version and sequencer, or the exception that makes its stored state unusable
         (a key of another type, a state that does not decode): that run alone is given up.
         A run in `reuse` whose stored version is still the one given there is not decoded again."""
-        pipe = self.client.pipeline(transaction=False)
-        for run in runs:
-            pipe.hgetall(self.layout.run_state(run))
         loaded: dict[str, tuple[str, RunSequencer] | Exception] = {}
-        for run, fields in zip(runs, await pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(fields, ResponseError) and not is_transient(fields):
+        for run, fields in zip(runs, await self.through_outage(lambda: self._read_states(runs)), strict=True):
+            if isinstance(fields, Exception):
                 loaded[run] = fields
                 continue
-            if isinstance(fields, Exception):
-                raise fields
             kept = reuse.get(run) if reuse is not None else None
             if kept is not None and isinstance(fields, dict) and kept[0].encode() == (fields.get(VERSION_FIELD) or b"0"):
                 loaded[run] = kept
@@ -340,6 +353,40 @@ class BatchProcessor:
             except Exception as exc:  # a corrupt or foreign state: never a reason to stop the shard
                 loaded[run] = exc
         return loaded
+
+    async def _read_states(self, runs: list[str]) -> list[Any]:
+        """HGETALL of each run's state; a refusal of one key (not an outage) is that run's reply."""
+        pipe = self.client.pipeline(transaction=False)
+        for run in runs:
+            pipe.hgetall(self.layout.run_state(run))
+        replies = await pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception) and (not isinstance(reply, ResponseError) or is_transient(reply)):
+                raise reply
+        return list(replies)
+
+    async def through_outage(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`, sent again while the broker has an outage (see the module's docstring), for up to
+        CLAIM_IDLE_MS; then the outage's error is raised."""
+        deadline = time.monotonic() + self.settings.claim_idle_ms / 1000
+        delay = 0.0
+        retries = 0
+        while True:
+            try:
+                result = await call()
+            except Exception as exc:
+                if not is_outage(exc) or time.monotonic() + delay > deadline:
+                    raise
+                if retries == 0:
+                    log.warning("broker outage during a batch (%s): sending it again", describe(exc))
+                retries += 1
+                self.outage_retries += 1
+                await asyncio.sleep(delay)
+                delay = min(max(delay * 2, OUTAGE_BACKOFF_S), MAX_OUTAGE_BACKOFF_S)
+                continue
+            if retries:
+                log.info("broker back after %d retries: batch sent", retries)
+            return result
 
     def _decode_state(self, run: str, fields: dict[bytes, bytes]) -> tuple[str, RunSequencer]:
         s = self.settings
