@@ -57,9 +57,13 @@ class Readiness:
 
 
 async def housekeeping(exporter: TraceExporter, readiness: Readiness, settings: Settings) -> None:
+    adopted = False
     while True:
         try:
             await exporter.client.ping()
+            if not adopted:  # here, not at start: a broker refusing writes must not stop the start
+                await exporter.adopt_legacy_state()
+                adopted = True
             for stream in exporter.streams():
                 await exporter.reclaim(stream, exporter.handler_for(stream))
             lag = await exporter.gauge()

@@ -55,6 +55,11 @@ class OtlpMetrics:
         self.dropped_events = Counter(
             "goose_ingest_otlp_dropped_span_events", "Span events dropped by the SDK's event count limit.", registry=r
         )
+        self.capped_events = Counter(
+            "goose_ingest_otlp_state_capped_events",
+            "Root span events kept without their attributes: the run's export state was at its byte cap.",
+            registry=r,
+        )
         self.dead_letters = Counter(
             "goose_ingest_otlp_dead_letters", "Entries written to the exporter's dead-letter stream, by reason.", ["reason"], registry=r
         )
