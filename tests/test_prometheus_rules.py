@@ -28,6 +28,10 @@ EXPECTED_ALERTS = {
     "GooseIngestStalled",
     "GooseIngestNoWorkers",
     "GooseIngestPendingEntryStuck",
+    # the exporters' group (goose-ingest.exporters)
+    "GooseIngestExportLagGrowing",
+    "GooseIngestExportFailing",
+    "GooseIngestExportDeadLetters",
 }
 
 
