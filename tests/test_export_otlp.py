@@ -11,6 +11,7 @@ import asyncio
 import socket
 import threading
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -305,6 +306,12 @@ def test_a_rejected_run_is_dead_lettered_without_taking_the_others_down(settings
     kept = decode_request(dl[b"otlp"])
     assert kept and {s.attributes["gen_ai.conversation.id"] for s in kept} == {RUN_B}
     assert r.hget(settings.layout.export_group_state(EXPORTER, settings.otlp_group, RUN_B), "dead").startswith(b"HTTP 400")
+    # the dead letter is what contracts/asyncapi.json says it is: every required field, no other
+    spec = orjson.loads((Path(__file__).resolve().parents[1] / "contracts" / "asyncapi.json").read_bytes())
+    payload = spec["components"]["messages"]["OtlpDeadLetter"]["payload"]
+    names = {k.decode() for k in dl}
+    assert set(payload["required"]) <= names <= set(payload["properties"]), names
+    assert dl[b"reason"].decode() in payload["properties"]["reason"]["enum"] and dl[b"group"] == settings.otlp_group.encode()
     for stream in exporter.streams():
         assert pending(r, settings, stream) == 0
     assert metric(exporter, "goose_ingest_otlp_dead_letters_total", reason="otlp-rejected") == 1
