@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -328,6 +329,43 @@ def test_bad_entries_and_refused_rows_are_dead_lettered_and_the_rest_written(set
         assert sink.poll() is None
     finally:
         stop(sink)
+
+
+def test_hostile_timestamps_never_crash_the_sink_nor_make_partitions_retention_cannot_drop(settings, pg_dsn, tmp_path):
+    """Issue 20 item 8: events dated 9999-12, next year, 1970 and year 1 (a tap's broken clock, a
+    hostile `ts`) beside a normal one: written, the sink alive, no partition but this month's and
+    next; each hostile row filed under its entry's time, its own timestamp kept in `data`."""
+    r = redis.Redis.from_url(settings.redis_url)
+    stream = settings.layout.events_partitions()[0]
+    stamps = ["2026-11-30T10:00:00.000Z", "9999-12-31T23:59:59.999Z", "2099-06-01T00:00:00.000Z",
+              "1970-01-01T00:00:00.000Z", "0001-01-01T00:00:00.000Z"]
+    for n, ts in enumerate(stamps):
+        doc = {"eventId": f"ht:{n}", "runId": "ht", "seq": n, "type": "agent", "timestamp": ts, "lines": [n, n]}
+        r.xadd(stream, {"eventId": doc["eventId"], "runId": "ht", "seq": n, "type": "agent", "data": orjson.dumps(doc)})
+    log = tmp_path / "sink.log"
+    sink = start_sink(settings, pg_dsn, log)
+    try:
+        wait_for(lambda: group_state(settings) == (0, 0) and db_count(pg_dsn) == len(stamps), timeout=60)
+        assert sink.poll() is None, log.read_text()[-2000:]
+        with psycopg.connect(pg_dsn) as conn:
+            rows = {seq: (ts, kept) for seq, ts, kept in conn.execute("SELECT seq, ts, data->>'timestamp' FROM events")}
+            parts = {name for (name,) in conn.execute(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'events' "
+                "AND p.relnamespace = c.relnamespace AND c.relnamespace = to_regnamespace(current_schema())")}
+        now = datetime.now(UTC)
+        assert [kept for _, kept in (rows[n] for n in range(len(stamps)))] == stamps  # the originals kept
+        for n in range(1, len(stamps)):  # filed under the entry's time: this month (a day at most ahead)
+            assert abs((rows[n][0] - now).total_seconds()) < 600, rows[n]
+        months = {now.strftime("%Y%m"), (now + timedelta(days=32)).strftime("%Y%m"), "202611"}
+        assert {p[-6:] for p in parts} <= months, parts
+        assert "Traceback" not in log.read_text()
+        port = metrics_port(log)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "goose_ingest_postgres_clamped_timestamps_total 4.0" in text
+    finally:
+        stop(sink)
+    assert sink.returncode == 0
 
 
 def add_run(r: redis.Redis, settings: Settings, run: str, events: int) -> None:

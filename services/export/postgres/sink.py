@@ -33,7 +33,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.export.postgres.metrics import SinkMetrics
-from services.export.postgres.rows import INVALID_ENTRY, DeadLetter, EntryRef, Parsed, parse_batch
+from services.export.postgres.rows import INVALID_ENTRY, SANE_AHEAD, DeadLetter, EntryRef, Parsed, parse_batch, rfc3339
 from services.export.postgres.store import Store, WriteResult, utcnow
 from services.settings import Settings
 
@@ -291,10 +291,12 @@ class Sink:
     # ------------------------------------------------------------------ one batch
     def prepare(self, entries: list[Entry]) -> Batch:
         """Parse a batch read from the topics (pure work, done on the reader thread)."""
-        horizon = (utcnow() - self.opts.retention).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        now = utcnow()
+        horizon = (now - self.opts.retention).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        ceiling = rfc3339(now + SANE_AHEAD)
         events = [e for e in entries if self.topic[e[0]] == "events"]
         records = [e for e in entries if self.topic[e[0]] == "runs"]
-        return Batch(entries, parse_batch(events, records, horizon), [EntryRef(s, i) for s, i, _ in entries])
+        return Batch(entries, parse_batch(events, records, horizon, ceiling), [EntryRef(s, i) for s, i, _ in entries])
 
     def process(self, batch: Batch) -> bool:
         """Write then acknowledge one batch. False when asked to stop before it was written."""
@@ -360,6 +362,7 @@ class Sink:
         rows.labels("events", "inserted").inc(result.events_inserted)
         rows.labels("events", "duplicate").inc(result.events_duplicate)
         rows.labels("events", "expired").inc(parsed.expired)
+        self.metrics.clamped.inc(parsed.clamped)
         rows.labels("run_records", "inserted").inc(result.records_inserted)
         rows.labels("run_records", "duplicate").inc(result.records_duplicate)
         for letter in parsed.dead + result.rejected:
