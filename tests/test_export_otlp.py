@@ -574,3 +574,70 @@ def test_the_export_state_of_a_long_run_stays_bounded(settings, r, receiver, mon
     assert capped == {q for q in seqs if q % 2 == 0}
     assert metric(exporter, "goose_ingest_otlp_state_capped_events_total") >= n // 2
     assert metric(exporter, "goose_ingest_otlp_dropped_span_events_total") == n - 1 - ring
+
+
+def test_a_broker_at_maxmemory_costs_no_delivery_and_loses_or_doubles_nothing(settings, private_redis, receiver):
+    """Issue 20 item 1 / finding 3: Redis refuses writes (maxmemory, noeviction) while a batch is
+    being exported; a replica's reclaim runs all along. Then memory is freed: every root and tool
+    span exported once, nothing dead-lettered, nothing pending.
+
+    At defaults this takes CLAIM_IDLE_MS x MAX_DELIVERIES = 30 s x 5 = 150 s of refusal. Here the
+    claim idle is 400 ms and MAX_DELIVERIES 2, and the refusal lasts 4 s, five times their product:
+    what decides the outcome is whether a refused attempt is counted as a delivery, i.e. how many
+    reclaim rounds the refusal spans, not wall time; 4 s spans ten rounds against the two allowed."""
+    import redis as redis_lib
+
+    s = settings.model_copy(update={"redis_url": private_redis.url, "claim_idle_ms": 400, "max_deliveries": 2})
+    r = redis_lib.Redis.from_url(private_redis.url)
+    runs = [f"oom/run-{i}" for i in range(4)]
+    for run in runs:
+        publish_events(r, s, run_events(run))
+        publish_records(r, s, run_records(run))
+
+    async def go():
+        a = TraceExporter(s, async_client(s), HttpSink(OTLPSpanExporter(endpoint=receiver.endpoint)), MappingConfig(),
+                          consumer="a")
+        b = TraceExporter(s, async_client(s), HttpSink(OTLPSpanExporter(endpoint=receiver.endpoint)), MappingConfig(),
+                          consumer="b")  # a replica: its housekeeping reclaims whatever looks abandoned
+        await a.ensure_groups()
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", "1")
+        done = asyncio.Event()
+
+        async def consume():  # as FastStream's subscriber: a handler that raises leaves its batch pending
+            while not done.is_set():
+                try:
+                    await drain(a, rounds=1)
+                except Exception:  # noqa: BLE001 -- the subscriber logs and goes on
+                    pass
+                await asyncio.sleep(0.05)
+
+        async def housekeeping():
+            while not done.is_set():
+                for stream in b.streams():
+                    try:
+                        await b.reclaim(stream, b.handler_for(stream))
+                    except Exception:  # noqa: BLE001 -- housekeeping logs and goes on
+                        pass
+                await asyncio.sleep(0.1)
+
+        tasks = [asyncio.create_task(consume()), asyncio.create_task(housekeeping())]
+        await asyncio.sleep(4)
+        assert not a.broker_ok and metric(a, "goose_ingest_otlp_broker_refusals_total") > 0
+        r.config_set("maxmemory", "0")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len([x for x in receiver.spans if x.name.startswith("invoke_agent")]) < 4:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        done.set()
+        await asyncio.gather(*tasks)
+        for exporter in (a, b):
+            await exporter.client.aclose()
+        return a
+
+    a = asyncio.run(go())
+    names = [(x.trace_id, x.span_id) for x in receiver.spans]
+    assert len(names) == len(set(names)) == 3 * len(runs)  # every root and tool span, once
+    assert all(r.xlen(dl) == 0 for dl in s.layout.export_deadletter_partitions(EXPORTER) if r.exists(dl))
+    assert all(pending(r, s, stream) == 0 for stream in a.streams())
+    assert a.broker_ok

@@ -52,7 +52,7 @@ class Readiness:
 
     def __call__(self) -> bool:
         fresh = time.monotonic() - self.last_ok < max(3 * self.settings.sweep_interval_s, 15.0)
-        collector = self.exporter is not None and self.exporter.collector_ok
+        collector = self.exporter is not None and self.exporter.collector_ok and self.exporter.broker_ok
         return self.subscribers_running and fresh and collector
 
 

@@ -29,12 +29,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import orjson
 from opentelemetry.sdk.trace import ReadableSpan
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.otlp.mapping import (
@@ -73,6 +77,9 @@ MAX_RING = 10_000
 STATE_EVENT_BYTES = 4 * 1024 * 1024
 SEEN_WINDOW = 10_000
 CAPPED_REASON = "state-bytes-cap"
+T = TypeVar("T")
+# The heartbeat of the batch the current handler works on (keeps its claim fresh while it waits).
+_HEARTBEAT: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar("otlp_heartbeat", default=None)
 
 # Record what one batch brought for one run; returns {n, exp, closed, capped} (closed: done or dead).
 # KEYS: state, open-runs set. ARGV: run, now_ms, min_ns|'', max_ns|'', exp|'', ring, window,
@@ -270,6 +277,7 @@ class TraceExporter:
         self.consumer = consumer
         self.group = settings.otlp_group
         self.collector_ok = True
+        self.broker_ok = True  # False while the broker refuses this process's writes
         self.stopping = asyncio.Event()
         # One request at a time: the SDK exporter (its requests.Session) is not documented as
         # thread-safe, and the subscribers of all partitions share it.
@@ -425,6 +433,48 @@ class TraceExporter:
                 delay = min(delay * 2, self.settings.otlp_retry_max_s)
         return rejected
 
+    async def _broker(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one broker command of a batch. While the broker refuses it for its own state (OOM at
+        maxmemory, LOADING, READONLY, a topology change) or cannot be reached, wait and retry in
+        place, holding the batch and keeping its claim fresh: an attempt the broker refused is not
+        a delivery, so an outage never counts toward MAX_DELIVERIES, never dead-letters and never
+        sends a span twice (issue 20 item 1, finding 3). Every command retried here is idempotent
+        (the scripts count each event once; XACK; a dead letter's XADD refused was not written)."""
+        # the claim must be refreshed well within CLAIM_IDLE_MS, or another replica takes it over
+        most = max(0.05, min(self.settings.otlp_retry_max_s, self.settings.claim_idle_ms / 3000))
+        delay = min(RETRY_INITIAL_S, most)
+        refused = False
+        while True:
+            try:
+                result = await call()
+            except ResponseError as exc:
+                if reply_code(exc) not in TRANSIENT_CODES:
+                    raise
+                reason = describe(exc)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                reason = describe(exc)
+            else:
+                if refused:
+                    self.broker_ok = True
+                    log.info("the broker accepts the batch's writes again")
+                return result
+            if not refused:
+                log.warning("the broker refuses a write of a batch (%s); the batch waits, retried in place", reason)
+                refused = True
+            self.broker_ok = False
+            self.metrics.ready.set(0)
+            self.metrics.broker_refusals.inc()
+            beat = _HEARTBEAT.get()
+            if beat is not None:
+                await beat()
+            try:
+                await asyncio.wait_for(self.stopping.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+            if self.stopping.is_set():
+                raise Stopping()
+            delay = min(delay * 2, most)
+
     async def dead_letter(self, stream: str, run: str | None, entry_id: str, reason: str, detail: str,
                           payload: bytes | None = None) -> None:
         fields: dict[str, str | bytes] = {
@@ -443,7 +493,7 @@ class TraceExporter:
             fields["otlp"] = payload
             fields["contentType"] = "application/x-protobuf"
         minid = f"{int((time.time() - self.settings.topic_retention_hours * 3600) * 1000)}-0"
-        await self.client.xadd(self.deadletter_key(run, stream), fields, minid=minid, approximate=True)
+        await self._broker(partial(self.client.xadd, self.deadletter_key(run, stream), fields, minid=minid, approximate=True))
         self.metrics.dead_letters.labels(reason=reason).inc()
 
     async def kill_run(self, stream: str, run: str, entry_id: str, detail: str) -> None:
@@ -451,7 +501,8 @@ class TraceExporter:
         spans = self.rejected_spans.pop(run, None)
         payload = encode_request(spans) if spans else None
         await self.dead_letter(stream, run, entry_id, "otlp-rejected", detail, payload)
-        await self._close(keys=[self.state_key(run), self.open_key(run)], args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s])
+        await self._broker(partial(self._close, keys=[self.state_key(run), self.open_key(run)],
+                                   args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s]))
 
     # ------------------------------------------------------------------ batches
     async def _flags(self, runs: Sequence[str]) -> dict[str, tuple[bool, bool]]:
@@ -476,24 +527,28 @@ class TraceExporter:
 
     async def _ack(self, stream: str, ids: Sequence[str]) -> None:
         if ids:
-            await self.client.xack(stream, self.group, *ids)
+            await self._broker(partial(self.client.xack, stream, self.group, *ids))
 
     async def handle_events(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         held = self.in_flight.setdefault(stream, set())
         mine = {_text(i) or str(i) for i in ids} - held
         held |= mine
+        token = _HEARTBEAT.set(self._heartbeat(stream, [_text(i) or str(i) for i in ids]))
         try:
             await self._handle_events(stream, ids, fields)
         finally:
+            _HEARTBEAT.reset(token)
             held -= mine
 
     async def handle_runs(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         held = self.in_flight.setdefault(stream, set())
         mine = {_text(i) or str(i) for i in ids} - held
         held |= mine
+        token = _HEARTBEAT.set(self._heartbeat(stream, [_text(i) or str(i) for i in ids]))
         try:
             await self._handle_runs(stream, ids, fields)
         finally:
+            _HEARTBEAT.reset(token)
             held -= mine
 
     async def _handle_events(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
@@ -566,7 +621,7 @@ class TraceExporter:
 
     async def _finish_batch(self, stream: str, ids: Sequence[str], work: dict[str, RunWork]) -> None:
         if work:
-            flags = await self._flags(list(work))
+            flags = await self._broker(partial(self._flags, list(work)))
             spans: dict[str, list[tuple[str, ReadableSpan]]] = {}
             for run, w in work.items():
                 done, dead = flags[run]
@@ -599,7 +654,7 @@ class TraceExporter:
                     args.extend(("r", k, record))
                 for seq, ev in w.events.items():
                     args.extend(("t", seq, b"") if ev is None else ("e", seq, ev))
-                n, exp, closed = await self._note(keys=[self.state_key(run), self.open_key(run)], args=args)
+                n, exp, closed = await self._broker(partial(self._note, keys=[self.state_key(run), self.open_key(run)], args=args))
                 self.metrics.span_events.inc(w.span_events)
                 self.metrics.unmappable_events.inc(w.unmappable)
                 if not closed and exp >= 0 and n >= exp:
@@ -627,9 +682,9 @@ class TraceExporter:
 
     async def finish_root(self, run: str, stream: str, entry_id: str, timeout: bool = False) -> bool:
         """Export the run's root span from its state; False when it is closed already."""
-        state = await self._read_state(run)
+        state = await self._broker(partial(self._read_state, run))
         if not state or "done" in state or "dead" in state:
-            await self.client.zrem(self.open_key(run), run)
+            await self._broker(partial(self.client.zrem, self.open_key(run), run))
             return False
         records: list[dict[str, Any]] = []
         events: list[StoredEvent] = []
@@ -656,7 +711,8 @@ class TraceExporter:
             await self.kill_run(stream, run, entry_id, rejected[run])
             return False
         reason = "timeout" if timeout else (facts.state or "timeout")
-        await self._close(keys=[self.state_key(run), self.open_key(run)], args=[run, "done", reason, self.state_ttl_s])
+        await self._broker(partial(self._close, keys=[self.state_key(run), self.open_key(run)],
+                                   args=[run, "done", reason, self.state_ttl_s]))
         self.metrics.roots_closed.labels(reason=reason).inc()
         return True
 
