@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -366,6 +367,43 @@ def test_hostile_timestamps_never_crash_the_sink_nor_make_partitions_retention_c
     finally:
         stop(sink)
     assert sink.returncode == 0
+
+
+def test_a_broker_at_maxmemory_while_a_batch_is_acknowledged_loses_and_doubles_nothing(private_redis, pg_dsn, tmp_path):
+    """Issue 20 item 1 / finding 3, the sink's side, default settings: its batch (two good events and
+    one the database refuses) is written while Redis refuses writes (maxmemory 1, noeviction), so
+    the MULTI carrying the dead letter and the XACKs is refused; the sink holds the batch, retries,
+    and once memory is freed acknowledges it: both rows once, one dead letter, nothing pending, no
+    crash. (The sink counts no deliveries: a refused acknowledgement can only delay it.)"""
+    settings = Settings(redis_url=private_redis.url, namespace="oom", shards=2, spool_dir=str(tmp_path / "spool"))
+    r = redis.Redis.from_url(private_redis.url)
+    stream = settings.layout.events_partitions()[0]
+    docs = [{"eventId": f"mm:{n}", "runId": "mm", "seq": n, "type": "agent", "timestamp": "2026-11-30T10:00:00.000Z",
+             "lines": [n, n], "message": "nul \u0000" if n == 1 else "fine"} for n in range(3)]
+    for doc in docs:
+        r.xadd(stream, {"eventId": doc["eventId"], "runId": "mm", "seq": doc["seq"], "type": "agent",
+                        "data": orjson.dumps(doc)})
+    # the gate: the sink's groups exist past the entries, so it reads nothing until SETID 0
+    for s in settings.layout.events_partitions() + settings.layout.runs_partitions():
+        r.xgroup_create(s, DEFAULT_GROUP, id="$", mkstream=True)
+    log = tmp_path / "sink.log"
+    sink = start_sink(settings, pg_dsn, log)
+    try:
+        metrics_port(log)  # started
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", "1")
+        r.xgroup_setid(stream, DEFAULT_GROUP, "0")  # allowed at maxmemory, as XREADGROUP and XACK are
+        wait_for(lambda: "broker refuses the acknowledgement" in log.read_text(errors="replace"), timeout=60)
+        time.sleep(3)
+        assert sink.poll() is None and db_count(pg_dsn) == 2 and r.xpending(stream, DEFAULT_GROUP)["pending"] == 3
+        r.config_set("maxmemory", "0")
+        wait_for(lambda: group_state(settings) == (0, 0), timeout=60)
+        dead = [f for s in settings.layout.export_deadletter_partitions("postgres") for _, f in r.xrange(s)]
+        assert [f[b"sourceId"] for f in dead] and len(dead) == 1 and dead[0][b"reason"] == b"postgres-rejected"
+        assert db_count(pg_dsn) == 2 and sink.poll() is None
+    finally:
+        stop(sink)
+    assert "Traceback" not in log.read_text(errors="replace")
 
 
 def add_run(r: redis.Redis, settings: Settings, run: str, events: int) -> None:

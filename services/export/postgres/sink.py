@@ -32,6 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.postgres.metrics import SinkMetrics
 from services.export.postgres.rows import INVALID_ENTRY, SANE_AHEAD, DeadLetter, EntryRef, Parsed, parse_batch, rfc3339
 from services.export.postgres.store import Store, WriteResult, utcnow
@@ -317,6 +318,15 @@ class Sink:
                 self._set(broker=False)
                 self.metrics.errors.labels("broker").inc()
                 log.warning("broker unreachable while acknowledging (%s); retrying in %.1fs", type(exc).__name__, backoff)
+            except ResponseError as exc:
+                # The broker refuses the dead letters' XADD (OOM at maxmemory; LOADING, READONLY, a
+                # topology change): the MULTI wrote nothing, so retrying it writes each dead letter
+                # once. An outage, not a failure of the batch: it stays written and held meanwhile.
+                if reply_code(exc) not in TRANSIENT_CODES | {"EXECABORT"}:
+                    raise
+                self._set(broker=False)
+                self.metrics.errors.labels("broker").inc()
+                log.warning("broker refuses the acknowledgement (%s); retrying in %.1fs", describe(exc), backoff)
             if self._sleep(backoff):
                 return False
             backoff = min(backoff * 2, BACKOFF_MAX_S)
