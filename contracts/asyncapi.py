@@ -177,15 +177,27 @@ def document() -> dict[str, Any]:
                     "contentType": "application/x-redis-stream-fields",
                     "payload": {
                         "type": "object",
-                        "required": ["reason", "detail", "source", "sourceId", "exporter"],
+                        "required": ["reason", "detail", "source", "sourceId", "exporter", "group"],
                         "properties": {
-                            "reason": _string("otlp-rejected (the collector refused the run's spans: 4xx), "
-                                              "invalid-entry, max-deliveries"),
+                            "reason": {"type": "string", "enum": ["otlp-rejected", "invalid-entry", "max-deliveries"],
+                                       "description": "otlp-rejected: the collector refused the run's spans as content "
+                                                      "(HTTP 400 or 413; every other status, a timeout or a connection "
+                                                      "error is an outage, retried and never dead-lettered); "
+                                                      "invalid-entry: a topic entry without run id or seq, or an "
+                                                      "unreadable run record; max-deliveries: an entry that failed "
+                                                      "GOOSE_INGEST_MAX_DELIVERIES attempts"},
                             "detail": _string("e.g. the HTTP status and reason of the refusal"),
                             "source": _string("topic partition the entry came from"),
                             "sourceId": _string("its stream entry id"),
                             "runId": _string("the run whose export was dead-lettered (when known)"),
                             "exporter": {"type": "string", "const": "otlp"},
+                            "group": _string("the exporter's consumer group (GOOSE_INGEST_OTLP_GROUP)"),
+                            "otlp": {"type": "string", "contentEncoding": "binary",
+                                     "description": "otlp-rejected only: the refused spans as the OTLP/HTTP protobuf "
+                                                    "request body (ExportTraceServiceRequest), to resend as is after a "
+                                                    "fix (docs/otel.md); absent when the SDK could not encode them"},
+                            "contentType": {"type": "string", "const": "application/x-protobuf",
+                                            "description": "the media type of `otlp` (present with it)"},
                         },
                     },
                 },

@@ -321,9 +321,16 @@ def _forbidden(ns: str) -> list[tuple[str, tuple]]:
             (role, ("HSET", layout.export_state(other, "r"), "done", "1")),
             (role, ("DEL", layout.export_state(other, "r"))),
             (role, ("ZADD", layout.export_open_runs(other, 0), "1", "r")),
+            (role, ("HSET", layout.export_group_state(other, "g", "r"), "done", "1")),
+            (role, ("ZADD", layout.export_group_open_runs(other, "g", 0), "1", "r")),
+            (role, ("RENAME", layout.export_group_state(other, "g", "r"), layout.export_group_state(other, "g", "s"))),
             (role, ("XADD", layout.export_deadletter_partition(other, 0), "*", "reason", "forged")),
         ]
     cases.append((exporter_role("postgres"), ("HSET", export, "x", "1")))  # the sink keeps no state in Redis
+    cases.append((exporter_role("postgres"), ("HSET", layout.export_group_state("otlp", "g", "r"), "x", "1")))
+    # the OTLP exporter moves states of its own only: not a topic into its state, nor its state over a run's
+    cases.append((exporter_role("otlp"), ("RENAME", events, layout.export_group_state("otlp", "g", "r"))))
+    cases.append((exporter_role("otlp"), ("RENAME", layout.export_group_state("otlp", "g", "r"), state)))
     return cases
 
 
@@ -355,6 +362,11 @@ def test_what_each_role_needs_beyond_the_commands_is_allowed(acl_broker: AclBrok
     assert otlp.hset(layout.export_state("otlp", "r1"), "root", "abc") == 1
     assert otlp.delete(layout.export_state("otlp", "r1")) == 1
     assert otlp.zadd(layout.export_open_runs("otlp", 0), {"r1": 1}) == 1
+    # its state per group, and the adoption of the state from before (RENAME between the two)
+    assert otlp.hset(layout.export_state("otlp", "r2"), "n", "1") == 1
+    assert otlp.rename(layout.export_state("otlp", "r2"), layout.export_group_state("otlp", "a:{g}", "r2"))
+    assert otlp.zadd(layout.export_group_open_runs("otlp", "a:{g}", 1), {"r2": 1}) == 1
+    assert otlp.delete(layout.export_group_state("otlp", "a:{g}", "r2")) == 1
     assert otlp.xadd(layout.export_deadletter_partition("otlp", 0), {"reason": "rejected"})
     sink = b.client("postgres-exporter")
     assert sink.xadd(layout.export_deadletter_partition("postgres", 1), {"reason": "rejected"})
@@ -407,6 +419,9 @@ def test_cluster_layout_names_get_the_same_permissions(acl_broker: AclBroker):
         assert not allowed("otlp-exporter", "XADD", dead, "*", "f", "v")
         assert not allowed("postgres-exporter", "XADD", dead, "*", "f", "v")
         assert allowed("otlp-exporter", "ZADD", layout.export_open_runs("otlp", s), "1", "r")
+        assert allowed("otlp-exporter", "HSET", layout.export_group_state("otlp", "g", f"r{s}"), "k", "v")
+        assert allowed("otlp-exporter", "ZADD", layout.export_group_open_runs("otlp", "g", s), "1", "r")
+        assert not allowed("postgres-exporter", "HSET", layout.export_group_state("otlp", "g", f"r{s}"), "k", "v")
         assert allowed("importer", "HSET", layout.import_checkpoint(f"ns/r{s}"), "k", "v")
         assert allowed("importer", "HGET", state, "s") and not allowed("importer", "HSET", state, "s", "x")
 

@@ -48,6 +48,8 @@ def test_every_name_of_a_shard_hashes_to_one_slot_and_shards_spread(namespace):
         names = [layout.raw_stream(shard), layout.control_stream(shard), layout.active_runs(shard),
                  layout.events_partition(shard), layout.runs_partition(shard), layout.deadletter_partition(shard),
                  layout.run_state(run), layout.import_checkpoint(run), layout.export_state("otlp", run),
+                 layout.export_group_state("otlp", "goose-ingest-otlp", run),
+                 layout.export_group_open_runs("otlp", "goose-ingest-otlp", shard),
                  *(layout.type_partition(t, shard) for t in EVENT_TYPES)]
         shard_slots = {key_slot(name.encode()) for name in names}
         assert len(shard_slots) == 1, (shard, names)

@@ -11,6 +11,7 @@ import asyncio
 import socket
 import threading
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -138,8 +139,8 @@ def test_a_run_becomes_one_trace_and_everything_is_acked(settings, r, receiver):
     assert root.resource["service.name"] == "goose-ingest"
     for stream in exporter.streams():
         assert pending(r, settings, stream) == 0
-    assert r.hgetall(settings.layout.export_state(EXPORTER, RUN_A)) == {b"done": b"ended"}
-    assert r.zcard(settings.layout.export_open_runs(EXPORTER, 0)) == 0
+    assert r.hgetall(settings.layout.export_group_state(EXPORTER, settings.otlp_group, RUN_A)) == {b"done": b"ended"}
+    assert r.zcard(settings.layout.export_group_open_runs(EXPORTER, settings.otlp_group, 0)) == 0
     assert metric(exporter, "goose_ingest_otlp_spans_exported_total", kind="tool") == 2
     assert metric(exporter, "goose_ingest_otlp_roots_total", reason="ended") == 1
 
@@ -304,7 +305,13 @@ def test_a_rejected_run_is_dead_lettered_without_taking_the_others_down(settings
     assert dl[b"contentType"] == b"application/x-protobuf"
     kept = decode_request(dl[b"otlp"])
     assert kept and {s.attributes["gen_ai.conversation.id"] for s in kept} == {RUN_B}
-    assert r.hget(settings.layout.export_state(EXPORTER, RUN_B), "dead").startswith(b"HTTP 400")
+    assert r.hget(settings.layout.export_group_state(EXPORTER, settings.otlp_group, RUN_B), "dead").startswith(b"HTTP 400")
+    # the dead letter is what contracts/asyncapi.json says it is: every required field, no other
+    spec = orjson.loads((Path(__file__).resolve().parents[1] / "contracts" / "asyncapi.json").read_bytes())
+    payload = spec["components"]["messages"]["OtlpDeadLetter"]["payload"]
+    names = {k.decode() for k in dl}
+    assert set(payload["required"]) <= names <= set(payload["properties"]), names
+    assert dl[b"reason"].decode() in payload["properties"]["reason"]["enum"] and dl[b"group"] == settings.otlp_group.encode()
     for stream in exporter.streams():
         assert pending(r, settings, stream) == 0
     assert metric(exporter, "goose_ingest_otlp_dead_letters_total", reason="otlp-rejected") == 1
@@ -372,12 +379,75 @@ def test_a_re_export_produces_the_same_ids(settings, r, receiver):
     asyncio.run(go("first"))
     first = sorted((s.trace_id, s.span_id, s.name) for s in receiver.spans)
     receiver.spans.clear()
-    # a second exporter deployment (fresh state and group): everything again, same ids
-    for key in r.scan_iter(f"{settings.namespace}:goose-ingest:export*"):
-        r.delete(key)
+    # a re-export from scratch is a new group, nothing else: the first group's state (done, with
+    # its TTL) stays and does not hold the new group back (issue 20 finding 6)
     asyncio.run(go("second"))
     assert sorted((s.trace_id, s.span_id, s.name) for s in receiver.spans) == first
     assert len(first) == 3
+    assert r.hget(settings.layout.export_group_state(EXPORTER, "first", RUN_A), "done") == b"ended"
+
+
+def test_two_groups_for_two_backends_each_export_every_root(settings, r):
+    """Two OTLP exporters side by side, each its group and its collector, reading the same topics
+    interleaved batch by batch: each gets every root, tool span and span event (issue 20 item 5)."""
+    runs = [f"host/run-{i}" for i in range(12)]
+
+    async def go(rx1, rx2):
+        pairs = []
+        for group, rx in (("backend-1", rx1), ("backend-2", rx2)):
+            pairs.append(make_exporter(settings.model_copy(update={"otlp_group": group, "batch_size": 7}), rx.endpoint))
+        for exporter in pairs:
+            await exporter.ensure_groups()
+        for run in runs:
+            publish_events(r, settings, run_events(run))
+            publish_records(r, settings, run_records(run))
+        for _ in range(12):  # small batches, alternating: both exporters see every run half-done
+            for exporter in pairs:
+                for stream in exporter.streams():
+                    got = await exporter.client.xreadgroup(exporter.group, exporter.consumer, {stream: ">"}, count=7)
+                    for _s, entries in got or []:
+                        await exporter.handler_for(stream)(stream, [e for e, _ in entries], [f for _, f in entries])
+        for exporter in pairs:
+            await exporter.client.aclose()
+
+    with RunningReceiver() as rx1, RunningReceiver() as rx2:
+        asyncio.run(go(rx1, rx2))
+        got = [sorted((s.trace_id, s.span_id, s.name, len(s.events)) for s in rx.spans) for rx in (rx1, rx2)]
+    roots = [[s for s in g if s[2] == "invoke_agent goose"] for g in got]
+    assert len(roots[0]) == len(runs) and all(n_events == 2 for *_, n_events in roots[0])
+    assert got[0] == got[1] and len(got[0]) == 3 * len(runs)  # no root twice, none missing
+
+
+def test_open_runs_of_an_exporter_from_before_are_adopted_by_the_group(settings, r, receiver):
+    """An upgrade: a run half-exported under the state shared by every group finishes under the
+    group's own state, with the events the old state held."""
+    layout = settings.layout
+    events, records = run_events(RUN_A), run_records(RUN_A)
+    legacy = layout.export_state(EXPORTER, RUN_A)
+    stored = m.span_event(events[0], MappingConfig()).dumps()
+    r.hset(legacy, mapping={"e:0": stored, "t:1": b"1", "n": 2, "first": 1, "last": 2,
+                            "r:0": orjson.dumps(records[0])})
+    r.zadd(layout.export_open_runs(EXPORTER, 0), {RUN_A: 1})
+
+    async def go():
+        exporter = make_exporter(settings, receiver.endpoint)
+        await exporter.ensure_groups()
+        assert await exporter.adopt_legacy_state() == 1
+        assert await exporter.adopt_legacy_state() == 0
+        # seq 1 again (a redelivery across the upgrade) must count once: the root waits for seq 3
+        publish_events(r, settings, events[1:3])
+        publish_records(r, settings, records[1:])
+        await drain(exporter)
+        assert not [s for s in receiver.spans if s.name == "invoke_agent goose"]
+        publish_events(r, settings, events[3:])
+        await drain(exporter)
+        await exporter.client.aclose()
+
+    asyncio.run(go())
+    roots = [s for s in receiver.spans if s.name == "invoke_agent goose"]
+    assert len(roots) == 1 and [name for name, _ in roots[0].events] == ["goose_ingest.agent", "goose_ingest.error"]
+    assert not r.exists(legacy) and r.zcard(layout.export_open_runs(EXPORTER, 0)) == 0
+    assert r.hget(layout.export_group_state(EXPORTER, settings.otlp_group, RUN_A), "done") == b"ended"
 
 
 def test_entries_left_pending_by_a_dead_replica_are_reclaimed(settings, r, receiver):
@@ -416,7 +486,7 @@ def test_on_a_redis_cluster_state_and_scripts_stay_in_the_run_slot(cluster_setti
         roots = {sp.attributes["gen_ai.conversation.id"] for sp in receiver.spans if sp.name.startswith("invoke_agent")}
         assert roots == {RUN_A, RUN_B}
         for run in (RUN_A, RUN_B):
-            assert r.hget(s.layout.export_state(EXPORTER, run), "done") == b"ended"
+            assert r.hget(s.layout.export_group_state(EXPORTER, s.otlp_group, run), "done") == b"ended"
     finally:
         r.close()
 
@@ -450,3 +520,124 @@ def test_grpc_without_the_extra_is_a_clear_configuration_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
     with pytest.raises(SinkConfigError, match=r"goose-ingest\[otlp-grpc\]"):
         sink_from_env({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+
+
+def test_the_export_state_of_a_long_run_stays_bounded(settings, r, receiver, monkeypatch):
+    """Issue 22 §3: the per-run state holds at most the root's event limit, a byte cap and a window
+    of seen-marks, however many events the run has; the root carries its last events, each event is
+    still counted once (a redelivered batch does not close the root early), the rest is counted."""
+    from opentelemetry.sdk.trace import SpanLimits
+
+    from services.export.otlp import processor
+
+    monkeypatch.setattr(processor, "SEEN_WINDOW", 40)
+    n, ring = 1_200, 16
+    monkeypatch.setattr(processor, "STATE_EVENT_BYTES", 300 * ring)  # 300 bytes a slot
+    # even seqs carry a long message: past a slot's share of the byte cap
+    events = [event(RUN_A, q, "warning", message=f"step {q}" + ("." * 400 if q % 2 == 0 else "")) for q in range(n)]
+    lost = 7  # never arrives: the marks above it must not pile up
+    ended = record(RUN_A, 1, "ended", {"warning": n})
+
+    async def go():
+        exporter = TraceExporter(settings, async_client(settings), HttpSink(OTLPSpanExporter(endpoint=receiver.endpoint)),
+                                 MappingConfig(limits=SpanLimits(max_events=ring)), consumer="test")
+        await exporter.ensure_groups()
+        key = exporter.state_key(RUN_A)
+        publish_records(r, settings, [record(RUN_A, 0, "started", {}), ended])
+        sizes = []
+        for start in range(0, n, 100):
+            publish_events(r, settings, [e for e in events[start:start + 100] if e["seq"] != lost])
+            await drain(exporter, rounds=1)
+            sizes.append(r.hlen(key))
+        assert max(sizes) <= ring + 40 + 100 + 12, sizes  # ring + window + one batch of marks + counters
+        assert sizes[-1] <= ring + 12, sizes  # the watermark jumped past the lost seq: no marks left
+        assert not receiver.spans  # n = 1,199 < 1,200: waits for the lost event (or the timeout)
+        # a redelivery of seen events (below and above the watermark) counts nothing
+        publish_events(r, settings, events[lost + 1:lost + 3] + events[-2:])
+        await drain(exporter, rounds=1)
+        assert int(r.hget(key, "n")) == n - 1 and not receiver.spans
+        state_bytes = r.memory_usage(key)
+        assert await exporter.finish_root(RUN_A, "timeout", "-", timeout=True)
+        await exporter.client.aclose()
+        return exporter, state_bytes
+
+    exporter, state_bytes = asyncio.run(go())
+    assert state_bytes < 20_000
+    (root,) = [s for s in receiver.spans if s.name == "invoke_agent goose"]
+    kept = [(name, attrs) for name, attrs in root.events]
+    assert len(kept) == ring
+    seqs = sorted(int(attrs["goose_ingest.event.id"].rsplit(":", 1)[1]) for _, attrs in kept)
+    assert seqs == list(range(n - ring, n))  # the last `ring` events
+    # the long ones keep name, time and ids, not their attributes; the short ones are whole
+    capped = {int(attrs["goose_ingest.event.id"].rsplit(":", 1)[1]) for _, attrs in kept
+              if attrs.get("goose_ingest.reason") == "state-bytes-cap"}
+    assert capped == {q for q in seqs if q % 2 == 0}
+    assert metric(exporter, "goose_ingest_otlp_state_capped_events_total") >= n // 2
+    assert metric(exporter, "goose_ingest_otlp_dropped_span_events_total") == n - 1 - ring
+
+
+def test_a_broker_at_maxmemory_costs_no_delivery_and_loses_or_doubles_nothing(settings, private_redis, receiver):
+    """Issue 20 item 1 / finding 3: Redis refuses writes (maxmemory, noeviction) while a batch is
+    being exported; a replica's reclaim runs all along. Then memory is freed: every root and tool
+    span exported once, nothing dead-lettered, nothing pending.
+
+    At defaults this takes CLAIM_IDLE_MS x MAX_DELIVERIES = 30 s x 5 = 150 s of refusal. Here the
+    claim idle is 400 ms and MAX_DELIVERIES 2, and the refusal lasts 4 s, five times their product:
+    what decides the outcome is whether a refused attempt is counted as a delivery, i.e. how many
+    reclaim rounds the refusal spans, not wall time; 4 s spans ten rounds against the two allowed."""
+    import redis as redis_lib
+
+    s = settings.model_copy(update={"redis_url": private_redis.url, "claim_idle_ms": 400, "max_deliveries": 2})
+    r = redis_lib.Redis.from_url(private_redis.url)
+    runs = [f"oom/run-{i}" for i in range(4)]
+    for run in runs:
+        publish_events(r, s, run_events(run))
+        publish_records(r, s, run_records(run))
+
+    async def go():
+        a = TraceExporter(s, async_client(s), HttpSink(OTLPSpanExporter(endpoint=receiver.endpoint)), MappingConfig(),
+                          consumer="a")
+        b = TraceExporter(s, async_client(s), HttpSink(OTLPSpanExporter(endpoint=receiver.endpoint)), MappingConfig(),
+                          consumer="b")  # a replica: its housekeeping reclaims whatever looks abandoned
+        await a.ensure_groups()
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", "1")
+        done = asyncio.Event()
+
+        async def consume():  # as FastStream's subscriber: a handler that raises leaves its batch pending
+            while not done.is_set():
+                try:
+                    await drain(a, rounds=1)
+                except Exception:  # noqa: BLE001 -- the subscriber logs and goes on
+                    pass
+                await asyncio.sleep(0.05)
+
+        async def housekeeping():
+            while not done.is_set():
+                for stream in b.streams():
+                    try:
+                        await b.reclaim(stream, b.handler_for(stream))
+                    except Exception:  # noqa: BLE001 -- housekeeping logs and goes on
+                        pass
+                await asyncio.sleep(0.1)
+
+        tasks = [asyncio.create_task(consume()), asyncio.create_task(housekeeping())]
+        await asyncio.sleep(4)
+        assert not a.broker_ok and metric(a, "goose_ingest_otlp_broker_refusals_total") > 0
+        r.config_set("maxmemory", "0")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len([x for x in receiver.spans if x.name.startswith("invoke_agent")]) < 4:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        done.set()
+        await asyncio.gather(*tasks)
+        for exporter in (a, b):
+            await exporter.client.aclose()
+        return a
+
+    a = asyncio.run(go())
+    names = [(x.trace_id, x.span_id) for x in receiver.spans]
+    assert len(names) == len(set(names)) == 3 * len(runs)  # every root and tool span, once
+    assert all(r.xlen(dl) == 0 for dl in s.layout.export_deadletter_partitions(EXPORTER) if r.exists(dl))
+    assert all(pending(r, s, stream) == 0 for stream in a.streams())
+    assert a.broker_ok

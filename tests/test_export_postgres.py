@@ -126,6 +126,37 @@ def test_invalid_entries_become_dead_letters_with_a_reason(entry, detail):
     assert dead.ref == EntryRef(entry[0], entry[1])
 
 
+@pytest.mark.parametrize("ts", ["9999-12-31T23:59:59.999Z", "2026-12-05T00:00:00.001Z", "1999-12-31T23:59:59.999Z",
+                                "1970-01-01T00:00:00.000Z", "0001-01-01T00:00:00.000Z"])
+def test_an_event_dated_outside_the_sane_window_is_filed_under_its_entrys_time(ts):
+    """Issue 20 item 8: before 2000 or more than a day ahead of the sink's clock -> the partition key
+    is the time the topic entry was written (its id); `data` keeps the event's own timestamp."""
+    stream, _, fields = event("r", 0, ts=ts)
+    entry_ms = 1_764_800_000_123  # 2025-12-03T22:13:20.123Z
+    parsed = parse_batch([(stream, f"{entry_ms}-0", fields)], [], "2025-01-01T00:00:00.000Z",
+                         ceiling="2026-12-04T00:00:00.000Z")
+    [row] = parsed.events
+    assert row.ts == "2025-12-03T22:13:20.123Z" and row.month == "2025-12" and row.clamped and parsed.clamped == 1
+    assert orjson.loads(row.data)["timestamp"] == ts
+
+
+def test_an_event_inside_the_sane_window_keeps_its_time_and_the_bounds_hold():
+    ceiling = "2026-12-04T00:00:00.000Z"
+    for ts in ("2000-01-01T00:00:00.000Z", ceiling, "2026-11-30T10:00:00.000Z"):
+        [row] = parse_batch([event("r", 0, ts=ts)], [], "1990", ceiling=ceiling).events
+        assert row.ts == ts and not row.clamped
+    # an entry id that is itself out of the window (a foreign writer's explicit id) is bounded too
+    [row] = parse_batch([(EV, "1-0", event("r", 0, ts="1970-01-01T00:00:00.000Z")[2])], [], "1990", ceiling=ceiling).events
+    assert row.ts == "2000-01-01T00:00:00.000Z"
+
+
+@pytest.mark.parametrize("ts", ["2026-13-01T00:00:00.000Z", "2026-02-30T00:00:00.000Z", "2026-01-01T25:00:00.000Z",
+                                "0000-01-01T00:00:00.000Z"])
+def test_an_impossible_date_is_an_invalid_entry_not_a_crash(ts):
+    [dead] = parse_batch([event("r", 0, ts=ts)], [], "1990", ceiling="2026-12-04T00:00:00.000Z").dead
+    assert dead.reason == INVALID_ENTRY and "not a valid date" in dead.detail
+
+
 def test_events_older_than_the_retention_horizon_are_counted_not_written():
     parsed = parse_batch([event("r", 0, ts="2020-01-01T00:00:00.000Z"), event("r", 1)], [], "2026-01-01T00:00:00.000Z")
     assert parsed.expired == 1 and [e.event_id for e in parsed.events] == ["r:1"]

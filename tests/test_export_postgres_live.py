@@ -8,8 +8,10 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -328,6 +330,80 @@ def test_bad_entries_and_refused_rows_are_dead_lettered_and_the_rest_written(set
         assert sink.poll() is None
     finally:
         stop(sink)
+
+
+def test_hostile_timestamps_never_crash_the_sink_nor_make_partitions_retention_cannot_drop(settings, pg_dsn, tmp_path):
+    """Issue 20 item 8: events dated 9999-12, next year, 1970 and year 1 (a tap's broken clock, a
+    hostile `ts`) beside a normal one: written, the sink alive, no partition but this month's and
+    next; each hostile row filed under its entry's time, its own timestamp kept in `data`."""
+    r = redis.Redis.from_url(settings.redis_url)
+    stream = settings.layout.events_partitions()[0]
+    stamps = ["2026-11-30T10:00:00.000Z", "9999-12-31T23:59:59.999Z", "2099-06-01T00:00:00.000Z",
+              "1970-01-01T00:00:00.000Z", "0001-01-01T00:00:00.000Z"]
+    for n, ts in enumerate(stamps):
+        doc = {"eventId": f"ht:{n}", "runId": "ht", "seq": n, "type": "agent", "timestamp": ts, "lines": [n, n]}
+        r.xadd(stream, {"eventId": doc["eventId"], "runId": "ht", "seq": n, "type": "agent", "data": orjson.dumps(doc)})
+    log = tmp_path / "sink.log"
+    sink = start_sink(settings, pg_dsn, log)
+    try:
+        wait_for(lambda: group_state(settings) == (0, 0) and db_count(pg_dsn) == len(stamps), timeout=60)
+        assert sink.poll() is None, log.read_text()[-2000:]
+        with psycopg.connect(pg_dsn) as conn:
+            rows = {seq: (ts, kept) for seq, ts, kept in conn.execute("SELECT seq, ts, data->>'timestamp' FROM events")}
+            parts = {name for (name,) in conn.execute(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'events' "
+                "AND p.relnamespace = c.relnamespace AND c.relnamespace = to_regnamespace(current_schema())")}
+        now = datetime.now(UTC)
+        assert [kept for _, kept in (rows[n] for n in range(len(stamps)))] == stamps  # the originals kept
+        for n in range(1, len(stamps)):  # filed under the entry's time: this month (a day at most ahead)
+            assert abs((rows[n][0] - now).total_seconds()) < 600, rows[n]
+        months = {now.strftime("%Y%m"), (now + timedelta(days=32)).strftime("%Y%m"), "202611"}
+        assert {p[-6:] for p in parts} <= months, parts
+        assert "Traceback" not in log.read_text()
+        port = metrics_port(log)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "goose_ingest_postgres_clamped_timestamps_total 4.0" in text
+    finally:
+        stop(sink)
+    assert sink.returncode == 0
+
+
+def test_a_broker_at_maxmemory_while_a_batch_is_acknowledged_loses_and_doubles_nothing(private_redis, pg_dsn, tmp_path):
+    """Issue 20 item 1 / finding 3, the sink's side, default settings: its batch (two good events and
+    one the database refuses) is written while Redis refuses writes (maxmemory 1, noeviction), so
+    the MULTI carrying the dead letter and the XACKs is refused; the sink holds the batch, retries,
+    and once memory is freed acknowledges it: both rows once, one dead letter, nothing pending, no
+    crash. (The sink counts no deliveries: a refused acknowledgement can only delay it.)"""
+    settings = Settings(redis_url=private_redis.url, namespace="oom", shards=2, spool_dir=str(tmp_path / "spool"))
+    r = redis.Redis.from_url(private_redis.url)
+    stream = settings.layout.events_partitions()[0]
+    docs = [{"eventId": f"mm:{n}", "runId": "mm", "seq": n, "type": "agent", "timestamp": "2026-11-30T10:00:00.000Z",
+             "lines": [n, n], "message": "nul \u0000" if n == 1 else "fine"} for n in range(3)]
+    for doc in docs:
+        r.xadd(stream, {"eventId": doc["eventId"], "runId": "mm", "seq": doc["seq"], "type": "agent",
+                        "data": orjson.dumps(doc)})
+    # the gate: the sink's groups exist past the entries, so it reads nothing until SETID 0
+    for s in settings.layout.events_partitions() + settings.layout.runs_partitions():
+        r.xgroup_create(s, DEFAULT_GROUP, id="$", mkstream=True)
+    log = tmp_path / "sink.log"
+    sink = start_sink(settings, pg_dsn, log)
+    try:
+        metrics_port(log)  # started
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", "1")
+        r.xgroup_setid(stream, DEFAULT_GROUP, "0")  # allowed at maxmemory, as XREADGROUP and XACK are
+        wait_for(lambda: "broker refuses the acknowledgement" in log.read_text(errors="replace"), timeout=60)
+        time.sleep(3)
+        assert sink.poll() is None and db_count(pg_dsn) == 2 and r.xpending(stream, DEFAULT_GROUP)["pending"] == 3
+        r.config_set("maxmemory", "0")
+        wait_for(lambda: group_state(settings) == (0, 0), timeout=60)
+        dead = [f for s in settings.layout.export_deadletter_partitions("postgres") for _, f in r.xrange(s)]
+        assert [f[b"sourceId"] for f in dead] and len(dead) == 1 and dead[0][b"reason"] == b"postgres-rejected"
+        assert db_count(pg_dsn) == 2 and sink.poll() is None
+    finally:
+        stop(sink)
+    assert "Traceback" not in log.read_text(errors="replace")
 
 
 def add_run(r: redis.Redis, settings: Settings, run: str, events: int) -> None:

@@ -40,6 +40,10 @@ EXPECTED_ALERTS = {
     "GooseIngestAgentExitSpike",
     "GooseIngestToolFailing",
     "GooseIngestTopicTrimmedUnread",
+    # the exporters' group (goose-ingest.exporters)
+    "GooseIngestExportLagGrowing",
+    "GooseIngestExportFailing",
+    "GooseIngestExportDeadLetters",
 }
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from services.broker.keys import (
     ACTIVE_RUNS,
+    EXPORT_GROUP_OPEN,
+    EXPORT_GROUP_STATE,
     EXPORT_OPEN,
     EXPORT_STATE,
     IMPORT_CHECKPOINT,
@@ -70,8 +72,10 @@ META_RECORD = ("+hsetnx",)
 SET_RW = ("+sadd", "+srem", "+smembers", "+sismember", "+smismember", "+scard")
 ZSET_RW = ("+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zcard", "+zcount")
 # The exporters (services/export/*): each has a role `<name>-exporter` and may write only its own
-# state (`export_state(<name>, ...)`, `export_open_runs(<name>, ...)`) and dead letters
-# (`<deadletter>.<name>`).
+# state (`export_group_state(<name>, ...)`, `export_group_open_runs(<name>, ...)`, and the state of
+# before per-group state, `export_state(<name>, ...)`, `export_open_runs(<name>, ...)`, which it adopts)
+# and dead letters (`<deadletter>.<name>`). Every group of an exporter runs under the exporter's user:
+# Redis ACLs cannot tell groups apart, and a group name is configuration, not known to this file.
 EXPORTERS = ("otlp", "postgres")
 
 
@@ -103,8 +107,8 @@ class KeyPatterns:
     run_state: str
     active_runs: str
     import_checkpoint: str
-    export_state: dict[str, str]  # exporter -> its per-run state keys
-    export_open: dict[str, tuple[str, ...]]  # exporter -> its open-run set(s)
+    export_state: dict[str, tuple[str, ...]]  # exporter -> its per-run state keys (per group; from before)
+    export_open: dict[str, tuple[str, ...]]  # exporter -> its open-run sets (per group; from before)
     export_deadletter: dict[str, tuple[str, ...]]  # exporter -> its dead-letter stream (partitions)
     meta: str
     lease: str
@@ -128,9 +132,11 @@ class KeyPatterns:
             # `goose-ingest:active` on a single node, `goose-ingest:active:{s3}` on a cluster
             active_runs=glob_escape(layout.key(ACTIVE_RUNS)) + "*",
             import_checkpoint=family(IMPORT_CHECKPOINT),
-            export_state={name: family(f"{EXPORT_STATE}:{name}") for name in EXPORTERS},
+            export_state={name: (family(f"{EXPORT_GROUP_STATE}:{name}"), family(f"{EXPORT_STATE}:{name}"))
+                          for name in EXPORTERS},
             # `<EXPORT_OPEN>:<name>` on a single node, `<EXPORT_OPEN>:<name>:{s3}` on a cluster
-            export_open={name: (glob_escape(layout.key(f"{EXPORT_OPEN}:{name}")), family(f"{EXPORT_OPEN}:{name}"))
+            export_open={name: (family(f"{EXPORT_GROUP_OPEN}:{name}"), glob_escape(layout.key(f"{EXPORT_OPEN}:{name}")),
+                               family(f"{EXPORT_OPEN}:{name}"))
                          for name in EXPORTERS},
             export_deadletter={name: topic(f"{layout.deadletter_stream}.{name}") for name in EXPORTERS},
             meta=glob_escape(layout.key(META)),
@@ -184,8 +190,8 @@ def roles(layout: KeyLayout) -> list[Role]:
             "`export otlp`: its consumer groups on the topics, its per-run export state and open-run sets, "
             "and XADD (only) to its own dead-letter stream",
             (*CONNECTION, *STREAM_CONSUMER, *_keys("", *k.topics),
-             _selector(*HASH_RW, *STRING_RW, *ZSET_RW, *KEY_LIFECYCLE, *SCRIPTS, "+setbit", "+getbit",
-                       *_keys("", k.export_state["otlp"], *k.export_open["otlp"])),
+             _selector(*HASH_RW, *STRING_RW, *ZSET_RW, *KEY_LIFECYCLE, *SCRIPTS, "+setbit", "+getbit", "+rename",
+                       *_keys("", *k.export_state["otlp"], *k.export_open["otlp"])),
              _selector("+xadd", *_keys("%W", *k.export_deadletter["otlp"]))),
         ),
         Role(

@@ -28,9 +28,20 @@ ACTIVE_RUNS = "goose-ingest:active"
 IMPORT_CHECKPOINT = "goose-ingest:import"
 EXPORT_STATE = "goose-ingest:export"
 EXPORT_OPEN = "goose-ingest:export-open"  # sorted set run -> last activity ms of an exporter's open runs
+# An exporter's state per consumer group (issue 20 item 5): two groups of one exporter (two OTLP
+# backends, a re-export from scratch) each keep their own. EXPORT_STATE / EXPORT_OPEN hold the
+# state of exporters from before, shared by every group; `export otlp` adopts it at start.
+EXPORT_GROUP_STATE = "goose-ingest:export-group"
+EXPORT_GROUP_OPEN = "goose-ingest:export-group-open"
 META = "goose-ingest:meta"  # deployment facts (the shard count the data was created with)
 LEASE = "goose-ingest:lease"  # which worker reads a shard (string: owner, with a TTL)
 WORKERS = "goose-ingest:workers"  # sorted set worker -> until when it counts as alive (ms)
+
+
+def group_segment(group: str) -> str:
+    """A consumer group's name as one key segment: `%`, `:` and the hash-tag braces percent-encoded,
+    so the segment ends at the next `:` and a brace in a group name never moves a key's slot."""
+    return "".join(f"%{ord(c):02X}" if c in "%:{}" else c for c in group)
 
 
 def shard_of(run: str, shards: int) -> int:
@@ -112,6 +123,21 @@ class KeyLayout:
 
     def export_open_run_sets(self, exporter: str) -> list[str]:
         return sorted(set(self.export_open_runs(exporter, i) for i in range(self.shards)))
+
+    def export_group_state(self, exporter: str, group: str, run: str) -> str:
+        """Per-run state of one consumer group of an exporter, in the slot of the run's partitions."""
+        base = f"{EXPORT_GROUP_STATE}:{exporter}:{group_segment(group)}"
+        if self.cluster:
+            return self.key(f"{base}:{self.tag(self.shard_of(run))}:{run}")
+        return self.key(f"{base}:{run}")
+
+    def export_group_open_runs(self, exporter: str, group: str, shard: int) -> str:
+        """The runs one consumer group of an exporter has open, in the shard's slot."""
+        base = f"{EXPORT_GROUP_OPEN}:{exporter}:{group_segment(group)}"
+        return self.key(f"{base}:{self.tag(shard)}") if self.cluster else self.key(base)
+
+    def export_group_open_run_sets(self, exporter: str, group: str) -> list[str]:
+        return sorted(set(self.export_group_open_runs(exporter, group, i) for i in range(self.shards)))
 
     def meta(self) -> str:
         return self.key(META)

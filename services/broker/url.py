@@ -39,18 +39,38 @@ class BrokerTLSError(BrokerConfigError):
     as with refused credentials."""
 
 
+# Query options whose values are shown in logs: redis-py's connection options that carry no secret.
+# Any other parameter (password, token, key, sig, auth, an option added later...) is shown as `name=***`.
+SHOWN_QUERY_OPTIONS = frozenset({
+    "db", "protocol", "ssl_cert_reqs", "ssl_check_hostname", "socket_timeout", "socket_connect_timeout",
+    "socket_keepalive", "retry_on_timeout", "health_check_interval", "max_connections", "decode_responses",
+    "single_connection_client", "read_from_replicas", "require_full_coverage",
+})
+
+
+def _redact_query(query: str) -> str:
+    shown = []
+    for pair in query.split("&"):
+        if not pair:
+            continue
+        name, sep, value = pair.partition("=")
+        shown.append(f"{name}={value}" if unquote(name).lower() in SHOWN_QUERY_OPTIONS else (f"{name}=***" if sep else "***"))
+    return "&".join(shown)
+
+
 def redact_url(url: str | None) -> str:
-    """The URL with any userinfo (user and password) replaced by ``***``: safe to log."""
+    """The URL safe to log: userinfo (user and password) as ``***``, the values of query parameters
+    other than harmless connection options as ``***``, no fragment."""
     if not url:
         return "(no broker URL)"
     try:
         parts = urlsplit(url)
     except ValueError:
         return "(unparseable broker URL)"
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, netloc, parts.path, _redact_query(parts.query), ""))
 
 
 @dataclass(frozen=True)

@@ -52,14 +52,18 @@ class Readiness:
 
     def __call__(self) -> bool:
         fresh = time.monotonic() - self.last_ok < max(3 * self.settings.sweep_interval_s, 15.0)
-        collector = self.exporter is not None and self.exporter.collector_ok
+        collector = self.exporter is not None and self.exporter.collector_ok and self.exporter.broker_ok
         return self.subscribers_running and fresh and collector
 
 
 async def housekeeping(exporter: TraceExporter, readiness: Readiness, settings: Settings) -> None:
+    adopted = False
     while True:
         try:
             await exporter.client.ping()
+            if not adopted:  # here, not at start: a broker refusing writes must not stop the start
+                await exporter.adopt_legacy_state()
+                adopted = True
             for stream in exporter.streams():
                 await exporter.reclaim(stream, exporter.handler_for(stream))
             lag = await exporter.gauge()

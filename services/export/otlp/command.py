@@ -27,13 +27,14 @@ def register(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def run(args: argparse.Namespace) -> int:
     from services.export.otlp.config import mapping_config_from_env
-    from services.export.otlp.sink import SinkConfigError, sink_from_env
+    from services.export.otlp.sink import SinkConfigError, scrub_url_queries_in_logs, sink_from_env
 
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    scrub_url_queries_in_logs()  # an endpoint's query may hold a token
     settings = Settings().for_command("export otlp")  # 9465 unless set: beside a worker on one host
     if args.metrics_port is not None:
         settings = settings.model_copy(update={"metrics_port": args.metrics_port})

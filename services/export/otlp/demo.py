@@ -57,7 +57,7 @@ def wait_for_traces(settings: Settings, runs: list[str], timeout: float) -> bool
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            if all(client.hget(settings.layout.export_state(EXPORTER, run), "done") for run in runs):
+            if all(client.hget(settings.layout.export_group_state(EXPORTER, settings.otlp_group, run), "done") for run in runs):
                 return True
             time.sleep(0.2)
         return False

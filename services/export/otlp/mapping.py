@@ -339,6 +339,14 @@ def span_event(event: Mapping[str, Any], cfg: MappingConfig) -> StoredEvent:
     return StoredEvent(int(event["seq"]), name, ns_of(event["timestamp"]), attrs)
 
 
+def bounded_event(event: StoredEvent, cfg: MappingConfig, tally: Tally) -> StoredEvent:
+    """The event within the SDK's per-event limits, as the root would carry it: what is stored
+    until the root is out is no larger than what is sent."""
+    limits = cfg.limits
+    attrs = _bounded(event.attributes, limits.max_event_attributes, limits.max_attribute_length, tally)
+    return event if attrs is event.attributes else StoredEvent(event.seq, event.name, event.time_ns, dict(attrs))
+
+
 def unmappable_event(seq: int, time_ns: int, reason: str) -> StoredEvent:
     """A root span event for an entry of this run whose event could not be read."""
     return StoredEvent(seq, UNMAPPABLE_EVENT, time_ns, {GI_REASON: reason})

@@ -55,6 +55,16 @@ class OtlpMetrics:
         self.dropped_events = Counter(
             "goose_ingest_otlp_dropped_span_events", "Span events dropped by the SDK's event count limit.", registry=r
         )
+        self.capped_events = Counter(
+            "goose_ingest_otlp_state_capped_events",
+            "Root span events kept without their attributes: the run's export state was at its byte cap.",
+            registry=r,
+        )
+        self.broker_refusals = Counter(
+            "goose_ingest_otlp_broker_refusals",
+            "Broker commands of a batch refused (OOM, LOADING, READONLY, a topology change) or unreachable: retried in place.",
+            registry=r,
+        )
         self.dead_letters = Counter(
             "goose_ingest_otlp_dead_letters", "Entries written to the exporter's dead-letter stream, by reason.", ["reason"], registry=r
         )

@@ -1,13 +1,22 @@
 """The OTLP exporter's shell: topic batches in, spans out, per-run state in the broker.
 
-Per run, a hash at ``layout.export_state("otlp", run)`` holds what a root span needs until the
-run ends, so any replica can finish any run and a crash resumes where the acks stopped:
+Per run and consumer group, a hash at ``layout.export_group_state("otlp", group, run)`` holds what
+a root span needs until the run ends, so any replica can finish any run and a crash resumes where
+the acks stopped. Each group has its own (issue 20 item 5): two groups (two backends, a re-export
+from scratch) each export every root. Its size is bounded whatever the run's length (issue 22 §3):
 
-- ``r:<k>``  the run's lifecycle records (folded by `mapping.fold_records`);
-- ``e:<seq>`` the root's span events (non-tool events), ``t:<seq>`` tool spans already out;
+- ``r:<k>``  the run's lifecycle records (folded by `mapping.fold_records`), ``rn`` = 1 + highest k;
+- ``v:<slot>`` the root's span events, a ring of ``ring`` slots (slot = seq mod ring; a slot keeps
+  the highest seq it was offered), each ``<seq> <event JSON>`` of at most `STATE_EVENT_BYTES` / ring
+  bytes (a larger event is kept without its attributes); ``ne`` how many distinct non-tool events came;
+- which seqs were seen, for counting each event once: ``w`` (every seq below it was seen) and
+  ``s:<seq>`` marks above it (``sc`` of them, at most `SEEN_WINDOW`: past it, ``w`` jumps to the
+  lowest mark, and a seq below that arriving later is taken as seen);
 - ``n`` how many distinct events were seen, ``exp`` how many the terminal record says there are,
   ``first``/``last`` the earliest/latest event time;
-- ``done`` (root exported: why) or ``dead`` (the run's export was dead-lettered: why).
+- ``done`` (root exported: why) or ``dead`` (the run's export was dead-lettered: why);
+- ``legacy``: state adopted from an exporter of before (one state for every group; ``e:<seq>``,
+  ``t:<seq>`` fields, unbounded), finished as it was written.
 
 A root is exported when the terminal record is in and ``n >= exp`` (events and records come from
 different streams, in any order), or by the timeout sweep. Nothing is acknowledged before the
@@ -20,19 +29,27 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import orjson
 from opentelemetry.sdk.trace import ReadableSpan
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.otlp.mapping import (
+    GI_EVENT_ID,
+    GI_EVENT_TYPE,
+    GI_REASON,
     MappingConfig,
     RootFacts,
     StoredEvent,
     Tally,
+    bounded_event,
     fold_records,
     is_tool_span,
     ns_of,
@@ -50,32 +67,118 @@ log = logging.getLogger("goose_ingest.export.otlp")
 EXPORTER = "otlp"
 RETRY_INITIAL_S = 0.5
 DETAIL_CHARS = 1000
+# Bounds of a run's export state (issue 22 §3): the root keeps at most `ring` span events (the SDK's
+# event count limit, OTEL_SPAN_EVENT_COUNT_LIMIT, within [1, MAX_RING]), of at most STATE_EVENT_BYTES
+# in all (an equal share per slot: which events keep their attributes never depends on arrival
+# order); seen-marks of out-of-order seqs at most SEEN_WINDOW (a redelivery runs a batch or a few
+# behind, far less than this).
+DEFAULT_RING = 128
+MAX_RING = 10_000
+STATE_EVENT_BYTES = 4 * 1024 * 1024
+SEEN_WINDOW = 10_000
+CAPPED_REASON = "state-bytes-cap"
+T = TypeVar("T")
+# The heartbeat of the batch the current handler works on (keeps its claim fresh while it waits).
+_HEARTBEAT: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar("otlp_heartbeat", default=None)
 
-# Record what one batch brought for one run; returns {n, exp, closed} (closed: done or dead).
-# KEYS: state, open-runs set. ARGV: run, now_ms, min_ns|'', max_ns|'', exp|'', field, value, ...
+# Record what one batch brought for one run; returns {n, exp, closed, capped} (closed: done or dead).
+# KEYS: state, open-runs set. ARGV: run, now_ms, min_ns|'', max_ns|'', exp|'', ring, window,
+# then per item: kind ('r' record, 'e' root span event, 't' tool span), k or seq, value.
 _NOTE_LUA = """
-if redis.call('HEXISTS', KEYS[1], 'done') == 1 or redis.call('HEXISTS', KEYS[1], 'dead') == 1 then
+local st = KEYS[1]
+if redis.call('HEXISTS', st, 'done') == 1 or redis.call('HEXISTS', st, 'dead') == 1 then
   return {-1, -1, 1}
 end
+local ring, window = tonumber(ARGV[6]), tonumber(ARGV[7])
+local h = redis.call('HMGET', st, 'w', 'sc', 'rn', 'ne', 'legacy')
+local w, sc, rn, ne = tonumber(h[1] or '0'), tonumber(h[2] or '0'), tonumber(h[3] or '0'), tonumber(h[4] or '0')
+local legacy = h[5]
 local added = 0
-for i = 6, #ARGV, 2 do
-  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 and string.sub(ARGV[i], 1, 2) ~= 'r:' then
-    added = added + 1
+for i = 8, #ARGV, 3 do
+  local kind, idx = ARGV[i], tonumber(ARGV[i + 1])
+  if kind == 'r' then
+    redis.call('HSETNX', st, 'r:' .. ARGV[i + 1], ARGV[i + 2])
+    if idx >= rn then rn = idx + 1 end
+  else
+    local seen = legacy and (redis.call('HEXISTS', st, 'e:' .. ARGV[i + 1]) == 1
+                             or redis.call('HEXISTS', st, 't:' .. ARGV[i + 1]) == 1)
+    local new = false
+    if idx == w and sc == 0 then
+      -- in order (the usual case): every seq below is seen, none above, so no mark is needed and
+      -- no slot holds a higher seq
+      w = w + 1
+      new = not seen
+      if kind == 'e' then redis.call('HSET', st, 'v:' .. (idx % ring), ARGV[i + 2]) end
+    else
+      if idx >= w and not seen then
+        new = redis.call('HSETNX', st, 's:' .. ARGV[i + 1], '1') == 1
+        if new then sc = sc + 1 end
+      end
+      if kind == 'e' then
+        local slot = 'v:' .. (idx % ring)
+        local cur = redis.call('HGET', st, slot)
+        local held = -1
+        if cur then held = tonumber(string.match(cur, '^(%d+) ') or '-1') end
+        if idx > held then redis.call('HSET', st, slot, ARGV[i + 2]) end
+      end
+    end
+    if new then
+      added = added + 1
+      if kind == 'e' then ne = ne + 1 end
+    end
   end
 end
-local n = redis.call('HINCRBY', KEYS[1], 'n', added)
+while sc > 0 and redis.call('HDEL', st, 's:' .. w) == 1 do
+  w = w + 1
+  sc = sc - 1
+end
+if sc > window then
+  local low = nil
+  for _, name in ipairs(redis.call('HKEYS', st)) do
+    if string.sub(name, 1, 2) == 's:' then
+      local q = tonumber(string.sub(name, 3))
+      if low == nil or q < low then low = q end
+    end
+  end
+  w = low
+  while sc > 0 and redis.call('HDEL', st, 's:' .. w) == 1 do
+    w = w + 1
+    sc = sc - 1
+  end
+end
+redis.call('HSET', st, 'w', w, 'sc', sc, 'rn', rn, 'ne', ne)
+local n = redis.call('HINCRBY', st, 'n', added)
 if ARGV[3] ~= '' then
-  local f = redis.call('HGET', KEYS[1], 'first')
-  if (not f) or tonumber(ARGV[3]) < tonumber(f) then redis.call('HSET', KEYS[1], 'first', ARGV[3]) end
+  local f = redis.call('HGET', st, 'first')
+  if (not f) or tonumber(ARGV[3]) < tonumber(f) then redis.call('HSET', st, 'first', ARGV[3]) end
 end
 if ARGV[4] ~= '' then
-  local l = redis.call('HGET', KEYS[1], 'last')
-  if (not l) or tonumber(ARGV[4]) > tonumber(l) then redis.call('HSET', KEYS[1], 'last', ARGV[4]) end
+  local l = redis.call('HGET', st, 'last')
+  if (not l) or tonumber(ARGV[4]) > tonumber(l) then redis.call('HSET', st, 'last', ARGV[4]) end
 end
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'exp', ARGV[5]) end
+if ARGV[5] ~= '' then redis.call('HSET', st, 'exp', ARGV[5]) end
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-local exp = redis.call('HGET', KEYS[1], 'exp')
+local exp = redis.call('HGET', st, 'exp')
 return {n, tonumber(exp or '-1'), 0}
+"""
+
+# Adopt a run's state from an exporter of before (one state for every group) into this group's:
+# moved as it is, marked legacy. KEYS: old state, old open set, new state, new open set. ARGV: run.
+_ADOPT_LUA = """
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not score then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 and redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('RENAME', KEYS[1], KEYS[3])
+  -- the seqs seen so far without a gap become the watermark: only later ones need marks
+  local w = 0
+  while redis.call('HEXISTS', KEYS[3], 'e:' .. w) == 1 or redis.call('HEXISTS', KEYS[3], 't:' .. w) == 1 do
+    w = w + 1
+  end
+  redis.call('HSET', KEYS[3], 'legacy', '1', 'w', w)
+  redis.call('ZADD', KEYS[4], score, ARGV[1])
+end
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
 """
 
 # Close a run's state after its root is out (or its export is dead): keep only the verdict.
@@ -107,7 +210,8 @@ class RunWork:
     """What one batch brings for one run."""
 
     entry_ids: list[str] = field(default_factory=list)
-    fields: dict[str, bytes] = field(default_factory=dict)
+    records: dict[int, bytes] = field(default_factory=dict)  # k -> record JSON
+    events: dict[int, bytes | None] = field(default_factory=dict)  # seq -> its ring value; None: a tool span
     tool_spans: list[tuple[int, ReadableSpan]] = field(default_factory=list)
     min_ns: int | None = None
     max_ns: int | None = None
@@ -173,6 +277,7 @@ class TraceExporter:
         self.consumer = consumer
         self.group = settings.otlp_group
         self.collector_ok = True
+        self.broker_ok = True  # False while the broker refuses this process's writes
         self.stopping = asyncio.Event()
         # One request at a time: the SDK exporter (its requests.Session) is not documented as
         # thread-safe, and the subscribers of all partitions share it.
@@ -184,15 +289,21 @@ class TraceExporter:
         # twice and its roots exported twice: issue 20, finding 5).
         self.in_flight: dict[str, set[str]] = {}
         self.state_ttl_s = max(1, int(settings.run_state_ttl_hours * 3600))
+        events_limit = cfg.limits.max_events
+        self.ring = min(MAX_RING, events_limit) if isinstance(events_limit, int) and events_limit > 0 else DEFAULT_RING
         self._note = client.register_script(_NOTE_LUA)
         self._close = client.register_script(_CLOSE_LUA)
+        self._adopt = client.register_script(_ADOPT_LUA)
 
     # ------------------------------------------------------------------ names
     def state_key(self, run: str) -> str:
-        return self.layout.export_state(EXPORTER, run)
+        return self.layout.export_group_state(EXPORTER, self.group, run)
 
     def open_key(self, run: str) -> str:
-        return self.layout.export_open_runs(EXPORTER, self.layout.shard_of(run))
+        return self.layout.export_group_open_runs(EXPORTER, self.group, self.layout.shard_of(run))
+
+    def open_sets(self) -> list[str]:
+        return self.layout.export_group_open_run_sets(EXPORTER, self.group)
 
     def deadletter_key(self, run: str | None, stream: str) -> str:
         if run is not None:
@@ -231,6 +342,24 @@ class TraceExporter:
                     delay = min(delay * 2, self.settings.otlp_retry_max_s)
         if warned:
             log.info("consumer groups created; the broker accepts writes again")
+
+    async def adopt_legacy_state(self, chunk: int = 500) -> int:
+        """Runs left open by an exporter of before (one state shared by every group) move into
+        this group's state, so an upgrade loses no open root. The first exporter to start after
+        the upgrade takes them all (before, every group read and wrote that one state)."""
+        adopted = 0
+        for old_open in sorted(set(self.layout.export_open_runs(EXPORTER, i) for i in range(self.layout.shards))):
+            while True:
+                members = await self.client.zrange(old_open, 0, chunk - 1)
+                if not members:
+                    break
+                for member in members:
+                    run = _text(member) or ""
+                    keys = [self.layout.export_state(EXPORTER, run), old_open, self.state_key(run), self.open_key(run)]
+                    adopted += int(await self._adopt(keys=keys, args=[member]))
+        if adopted:
+            log.info("adopted the export state of %d open runs from before per-group state (group %s)", adopted, self.group)
+        return adopted
 
     # ------------------------------------------------------------------ delivery
     def _tally(self, tally: Tally) -> None:
@@ -304,6 +433,48 @@ class TraceExporter:
                 delay = min(delay * 2, self.settings.otlp_retry_max_s)
         return rejected
 
+    async def _broker(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one broker command of a batch. While the broker refuses it for its own state (OOM at
+        maxmemory, LOADING, READONLY, a topology change) or cannot be reached, wait and retry in
+        place, holding the batch and keeping its claim fresh: an attempt the broker refused is not
+        a delivery, so an outage never counts toward MAX_DELIVERIES, never dead-letters and never
+        sends a span twice (issue 20 item 1, finding 3). Every command retried here is idempotent
+        (the scripts count each event once; XACK; a dead letter's XADD refused was not written)."""
+        # the claim must be refreshed well within CLAIM_IDLE_MS, or another replica takes it over
+        most = max(0.05, min(self.settings.otlp_retry_max_s, self.settings.claim_idle_ms / 3000))
+        delay = min(RETRY_INITIAL_S, most)
+        refused = False
+        while True:
+            try:
+                result = await call()
+            except ResponseError as exc:
+                if reply_code(exc) not in TRANSIENT_CODES:
+                    raise
+                reason = describe(exc)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                reason = describe(exc)
+            else:
+                if refused:
+                    self.broker_ok = True
+                    log.info("the broker accepts the batch's writes again")
+                return result
+            if not refused:
+                log.warning("the broker refuses a write of a batch (%s); the batch waits, retried in place", reason)
+                refused = True
+            self.broker_ok = False
+            self.metrics.ready.set(0)
+            self.metrics.broker_refusals.inc()
+            beat = _HEARTBEAT.get()
+            if beat is not None:
+                await beat()
+            try:
+                await asyncio.wait_for(self.stopping.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+            if self.stopping.is_set():
+                raise Stopping()
+            delay = min(delay * 2, most)
+
     async def dead_letter(self, stream: str, run: str | None, entry_id: str, reason: str, detail: str,
                           payload: bytes | None = None) -> None:
         fields: dict[str, str | bytes] = {
@@ -312,6 +483,7 @@ class TraceExporter:
             "source": stream,
             "sourceId": entry_id,
             "exporter": EXPORTER,
+            "group": self.group,
         }
         if run is not None:
             fields["runId"] = run
@@ -321,7 +493,7 @@ class TraceExporter:
             fields["otlp"] = payload
             fields["contentType"] = "application/x-protobuf"
         minid = f"{int((time.time() - self.settings.topic_retention_hours * 3600) * 1000)}-0"
-        await self.client.xadd(self.deadletter_key(run, stream), fields, minid=minid, approximate=True)
+        await self._broker(partial(self.client.xadd, self.deadletter_key(run, stream), fields, minid=minid, approximate=True))
         self.metrics.dead_letters.labels(reason=reason).inc()
 
     async def kill_run(self, stream: str, run: str, entry_id: str, detail: str) -> None:
@@ -329,7 +501,8 @@ class TraceExporter:
         spans = self.rejected_spans.pop(run, None)
         payload = encode_request(spans) if spans else None
         await self.dead_letter(stream, run, entry_id, "otlp-rejected", detail, payload)
-        await self._close(keys=[self.state_key(run), self.open_key(run)], args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s])
+        await self._broker(partial(self._close, keys=[self.state_key(run), self.open_key(run)],
+                                   args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s]))
 
     # ------------------------------------------------------------------ batches
     async def _flags(self, runs: Sequence[str]) -> dict[str, tuple[bool, bool]]:
@@ -354,24 +527,28 @@ class TraceExporter:
 
     async def _ack(self, stream: str, ids: Sequence[str]) -> None:
         if ids:
-            await self.client.xack(stream, self.group, *ids)
+            await self._broker(partial(self.client.xack, stream, self.group, *ids))
 
     async def handle_events(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         held = self.in_flight.setdefault(stream, set())
         mine = {_text(i) or str(i) for i in ids} - held
         held |= mine
+        token = _HEARTBEAT.set(self._heartbeat(stream, [_text(i) or str(i) for i in ids]))
         try:
             await self._handle_events(stream, ids, fields)
         finally:
+            _HEARTBEAT.reset(token)
             held -= mine
 
     async def handle_runs(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         held = self.in_flight.setdefault(stream, set())
         mine = {_text(i) or str(i) for i in ids} - held
         held |= mine
+        token = _HEARTBEAT.set(self._heartbeat(stream, [_text(i) or str(i) for i in ids]))
         try:
             await self._handle_runs(stream, ids, fields)
         finally:
+            _HEARTBEAT.reset(token)
             held -= mine
 
     async def _handle_events(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
@@ -398,16 +575,28 @@ class TraceExporter:
             ns = ns_of(body["timestamp"])
             if is_tool_span(body):
                 w.tool_spans.append((d.seq, tool_span(body, self.cfg, tally)))
-                w.fields[f"t:{d.seq}"] = b"1"
+                w.events[d.seq] = None
             else:
-                w.fields[f"e:{d.seq}"] = span_event(body, self.cfg).dumps()
+                w.events[d.seq] = self._stored(bounded_event(span_event(body, self.cfg), self.cfg, tally))
                 w.span_events += 1
             w.saw(ns)
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
             # Unmappable (malformed body, a newer contract's shape): a span event of the root.
-            w.fields[f"e:{d.seq}"] = unmappable_event(d.seq, w.max_ns or time.time_ns(), f"{type(exc).__name__}: {exc}"[:200]).dumps()
+            ev = unmappable_event(d.seq, w.max_ns or time.time_ns(), f"{type(exc).__name__}: {exc}"[:200])
+            w.events[d.seq] = self._stored(ev)
             w.unmappable += 1
         self._tally(tally)
+
+    def _stored(self, ev: StoredEvent) -> bytes:
+        """An event as its ring slot holds it: within the slot's share of STATE_EVENT_BYTES, or kept
+        with its name, time and ids only."""
+        prefix = b"%d " % ev.seq
+        value = prefix + ev.dumps()
+        if len(value) <= STATE_EVENT_BYTES // self.ring:
+            return value
+        self.metrics.capped_events.inc()
+        ids = {k: ev.attributes[k] for k in (GI_EVENT_ID, GI_EVENT_TYPE) if k in ev.attributes}
+        return prefix + StoredEvent(ev.seq, ev.name, ev.time_ns, {**ids, GI_REASON: CAPPED_REASON}).dumps()
 
     async def _handle_runs(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         work: dict[str, RunWork] = {}
@@ -425,14 +614,14 @@ class TraceExporter:
                 continue
             w = work.setdefault(d.run, RunWork())
             w.entry_ids.append(d.entry_id)
-            w.fields[f"r:{facts.last_k}"] = orjson.dumps(body)
+            w.records[facts.last_k] = orjson.dumps(body)
             if facts.expected_events is not None:
                 w.exp = facts.expected_events
         await self._finish_batch(stream, ids=acks, work=work)
 
     async def _finish_batch(self, stream: str, ids: Sequence[str], work: dict[str, RunWork]) -> None:
         if work:
-            flags = await self._flags(list(work))
+            flags = await self._broker(partial(self._flags, list(work)))
             spans: dict[str, list[tuple[str, ReadableSpan]]] = {}
             for run, w in work.items():
                 done, dead = flags[run]
@@ -441,7 +630,7 @@ class TraceExporter:
                         self.metrics.spans_dead_lettered.labels(kind="tool").inc()
                     continue
                 if done:
-                    late = sum(1 for f in w.fields if f.startswith("e:"))
+                    late = sum(1 for ev in w.events.values() if ev is not None)
                     self.metrics.late_events.inc(late)
                 spans[run] = [("tool", span) for _, span in w.tool_spans]
             rejected = await self.deliver(spans, self._heartbeat(stream, ids))
@@ -458,10 +647,14 @@ class TraceExporter:
                     "" if w.min_ns is None else w.min_ns,
                     "" if w.max_ns is None else w.max_ns,
                     "" if w.exp is None else w.exp,
+                    self.ring,
+                    SEEN_WINDOW,
                 ]
-                for name, value in w.fields.items():
-                    args.extend((name, value))
-                n, exp, closed = await self._note(keys=[self.state_key(run), self.open_key(run)], args=args)
+                for k, record in w.records.items():
+                    args.extend(("r", k, record))
+                for seq, ev in w.events.items():
+                    args.extend(("t", seq, b"") if ev is None else ("e", seq, ev))
+                n, exp, closed = await self._broker(partial(self._note, keys=[self.state_key(run), self.open_key(run)], args=args))
                 self.metrics.span_events.inc(w.span_events)
                 self.metrics.unmappable_events.inc(w.unmappable)
                 if not closed and exp >= 0 and n >= exp:
@@ -471,19 +664,36 @@ class TraceExporter:
         await self._ack(stream, ids)
 
     # ------------------------------------------------------------------ roots
+    async def _read_state(self, run: str) -> dict[str, bytes]:
+        """What the root needs of a run's state: never the seen-marks, so the read stays as small
+        as the ring however long the run (one HGETALL of a 200,000-event state blocked Redis 163 ms)."""
+        key = self.state_key(run)
+        head = ["done", "dead", "first", "last", "rn", "ne", "legacy"]
+        values = await self.client.hmget(key, head)
+        state = {name: v for name, v in zip(head, values, strict=True) if v is not None}
+        if "legacy" in state:
+            return {(_text(k) or ""): v for k, v in (await self.client.hgetall(key)).items()}
+        if not state or "done" in state or "dead" in state:
+            return state
+        names = [f"r:{k}" for k in range(int(state.get("rn") or 0))] + [f"v:{i}" for i in range(self.ring)]
+        values = await self.client.hmget(key, names)
+        state.update((name, v) for name, v in zip(names, values, strict=True) if v is not None)
+        return state
+
     async def finish_root(self, run: str, stream: str, entry_id: str, timeout: bool = False) -> bool:
         """Export the run's root span from its state; False when it is closed already."""
-        state = await self.client.hgetall(self.state_key(run))
-        state = {(_text(k) or ""): v for k, v in state.items()}
+        state = await self._broker(partial(self._read_state, run))
         if not state or "done" in state or "dead" in state:
-            await self.client.zrem(self.open_key(run), run)
+            await self._broker(partial(self.client.zrem, self.open_key(run), run))
             return False
         records: list[dict[str, Any]] = []
         events: list[StoredEvent] = []
         for name, value in state.items():
             if name.startswith("r:"):
                 records.append(orjson.loads(value))
-            elif name.startswith("e:"):
+            elif name.startswith("v:"):
+                events.append(StoredEvent.loads(value.partition(b" ")[2]))
+            elif name.startswith("e:"):  # legacy state
                 events.append(StoredEvent.loads(value))
         try:
             facts = fold_records(run, records)
@@ -493,13 +703,16 @@ class TraceExporter:
         last = int(state["last"]) if state.get("last") else None
         tally = Tally()
         span = root_span(facts, events, self.cfg, tally, first_ns=first, last_ns=last, closed_by_timeout=timeout)
+        if "legacy" not in state:  # events the ring let go: as the SDK's event limit would have
+            tally.dropped_events += max(0, int(state.get("ne") or 0) - len(events))
         self._tally(tally)
         rejected = await self.deliver({run: [("root", span)]})
         if run in rejected:
             await self.kill_run(stream, run, entry_id, rejected[run])
             return False
         reason = "timeout" if timeout else (facts.state or "timeout")
-        await self._close(keys=[self.state_key(run), self.open_key(run)], args=[run, "done", reason, self.state_ttl_s])
+        await self._broker(partial(self._close, keys=[self.state_key(run), self.open_key(run)],
+                                   args=[run, "done", reason, self.state_ttl_s]))
         self.metrics.roots_closed.labels(reason=reason).inc()
         return True
 
@@ -508,7 +721,7 @@ class TraceExporter:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         cutoff = now_ms - int(self.settings.otlp_root_timeout_s * 1000)
         closed = 0
-        for key in self.layout.export_open_run_sets(EXPORTER):
+        for key in self.open_sets():
             for member in await self.client.zrangebyscore(key, "-inf", cutoff, start=0, num=limit):
                 run = _text(member)
                 if run is None:
@@ -535,7 +748,7 @@ class TraceExporter:
             self.metrics.pending.labels(topic=topic).set(pending)
             total += lag
         open_runs = 0
-        for key in self.layout.export_open_run_sets(EXPORTER):
+        for key in self.open_sets():
             open_runs += await self.client.zcard(key)
         self.metrics.open_runs.set(open_runs)
         return total

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -75,6 +76,28 @@ def endpoint_for_log(endpoint: str) -> str:
     except ValueError:
         return "(unparseable endpoint)"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+_QUERY = re.compile(r"\?[^\s\"']*")
+
+
+class QueryScrubber(logging.Filter):
+    """Cuts the query off every URL or path in a log line. An endpoint's query may hold a token, and
+    the HTTP clients quote it: urllib3 logs `"POST /v1/traces?api_key=... HTTP/1.1" 200` at DEBUG,
+    the SDK's exporter logs a transient error with the connection error's text, which names the URL."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "?" in text:
+            record.msg, record.args = _QUERY.sub("?***", text), ()
+        return True
+
+
+def scrub_url_queries_in_logs() -> None:
+    """Install `QueryScrubber` on every handler of the root logger (so on every logger's lines)."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, QueryScrubber) for f in handler.filters):
+            handler.addFilter(QueryScrubber())
 
 
 class HttpSink:

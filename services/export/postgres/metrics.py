@@ -41,6 +41,11 @@ class SinkMetrics:
             "goose_ingest_postgres_pending_entries", "Entries delivered to the sink's group but not acknowledged.",
             ["topic"], registry=r,
         )
+        self.clamped = Counter(
+            "goose_ingest_postgres_clamped_timestamps_total",
+            "Events whose time was before 2000 or more than a day ahead: filed under their topic entry's time.",
+            registry=r,
+        )
         self.partitions_dropped = Counter(
             "goose_ingest_postgres_partitions_dropped_total", "Monthly events partitions dropped by retention.", registry=r,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 import orjson
@@ -23,6 +23,12 @@ INVALID_ENTRY = "postgres-invalid-entry"  # not a topic entry the contract descr
 REJECTED = "postgres-rejected"  # the database refused the row (detail: SQLSTATE and message)
 
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+# An event's time must fall in [SANE_FROM, the sink's clock + SANE_AHEAD] to choose its monthly
+# partition: any other (a tap's clock in 1970 or 9999, a hostile `ts`) would make partitions that
+# retention never drops, or crash on a year past 9999. Such an event is filed under the time its
+# topic entry was written (the broker's clock, in its id); `data` keeps the original timestamp.
+SANE_FROM = "2000-01-01T00:00:00.000Z"
+SANE_AHEAD = timedelta(days=1)
 _RECORD_K = re.compile(r":run:(\d+)$")
 _EVENT_TYPES = frozenset(EVENT_TYPES)
 _RUN_STATES = frozenset(RUN_STATES)
@@ -48,8 +54,9 @@ class EventRow(NamedTuple):
 
     ref: EntryRef
     event_id: str
-    ts: str  # RFC 3339 text, parsed by PostgreSQL
+    ts: str  # RFC 3339 text, parsed by PostgreSQL (the partition key: see SANE_FROM)
     data: bytes  # the event's JSON exactly as published
+    clamped: bool = False  # ts is the entry's time, not the event's (which `data` keeps)
 
     @property
     def month(self) -> str:
@@ -117,6 +124,7 @@ class Parsed:
     records: list[RecordRow]
     dead: list[DeadLetter]
     expired: int
+    clamped: int = 0  # events filed under their entry's time (their own was not sane)
 
 
 class _Invalid(ValueError):
@@ -158,7 +166,29 @@ def _timestamp(doc: Mapping[str, Any]) -> str:
     ts = doc.get("timestamp")
     if not isinstance(ts, str) or not _TIMESTAMP.match(ts):
         raise _Invalid("timestamp missing or not RFC 3339 UTC with milliseconds")
+    try:
+        datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ")  # a month 13 or a 25th hour passes the pattern
+    except ValueError:
+        raise _Invalid(f"timestamp {ts[:40]!r} is not a valid date and time") from None
     return ts
+
+
+def rfc3339(when: datetime) -> str:
+    """A UTC instant as the contract writes timestamps (milliseconds, `Z`)."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def entry_time(entry_id: str) -> str:
+    """The time a stream entry was written: the milliseconds of its id, as RFC 3339."""
+    ms, _ = entry_id_parts(entry_id)
+    return rfc3339(datetime.fromtimestamp(ms / 1000, UTC))
+
+
+def sane(row: EventRow, ceiling: str) -> EventRow:
+    """The row with its partition key within [SANE_FROM, ceiling]: else its entry's time."""
+    if SANE_FROM <= row.ts <= ceiling:
+        return row
+    return row._replace(ts=min(max(entry_time(row.ref.entry_id), SANE_FROM), ceiling), clamped=True)
 
 
 def _nonneg_int(doc: Mapping[str, Any], key: str) -> int:
@@ -248,14 +278,16 @@ def parse_batch(
     event_entries: Sequence[tuple[str, str, Mapping[bytes, bytes]]],
     record_entries: Sequence[tuple[str, str, Mapping[bytes, bytes]]],
     horizon: str,
+    ceiling: str | None = None,
 ) -> Parsed:
-    """Parse (stream, entry id, fields) triples. Events older than `horizon` (an RFC 3339
-    timestamp: now minus the retention) are counted as expired: their partition is dropped or
-    about to be, so writing them would only re-create it."""
+    """Parse (stream, entry id, fields) triples. An event whose time is before SANE_FROM or after
+    `ceiling` (RFC 3339: the sink's clock + SANE_AHEAD) is filed under its entry's time (`sane`).
+    Events older than `horizon` (an RFC 3339 timestamp: now minus the retention) are counted as
+    expired: their partition is dropped or about to be, so writing them would only re-create it."""
     events: list[EventRow] = []
     records: list[RecordRow] = []
     dead: list[DeadLetter] = []
-    expired = 0
+    expired = clamped = 0
     for stream, entry_id, fields in event_entries:
         ref = EntryRef(stream, entry_id)
         try:
@@ -263,6 +295,9 @@ def parse_batch(
         except _Invalid as exc:
             dead.append(DeadLetter(ref, INVALID_ENTRY, str(exc), _str_keys(fields)))
             continue
+        if ceiling is not None:
+            row = sane(row, ceiling)
+            clamped += row.clamped
         if row.ts < horizon:
             expired += 1
         else:
@@ -273,7 +308,7 @@ def parse_batch(
             records.append(parse_record(ref, fields))
         except _Invalid as exc:
             dead.append(DeadLetter(ref, INVALID_ENTRY, str(exc), _str_keys(fields)))
-    return Parsed(events, records, dead, expired)
+    return Parsed(events, records, dead, expired, clamped)
 
 
 def _str_keys(fields: Mapping[bytes, bytes]) -> dict[str, bytes]:

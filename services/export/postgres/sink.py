@@ -32,8 +32,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.postgres.metrics import SinkMetrics
-from services.export.postgres.rows import INVALID_ENTRY, DeadLetter, EntryRef, Parsed, parse_batch
+from services.export.postgres.rows import INVALID_ENTRY, SANE_AHEAD, DeadLetter, EntryRef, Parsed, parse_batch, rfc3339
 from services.export.postgres.store import Store, WriteResult, utcnow
 from services.metrics.server import NotReady
 from services.settings import Settings
@@ -306,10 +307,12 @@ class Sink:
     # ------------------------------------------------------------------ one batch
     def prepare(self, entries: list[Entry]) -> Batch:
         """Parse a batch read from the topics (pure work, done on the reader thread)."""
-        horizon = (utcnow() - self.opts.retention).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        now = utcnow()
+        horizon = (now - self.opts.retention).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        ceiling = rfc3339(now + SANE_AHEAD)
         events = [e for e in entries if self.topic[e[0]] == "events"]
         records = [e for e in entries if self.topic[e[0]] == "runs"]
-        return Batch(entries, parse_batch(events, records, horizon), [EntryRef(s, i) for s, i, _ in entries])
+        return Batch(entries, parse_batch(events, records, horizon, ceiling), [EntryRef(s, i) for s, i, _ in entries])
 
     def process(self, batch: Batch) -> bool:
         """Write then acknowledge one batch. False when asked to stop before it was written."""
@@ -330,6 +333,15 @@ class Sink:
                 self._set(broker=False, why=f"broker unreachable while acknowledging ({type(exc).__name__})")
                 self.metrics.errors.labels("broker").inc()
                 log.warning("broker unreachable while acknowledging (%s); retrying in %.1fs", type(exc).__name__, backoff)
+            except ResponseError as exc:
+                # The broker refuses the dead letters' XADD (OOM at maxmemory; LOADING, READONLY, a
+                # topology change): the MULTI wrote nothing, so retrying it writes each dead letter
+                # once. An outage, not a failure of the batch: it stays written and held meanwhile.
+                if reply_code(exc) not in TRANSIENT_CODES | {"EXECABORT"}:
+                    raise
+                self._set(broker=False)
+                self.metrics.errors.labels("broker").inc()
+                log.warning("broker refuses the acknowledgement (%s); retrying in %.1fs", describe(exc), backoff)
             if self._sleep(backoff):
                 return False
             backoff = min(backoff * 2, BACKOFF_MAX_S)
@@ -375,6 +387,7 @@ class Sink:
         rows.labels("events", "inserted").inc(result.events_inserted)
         rows.labels("events", "duplicate").inc(result.events_duplicate)
         rows.labels("events", "expired").inc(parsed.expired)
+        self.metrics.clamped.inc(parsed.clamped)
         rows.labels("run_records", "inserted").inc(result.records_inserted)
         rows.labels("run_records", "duplicate").inc(result.records_duplicate)
         for letter in parsed.dead + result.rejected:
