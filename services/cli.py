@@ -33,6 +33,7 @@ _COMMAND_MODULES = [
     "services.backfill.command",
     "services.export.command",
     "services.broker.acl",
+    "services.gateway.command",
 ]
 # The subcommands each module registers: a command line naming one imports only its module (a tap
 # must not pay for the worker's FastStream or the exporters' clients). tests/test_tap_conn.py holds
@@ -49,6 +50,8 @@ _MODULE_OF = {
     "import-sessions": "services.backfill.command",
     "export": "services.export.command",
     "acl": "services.broker.acl",
+    "gateway": "services.gateway.command",
+    "tokens": "services.gateway.command",
 }
 
 # Values of these settings are never echoed in an error line (credentials, or URLs that may hold them).
