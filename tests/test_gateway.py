@@ -22,6 +22,7 @@ import orjson
 import pytest
 import redis
 
+from contracts.gateway import ErrorReply, IngestReply
 from services.broker.acl import ROLE_NAMES, render, user_name
 from services.broker.embedded import EmbeddedRedis, free_port, start_redis
 from services.gateway import tokens
@@ -414,8 +415,14 @@ def test_malformed_and_deep_json_get_400_with_the_reason(deployment):
     assert d.gateway.proc.poll() is None  # still serving
 
 
-def test_metrics_health_and_readiness(deployment):
+def test_metrics_health_readiness_and_the_openapi_reply_model(deployment):
     d = deployment
+    status, reply, _ = d.gateway.post(ndjson([{"run": "team-a/m/1", "seq": 0, "line": "x"}, {"run": "team-a/m/1"}]),
+                                      d.token_a)
+    assert status == 200
+    assert IngestReply.model_validate(reply).results[1].reason == "invalid-entry"
+    status, reply, _ = d.gateway.post(ndjson([{"run": "team-b/m/1", "seq": 0, "line": "x"}]), d.token_a)
+    assert status == 403 and ErrorReply.model_validate(reply).entries == [0]
     assert d.gateway.get("/healthz")[0] == 200
     assert d.gateway.get("/readyz") == (200, "ready\n")
     status, text = d.gateway.get("/metrics")

@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from contracts.gateway import INGEST_PATH
 from services.broker.errors import describe, reply_code
 from services.gateway.body import OUTSIDE_PREFIX, Accepted, BodyError, Refused, check_entry, decompress, parse
 from services.gateway.metrics import GatewayMetrics
@@ -37,7 +38,6 @@ from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.gateway")
 
-INGEST_PATH = "/v1/raw"
 # Redis replies that mean a misconfigured gateway, not a passing state of the broker.
 CONFIG_CODES = frozenset({"NOPERM", "NOAUTH", "WRONGPASS"})
 

@@ -18,6 +18,10 @@ from dataclasses import dataclass
 
 import orjson
 
+from contracts.gateway import REFUSAL_REASONS as REFUSAL_REASONS
+from contracts.gateway import REFUSED_INVALID as INVALID
+from contracts.gateway import REFUSED_OUTSIDE_PREFIX as OUTSIDE_PREFIX
+from contracts.gateway import REFUSED_OVERSIZE as OVERSIZE
 from services.sequencer.entries import EntryError, parse_fields
 
 # The order of the contract's fields (Entry.to_fields); other fields a shipper adds follow them.
@@ -30,11 +34,6 @@ MAX_FIELD_NAME = 64
 MAX_FIELDS = 64
 ZSTD_STEP = 512  # compressed bytes fed to zstd between two checks of the output size
 
-# Refusal reasons of one entry (the `reason` of its result and of the metric label: a fixed set).
-INVALID = "invalid-entry"
-OVERSIZE = "oversize"
-OUTSIDE_PREFIX = "outside-prefix"
-REFUSAL_REASONS = (INVALID, OVERSIZE, OUTSIDE_PREFIX)
 
 
 class BodyError(Exception):

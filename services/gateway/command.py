@@ -39,6 +39,20 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _check_shard_count(client: object, settings: object) -> None:
+    """Like every writer: another shard count than the data's would route runs elsewhere (exit 2).
+    Redis down at start is no reason to stop: requests answer 503 until it is back."""
+    import redis
+
+    from services.broker.cluster import ensure_shard_count
+
+    try:
+        ensure_shard_count(client, settings.layout)  # type: ignore[attr-defined]
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        logging.getLogger("goose_ingest.gateway").warning("Redis unreachable at start (%s); serving 503 until it is back",
+                                                         type(exc).__name__)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -54,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     # socket_timeout bounds a hung broker (then 503); creating the client does not connect.
     client = sync_client_with_timeouts(settings, socket_timeout=5.0, connect_timeout=2.0)
+    _check_shard_count(client, settings)
     gateway = Gateway(settings, client)
     sock = _bind(host, port)
     bound = sock.getsockname()

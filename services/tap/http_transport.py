@@ -24,13 +24,13 @@ from typing import Any
 
 import orjson
 
+from contracts.gateway import INGEST_PATH
 from services.settings import ConfigError, Settings
 from services.tap.conn import BrokerError
 from services.tap.spool import SRC_TAG
 
 log = logging.getLogger("goose_ingest.tap")
 
-INGEST_PATH = "/v1/raw"
 TIMEOUT_S = 10.0
 GZIP_FROM_BYTES = 1024  # smaller batches go uncompressed (the header would cost more than it saves)
 
