@@ -28,6 +28,8 @@ EXPECTED_ALERTS = {
     "GooseIngestStalled",
     "GooseIngestNoWorkers",
     "GooseIngestPendingEntryStuck",
+    "GooseIngestGatewayErrors",
+    "GooseIngestGatewayRefusalsSpike",
 }
 
 
