@@ -100,6 +100,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self._ready_at = 0.0
         self._ready: tuple[bool, str] = (False, "not checked yet")
+        self._aclient: Any = None  # redis.asyncio client of write_async (made on the server's loop)
 
     # ------------------------------------------------------------------ Redis (in worker threads)
     def _redis(self, fn: Callable[[], Any]) -> Any:
@@ -108,13 +109,46 @@ class Gateway:
 
         try:
             return fn()
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise Unavailable(describe(exc)) from None
-        except redis.RedisError as exc:  # OOM, LOADING, CLUSTERDOWN, a replica shortfall...
-            code = reply_code(exc)
-            if code in CONFIG_CODES:
-                log.error("Redis refused the gateway's user (%s): check its ACL and credentials", describe(exc))
-            raise Unavailable(describe(exc)) from None
+        except (redis.RedisError, RedisClusterException) as exc:
+            raise self._unavailable_error(exc) from None
+
+    @staticmethod
+    def _unavailable_error(exc: BaseException) -> Unavailable:
+        """Every Redis failure is a 503 (down, OOM, LOADING, CLUSTERDOWN, a replica shortfall...); one that
+        means a misconfigured gateway is also logged as such."""
+        if reply_code(exc) in CONFIG_CODES:
+            log.error("Redis refused the gateway's user (%s): check its ACL and credentials", describe(exc))
+        return Unavailable(describe(exc))
+
+    async def write_async(self, accepted: list[Accepted]) -> None:
+        """``write`` on a single node without a thread: one asyncio pipeline of ``XADD <shard> *`` (plus
+        WAIT on the same connection when configured). A cluster goes through ``write`` in a thread."""
+        if self.settings.redis_cluster:
+            await run_in_threadpool(self.write, accepted)
+            return
+        import redis
+
+        if self._aclient is None:
+            from redis import asyncio as aioredis
+
+            from services.broker.connect import _credentials, _kwargs, target
+
+            t = target(self.settings)
+            self._aclient = aioredis.Redis.from_url(t.url_without_credentials, **{
+                **_kwargs(self.settings), **_credentials(t), "socket_timeout": 5.0, "socket_connect_timeout": 2.0})
+        wait = self.settings.redis_wait_replicas
+        pipe = self._aclient.pipeline(transaction=False)
+        for a in accepted:
+            pipe.xadd(self.layout.raw_stream(self.layout.shard_of(a.run)), a.fields)
+        if wait:
+            pipe.execute_command("WAIT", wait, self.settings.redis_wait_timeout_ms)
+        try:
+            replies = await pipe.execute()
+        except redis.RedisError as exc:
+            raise self._unavailable_error(exc) from None
+        if wait and int(replies[-1]) < wait:
+            raise Unavailable(f"{replies[-1]} of {wait} replicas acknowledged within "
+                              f"{self.settings.redis_wait_timeout_ms} ms")
 
     def write(self, accepted: list[Accepted]) -> None:
         """XADD every accepted entry to its shard (``*`` ids, no option), one pipeline per shard."""
@@ -174,10 +208,12 @@ class Gateway:
         if scheme.lower() != "bearer" or not presented.strip():
             return self._reply(401, {"error": "unauthorized", "reason": "no bearer token"},
                                {"WWW-Authenticate": 'Bearer realm="goose-ingest"'})
-        try:
-            token = await run_in_threadpool(self.check_token, presented.strip())
-        except Unavailable as exc:
-            return self._unavailable(str(exc))
+        answered, token = self.tokens.cached(presented.strip())
+        if not answered:  # not cached (or expired): ask Redis, off the event loop
+            try:
+                token = await run_in_threadpool(self.check_token, presented.strip())
+            except Unavailable as exc:
+                return self._unavailable(str(exc))
         if token is None:
             return self._reply(401, {"error": "unauthorized", "reason": "invalid or revoked token"},
                                {"WWW-Authenticate": 'Bearer realm="goose-ingest", error="invalid_token"'})
@@ -210,7 +246,7 @@ class Gateway:
         if accepted:
             started = time.perf_counter()
             try:
-                await run_in_threadpool(self.write, accepted)
+                await self.write_async(accepted)
             except Unavailable as exc:
                 return self._unavailable(str(exc))
             self.metrics.redis_seconds.observe(time.perf_counter() - started)

@@ -117,22 +117,34 @@ class TokenStore:
         self._cache: dict[str, tuple[float, tuple[str, TokenRecord] | None]] = {}
         self._lock = threading.Lock()
 
-    def check(self, presented: str) -> TokenRecord | None:
-        """The record of a valid, unrevoked token; None otherwise. Redis errors propagate (503)."""
+    def cached(self, presented: str) -> tuple[bool, TokenRecord | None]:
+        """``check`` from the cache alone: (True, the record or None) when it can answer, (False, None)
+        when Redis must be asked (the async app calls this on its loop, ``check`` in a thread on a miss)."""
         token_id = token_id_of(presented)
         if token_id is None:
-            return None
-        now = time.monotonic()
+            return True, None
         with self._lock:
             hit = self._cache.get(token_id)
-        if hit is not None and hit[0] > now:
-            found = hit[1]
-        else:
-            found = _decode(token_id, self.client.hgetall(self.layout.gateway_token(token_id)))
-            with self._lock:
-                if len(self._cache) >= MAX_CACHED:
-                    self._cache.clear()
-                self._cache[token_id] = (now + self.ttl_s, found)
+        if hit is None or hit[0] <= time.monotonic():
+            return False, None
+        return True, self._verify(presented, hit[1])
+
+    def check(self, presented: str) -> TokenRecord | None:
+        """The record of a valid, unrevoked token; None otherwise. Redis errors propagate (503)."""
+        answered, rec = self.cached(presented)
+        if answered:
+            return rec
+        token_id = token_id_of(presented)
+        assert token_id is not None
+        found = _decode(token_id, self.client.hgetall(self.layout.gateway_token(token_id)))
+        with self._lock:
+            if len(self._cache) >= MAX_CACHED:
+                self._cache.clear()
+            self._cache[token_id] = (time.monotonic() + self.ttl_s, found)
+        return self._verify(presented, found)
+
+    @staticmethod
+    def _verify(presented: str, found: tuple[str, TokenRecord] | None) -> TokenRecord | None:
         if found is None:
             return None
         stored_hash, rec = found

@@ -7,20 +7,23 @@ it in order with backoff, exactly as for a broker outage. Entries the gateway re
 a 200 (invalid, oversize) would be refused again on every resend: they count as delivered and are
 reported (reason only, never the line).
 
-stdlib only (urllib: proxies from ``https_proxy``/``http_proxy``/``no_proxy``, TLS with a CA file),
-so a tap that speaks HTTP imports no HTTP client package.
+stdlib only (http.client on one kept-alive connection; proxies from ``https_proxy``/``http_proxy``/
+``no_proxy`` as urllib reads them, CONNECT for https; TLS with a CA file), so a tap that speaks HTTP
+imports no HTTP client package.
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
 import logging
+import socket
 import ssl
-import urllib.error
 import urllib.request
 import zlib
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
@@ -64,18 +67,51 @@ def endpoint_url(settings: Settings) -> str:
 
 
 class HttpTransport:
+    """One kept-alive connection to the gateway (through the environment's proxy, if any), used by the
+    publisher's sender thread only."""
+
     def __init__(self, settings: Settings) -> None:
         self.url = endpoint_url(settings)
         self._auth = f"Bearer {read_token(settings)}"
-        handlers: list[Any] = [urllib.request.ProxyHandler()]  # the standard *_proxy variables
-        if self.url.startswith("https://"):
+        parts = urlsplit(self.url)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or ""
+        try:
+            self._port = parts.port or (443 if self._https else 80)
+        except ValueError:
+            raise ConfigError("GOOSE_INGEST_INGEST_ENDPOINT has an invalid port") from None
+        self._path = parts.path
+        self._ctx: ssl.SSLContext | None = None
+        if self._https:
             try:
-                ctx = ssl.create_default_context(cafile=settings.ingest_ca_file)
+                self._ctx = ssl.create_default_context(cafile=settings.ingest_ca_file)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError(f"GOOSE_INGEST_INGEST_CA_FILE: cannot load it ({exc})") from None
-            handlers.append(urllib.request.HTTPSHandler(context=ctx))
-        self._opener = urllib.request.build_opener(*handlers)
+        # the standard https_proxy / http_proxy / no_proxy variables, read as urllib reads them
+        proxy = urllib.request.getproxies().get(parts.scheme)
+        self._proxy = urlsplit(proxy) if proxy and not urllib.request.proxy_bypass(self._host) else None
+        self._conn: http.client.HTTPConnection | None = None
+        self._target = self._path
+        self._extra: dict[str, str] = {}
         self.refused = 0  # entries the gateway refused for good (reported, not resent)
+
+    def _connect(self) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+        """A new connection, the request target and any proxy header."""
+        extra: dict[str, str] = {}
+        if self._proxy is None:
+            if self._https:
+                return http.client.HTTPSConnection(self._host, self._port, timeout=TIMEOUT_S, context=self._ctx), self._path, extra
+            return http.client.HTTPConnection(self._host, self._port, timeout=TIMEOUT_S), self._path, extra
+        p = self._proxy
+        if p.username:
+            basic = base64.b64encode(f"{unquote(p.username)}:{unquote(p.password or '')}".encode()).decode()
+            extra["Proxy-Authorization"] = f"Basic {basic}"
+        if self._https:  # CONNECT through the proxy, TLS to the gateway inside the tunnel
+            tunnel = http.client.HTTPSConnection(p.hostname or "", p.port or 3128, timeout=TIMEOUT_S, context=self._ctx)
+            tunnel.set_tunnel(self._host, self._port, headers=extra)
+            return tunnel, self._path, {}
+        conn = http.client.HTTPConnection(p.hostname or "", p.port or 3128, timeout=TIMEOUT_S)
+        return conn, self.url, extra  # absolute-form target for a plain-HTTP proxy
 
     def send(self, raws: list[bytes]) -> None:
         """POST spool records (NDJSON lines) as one batch; return once the gateway stored them."""
@@ -85,22 +121,35 @@ class HttpTransport:
             c = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
             body = c.compress(body) + c.flush()
             headers["Content-Encoding"] = "gzip"
-        req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        try:
-            with self._opener.open(req, timeout=TIMEOUT_S) as resp:
+        for attempt in (0, 1):
+            reused = self._conn is not None
+            try:
+                if self._conn is None:
+                    self._conn, self._target, self._extra = self._connect()
+                    self._conn.connect()
+                    if self._conn.sock is not None:  # head and body are two writes: no Nagle delay between
+                        self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn = self._conn
+                conn.request("POST", self._target, body=body, headers={**headers, **self._extra})
+                resp = conn.getresponse()
                 reply = resp.read()
-        except urllib.error.HTTPError as exc:
+            except (http.client.HTTPException, OSError) as exc:
+                self.close()
+                if reused and attempt == 0:
+                    continue  # the gateway closed the idle kept-alive connection: once more on a new one
+                raise GatewayError(f"gateway unreachable ({type(exc).__name__}: {exc})") from None
+            if resp.will_close:
+                self.close()
+            break
+        if not 200 <= resp.status < 300:
             reason = ""
             try:
-                reason = str(orjson.loads(exc.read(4096)).get("reason", ""))[:200]
+                reason = str(orjson.loads(reply[:4096]).get("reason", ""))[:200]
             except Exception:
                 pass
-            retry = exc.headers.get("Retry-After", "") if exc.headers else ""
-            raise GatewayError(f"gateway answered {exc.code}" + (f": {reason}" if reason else "")
-                               + (f" (retry after {retry} s)" if retry else "")) from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            why = getattr(exc, "reason", None) or exc
-            raise GatewayError(f"gateway unreachable ({type(exc).__name__}: {why})") from None
+            retry = resp.getheader("Retry-After") or ""
+            raise GatewayError(f"gateway answered {resp.status}" + (f": {reason}" if reason else "")
+                               + (f" (retry after {retry} s)" if retry else ""))
         self._report(reply, len(raws))
 
     def _report(self, reply: bytes, sent: int) -> None:
@@ -116,7 +165,9 @@ class HttpTransport:
                         sum(reasons.values()), sent, ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())))
 
     def close(self) -> None:
-        pass
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def _without_src(raw: bytes) -> bytes:
