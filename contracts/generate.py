@@ -47,6 +47,9 @@ def documents() -> dict[str, str]:
     from contracts.asyncapi import asyncapi_document
 
     out["asyncapi.json"] = asyncapi_document()
+    from contracts.gateway import openapi_document
+
+    out["openapi.json"] = openapi_document()
     return out
 
 

@@ -34,6 +34,8 @@ _COMMAND_MODULES = [
     "services.export.command",
     "services.broker.acl",
     "services.runs.command",
+
+    "services.gateway.command",
 ]
 # The subcommands each module registers: a command line naming one imports only its module (a tap
 # must not pay for the worker's FastStream or the exporters' clients). tests/test_tap_conn.py holds
@@ -52,6 +54,9 @@ _MODULE_OF = {
     "export": "services.export.command",
     "acl": "services.broker.acl",
     "runs": "services.runs.command",
+
+    "gateway": "services.gateway.command",
+    "tokens": "services.gateway.command",
 }
 
 # Values of these settings are never echoed in an error line (credentials, or URLs that may hold them).

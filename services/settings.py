@@ -200,6 +200,31 @@ class Settings(BaseSettings):
     publish_batch: int = Field(default=256, ge=1, description="Entries per pipelined XADD batch.")
     host_label: str | None = Field(default=None, description="`host` label on raw entries (default: the hostname).")
 
+    # --- the tap through an ingest gateway (docs/gateway.md) ------------------
+    ingest_endpoint: str | None = Field(
+        default=None,
+        description="https:// URL of an ingest gateway: tap, publish and import-sessions send there instead of to Redis.",
+    )
+    ingest_token: SecretStr | None = Field(default=None, description="Bearer token for INGEST_ENDPOINT; never logged.")
+    ingest_token_file: str | None = Field(default=None, description="File whose first line is the token (instead of INGEST_TOKEN).")
+    ingest_ca_file: str | None = Field(default=None, description="CA bundle that signs the gateway's TLS certificate.")
+
+    # --- gateway (`goose-ingest gateway`, docs/gateway.md) ---------------------
+    gateway_host: str = Field(default="0.0.0.0", description="Bind address of the ingest gateway.")
+    gateway_port: int = Field(default=8080, ge=0, le=65535, description="Port of the ingest gateway (0: any free port).")
+    gateway_max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024,
+        description="Largest request body, as sent and after decompression (413 beyond).",
+    )
+    gateway_rate_lines_per_s: float = Field(default=20_000.0, ge=0, description="Entries per second per token and replica (429 beyond); 0: no limit.")
+    gateway_rate_bytes_per_s: float = Field(
+        default=32 * 1024 * 1024, ge=0, description="Decoded body bytes per second per token and replica (429 beyond); 0: no limit."
+    )
+    gateway_token_cache_s: float = Field(default=5.0, ge=0, description="How long a replica trusts a token lookup (a revocation takes effect within this).")
+    gateway_body_timeout_s: float = Field(default=30.0, gt=0, description="A request body not received within this is refused (408).")
+    gateway_max_connections: int = Field(default=2048, ge=1, description="Concurrent connections per replica (503 beyond).")
+    gateway_retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 503 while Redis is unavailable.")
+
     # --- export postgres ----------------------------------------------------
     postgres_dsn: SecretStr | None = Field(
         default=None, description="libpq DSN/URL of the analytics database (`export postgres`); never logged."

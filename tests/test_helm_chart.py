@@ -45,7 +45,10 @@ RELEASE = "gi"
 FULLNAME = "gi-goose-ingest"
 SETTINGS_NOT_IN_CONFIGMAP = {"redis_url", "redis_username", "redis_password", "metrics_port", "metrics_host",
                              "metrics_port_file",  # per process, like the port: the image sets it
-                             "postgres_dsn"}  # the DSN carries a password: postgresExporter.existingSecret
+                             "postgres_dsn",  # the DSN carries a password: postgresExporter.existingSecret
+                             "gateway_host", "gateway_port",  # per process, like the metrics port
+                             # the tap's side of the gateway: agent hosts' settings, not the cluster's
+                             "ingest_endpoint", "ingest_token", "ingest_token_file", "ingest_ca_file"}
 
 ALL_ON = {
     "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
@@ -98,6 +101,7 @@ DISCOVERY = {
     ],
     ("apps", "v1"): [("deployments", "Deployment", True)],
     ("policy", "v1"): [("poddisruptionbudgets", "PodDisruptionBudget", True)],
+    ("networking.k8s.io", "v1"): [("ingresses", "Ingress", True)],
     ("autoscaling", "v2"): [("horizontalpodautoscalers", "HorizontalPodAutoscaler", True)],
     ("monitoring.coreos.com", "v1"): [
         ("servicemonitors", "ServiceMonitor", True),
@@ -430,6 +434,32 @@ def test_all_features_render_is_valid(helm, kubeconfig):
     assert kinds["PodDisruptionBudget"]["spec"] == {"minAvailable": 1, "selector": kinds["Deployment"]["spec"]["selector"]}
 
 
+def test_gateway_renders_with_its_own_redis_user_service_ingress_and_hpa(helm, kubeconfig):
+    values = {"gateway": {"enabled": True, "redisSecret": "gw-redis",
+                          "ingress": {"enabled": True, "host": "goose-gw.example", "className": "nginx",
+                                      "tls": [{"hosts": ["goose-gw.example"], "secretName": "gw-tls"}]},
+                          "hpa": {"enabled": True}},
+              "serviceMonitor": {"enabled": True}}
+    objs = render(helm, kubeconfig, values)
+    gw = by_kind([o for o in objs if o["metadata"]["labels"].get("app.kubernetes.io/component") == "gateway"])
+    assert set(gw) == {"Deployment", "Service", "Ingress", "HorizontalPodAutoscaler", "ServiceMonitor"}
+    for o in gw.values():
+        check_metadata(o)
+        if o["kind"] == "ServiceMonitor":
+            check_service_monitor(o, gw)
+        else:
+            validate_core(o)  # Ingress too: a built-in kind
+    assert "replicas" not in gw["Deployment"]["spec"]  # the HPA's
+    env = env_of(gw["Deployment"])
+    assert env["GOOSE_INGEST_REDIS_USERNAME"]["valueFrom"]["secretKeyRef"] == {"name": "gw-redis", "key": "username"}
+    assert env["GOOSE_INGEST_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "gw-redis", "key": "password"}
+    assert gw["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"] == ["gateway"]
+    paths = gw["Ingress"]["spec"]["rules"][0]["http"]["paths"]
+    assert [p["path"] for p in paths] == ["/v1/"]  # /metrics, /healthz, /readyz stay inside
+    default = render(helm, kubeconfig)
+    assert not [o for o in default if o["metadata"]["labels"].get("app.kubernetes.io/component") == "gateway"]
+
+
 def test_hpa_rendered_only_without_keda(helm, kubeconfig):
     kinds = validate_all(render(helm, kubeconfig, {"hpa": {"enabled": True, "minReplicas": 2, "maxReplicas": 6}}))
     hpa = kinds["HorizontalPodAutoscaler"]
@@ -497,6 +527,8 @@ FREE_FORM = {
     "properties.prometheusRule.properties.labels",
     "properties.serviceAccount.properties.annotations",
     "properties.podAnnotations",
+    "properties.gateway.properties.ingress.properties.annotations",
+    "properties.gateway.properties.ingress.properties.tls.items",  # Kubernetes IngressTLS objects
     "properties.podLabels",
     "properties.nodeSelector",
     "properties.tolerations.items",

@@ -44,6 +44,8 @@ EXPECTED_ALERTS = {
     "GooseIngestExportLagGrowing",
     "GooseIngestExportFailing",
     "GooseIngestExportDeadLetters",
+    "GooseIngestGatewayErrors",
+    "GooseIngestGatewayRefusalsSpike",
 }
 
 

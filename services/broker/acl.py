@@ -32,6 +32,7 @@ from services.broker.keys import (
     EXPORT_GROUP_STATE,
     EXPORT_OPEN,
     EXPORT_STATE,
+    GATEWAY_TOKEN,
     IMPORT_CHECKPOINT,
     LEASE,
     META,
@@ -113,6 +114,7 @@ class KeyPatterns:
     meta: str
     lease: str
     workers: str
+    gateway_token: str
     everything: str
 
     @classmethod
@@ -142,6 +144,7 @@ class KeyPatterns:
             meta=glob_escape(layout.key(META)),
             lease=family(LEASE),
             workers=glob_escape(layout.key(WORKERS)),
+            gateway_token=family(GATEWAY_TOKEN),
             everything=glob_escape(layout.key("")) + "*" if layout.namespace else "*",
         )
 
@@ -161,6 +164,14 @@ def roles(layout: KeyLayout) -> list[Role]:
             "tap",
             "`tap`, `publish`: append to the raw shards, nothing else (no control stream, no topic, no reads)",
             (*CONNECTION, "+xadd", *_keys("%W", k.raw),
+             _selector(*META_READ, *_keys("%R", k.meta)), _selector(*META_RECORD, *_keys("", k.meta))),
+        ),
+        Role(
+            "gateway",
+            "`gateway`: append to the raw shards (its code always writes `XADD <shard> * ...`) and read the "
+            "gateway tokens (hashes); WAIT for replicas; nothing else",
+            (*CONNECTION, "+xadd", "+wait", *_keys("%W", k.raw),
+             _selector("+hgetall", *_keys("%R", k.gateway_token)),
              _selector(*META_READ, *_keys("%R", k.meta)), _selector(*META_RECORD, *_keys("", k.meta))),
         ),
         Role(
@@ -212,7 +223,7 @@ def roles(layout: KeyLayout) -> list[Role]:
     ]
 
 
-ROLE_NAMES = ("tap", "importer", "worker", "consumer", exporter_role("otlp"), exporter_role("postgres"), "admin")
+ROLE_NAMES = ("tap", "gateway", "importer", "worker", "consumer", exporter_role("otlp"), exporter_role("postgres"), "admin")
 
 
 def user_name(role: str, namespace: str = "") -> str:
@@ -242,7 +253,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "acl",
         help="print the Redis ACL users (one per role) for the configured namespace and names",
-        description="Print a users.acl for Redis (aclfile) with one user per role -- tap, importer, worker, "
+        description="Print a users.acl for Redis (aclfile) with one user per role -- tap, gateway, importer, worker, "
         "consumer, otlp-exporter, postgres-exporter, admin -- each limited to the commands and keys it needs (docs/architecture.md). "
         "Roles given a password are on; the others are off.",
     )

@@ -36,6 +36,8 @@ EXPORT_GROUP_OPEN = "goose-ingest:export-group-open"
 META = "goose-ingest:meta"  # deployment facts (the shard count the data was created with)
 LEASE = "goose-ingest:lease"  # which worker reads a shard (string: owner, with a TTL)
 WORKERS = "goose-ingest:workers"  # sorted set worker -> until when it counts as alive (ms)
+GATEWAY_TOKEN = "goose-ingest:token"  # hash per gateway token: its SHA-256, prefix, labels (never the token)
+GATEWAY_TOKENS = "goose-ingest:tokens"  # set of the gateway token ids (for `tokens list`)
 
 
 def group_segment(group: str) -> str:
@@ -150,6 +152,14 @@ class KeyLayout:
     def workers(self) -> str:
         """The live workers (for each one's fair share of the shards)."""
         return self.key(WORKERS)
+
+    def gateway_token(self, token_id: str) -> str:
+        """One gateway token's record (services/gateway/tokens.py): its hash, prefix and labels."""
+        return self.key(f"{GATEWAY_TOKEN}:{token_id}")
+
+    def gateway_tokens(self) -> str:
+        """The ids of every gateway token."""
+        return self.key(GATEWAY_TOKENS)
 
     # ------------------------------------------------------------------ topics
     def events_partition(self, shard: int) -> str:

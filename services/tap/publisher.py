@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import redis
 
     from services.sequencer.entries import Entry
+    from services.tap.http_transport import HttpTransport
 
 log = logging.getLogger("goose_ingest.tap")
 
@@ -213,7 +214,13 @@ class Publisher:
         # a TLS failure mid-run (the broker's certificate replaced) is retried like an outage, its reason
         # logged; at start the tap's credential check already refused it (one line, exit 2)
         self._retryable: tuple[type[BaseException], ...] = (OSError, BrokerError, BrokerTLSError)
-        if client is None and not settings.redis_cluster:
+        self._http: HttpTransport | None = None
+        if client is None and settings.ingest_endpoint:  # through an ingest gateway (docs/gateway.md)
+            from services.tap.http_transport import HttpTransport
+
+            self._http = HttpTransport(settings)
+            self._packed = False
+        elif client is None and not settings.redis_cluster:
             self._conn = RespConnection(target(settings), connect_timeout=CONNECT_TIMEOUT_S,
                                         socket_timeout=SOCKET_TIMEOUT_S, tls=tls_options(settings))
             self._packed = True
@@ -536,6 +543,7 @@ class Publisher:
     def _send_loop(self) -> None:
         payload: list[bytes] | None = None  # the batch in flight: encoded XADDs (plain client) ...
         dicts: list[Mapping[str, Any]] | None = None  # ... or field maps (cluster client)
+        raw_batch: list[bytes] | None = None  # ... or spool records (an ingest gateway)
         n = 0
         backoff = BACKOFF_START_S
         failing_since = last_report = 0.0  # while the broker fails: since when, last "still failing" line
@@ -543,7 +551,7 @@ class Publisher:
         while True:
             new_batch = from_spool = False
             with self._cv:
-                if payload is None and dicts is None:
+                if payload is None and dicts is None and raw_batch is None:
                     while self._next == self._taken and not self._closing:
                         self._sender_idle = True
                         try:
@@ -579,7 +587,9 @@ class Publisher:
             if from_spool:
                 # Outside the lock: only this thread reads the spool, and these n records are written.
                 raws, self._taken_offset = self._spool.read_at(self._taken_offset, n)
-                if self._packed:
+                if self._http is not None:
+                    raw_batch = raws
+                elif self._packed:
                     payload = xadd_commands(self._stream_key_b, raws)
                 else:
                     dicts = [decode_record(r) for r in raws]
@@ -591,7 +601,9 @@ class Publisher:
                     pass
             try:
                 # One pipeline; with REDIS_WAIT_REPLICAS it also WAITs for replicas (services/broker/cluster.py).
-                if payload is not None:
+                if raw_batch is not None and self._http is not None:
+                    self._http.send(raw_batch)
+                elif payload is not None:
                     self._send_packed(payload, n)
                 else:
                     from services.broker.cluster import xadd_batch  # cluster clients only: redis-py is loaded
@@ -608,7 +620,8 @@ class Publisher:
                 if self.broker_up is not False:
                     log.warning("broker %s at %s (%s); spooling run %s in %s and retrying",
                                 "refused the entries" if answered else "unreachable",
-                                redact_url(self.settings.redis_url), describe(exc), self.run, self._spool.path)
+                                redact_url(self._http.url if self._http else self.settings.redis_url),
+                                describe(exc), self.run, self._spool.path)
                     failing_since = last_report = now
                     attempts = 0
                 attempts += 1
@@ -633,4 +646,4 @@ class Publisher:
                 except OSError:
                     pass
                 self._cv.notify_all()
-            payload = dicts = None
+            payload = dicts = raw_batch = None

@@ -1,0 +1,156 @@
+"""The ingest gateway against direct Redis: the same taps, same rates, same run (issue 21 part 8).
+
+N taps (the tap's own Publisher: spool, batching, fsync, resend; one per run, each with its sender
+thread) in this process share an offered rate of ~445-byte goose lines; each line carries the
+wall-clock ms at which it was added. Three modes, interleaved per rate:
+
+- direct: each Publisher writes to a private redis-server itself (hand-built RESP pipeline);
+- 1 gateway: each posts its batches to one `goose-ingest gateway` process (urllib, NDJSON, gzip);
+- 2 gateways: half the taps to each of two gateway processes (no load balancer in between).
+
+Measured per mode and rate: delivered lines/s (lines / time until the last one is confirmed) and
+the delay each line saw (Redis stream id ms - written ms: p50, p99). The ratio is gateway/direct
+delivered lines/s; "added" is the gateway's percentile minus direct's.
+
+    python bench/gateway.py [--taps 200] [--rates 1000,10000] [--seconds 5]
+
+Targets (issue 21): >= 0.5 of direct with one gateway process; p99 added < 20 ms at 1,000 lines/s.
+Everything (taps, gateways, Redis) shares this machine's cores: on 2 cores the taps' own CPU is part
+of every figure, alike for all modes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import orjson
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from services.broker.embedded import free_port, start_redis  # noqa: E402
+from services.gateway import tokens  # noqa: E402
+from services.settings import Settings  # noqa: E402
+from services.tap.publisher import Publisher  # noqa: E402
+
+PAD = "x" * 300
+
+
+def start_gateway(settings: Settings, tmp: Path, name: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {"PATH": "/usr/bin:/bin", "GOOSE_INGEST_REDIS_URL": settings.redis_url or "",
+           "GOOSE_INGEST_NAMESPACE": settings.namespace, "GOOSE_INGEST_SHARDS": str(settings.shards),
+           "GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S": "0", "GOOSE_INGEST_GATEWAY_RATE_BYTES_PER_S": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=ROOT, env=env, stdout=(tmp / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=2):
+                return proc, url
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"gateway {name} did not start: {(tmp / f'{name}.log').read_text()}")
+
+
+def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoints: list[str], token: str,
+             taps: int, rate: float, seconds: float) -> dict:
+    tag = f"{mode.replace(' ', '-')}-{int(rate)}"
+    pubs = []
+    for i in range(taps):
+        s = base.model_copy(update={"spool_dir": str(tmp / "spool" / tag)})
+        if endpoints:
+            s = s.model_copy(update={"ingest_endpoint": endpoints[i % len(endpoints)],
+                                     "ingest_token": tokens_secret(token)})
+        pubs.append(Publisher(s, f"bench/{tag}/{i}", {"host": "bench"}))
+    total = int(rate * seconds)
+    start = time.monotonic()
+    for i in range(total):
+        due = start + i / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        written = time.time_ns() // 1_000_000
+        line = orjson.dumps({"type": "message", "written": written, "pad": PAD})
+        pubs[i % taps].add_line(line)
+    for p in pubs:
+        p.flush(timeout=120)
+    elapsed = time.monotonic() - start
+    for p in pubs:
+        p.close(timeout=5)
+    delays = []
+    seen: set[tuple[bytes, bytes]] = set()
+    copies = 0
+    for stream in base.layout.raw_streams():
+        for sid, f in client.xrange(stream):
+            if (f[b"run"], f[b"seq"]) in seen:  # resent after a timeout: the workers drop it
+                copies += 1
+                continue
+            seen.add((f[b"run"], f[b"seq"]))
+            ms = int(sid.split(b"-")[0])
+            delays.append(ms - orjson.loads(f[b"line"])["written"])
+        client.delete(stream)
+    assert len(delays) == total, (mode, len(delays), total)
+    delays.sort()
+    return {"lines_per_s": total / elapsed, "p50": statistics.median(delays), "copies": copies,
+            "p99": delays[min(len(delays) - 1, int(len(delays) * 0.99))]}
+
+
+def tokens_secret(token: str):  # a SecretStr for the settings, as the environment would give it
+    from pydantic import SecretStr
+
+    return SecretStr(token)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--taps", type=int, default=200)
+    ap.add_argument("--rates", default="1000,10000")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    args = ap.parse_args()
+    # the taps' "unreachable, spooling" lines (timeouts, 503 at saturation) would bury the table: counted as resent
+    logging.getLogger("goose_ingest").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        server = start_redis(dir=str(tmp / "redis"))
+        procs = []
+        try:
+            base = Settings(redis_url=server.url, shards=4, spool_dir=str(tmp / "spool"))
+            client = redis.Redis(port=server.port)
+            gws = []
+            for name in ("gw1", "gw2"):
+                proc, url = start_gateway(base, tmp, name)
+                procs.append(proc)
+                gws.append(url)
+            modes = {"direct": [], "1 gateway": gws[:1], "2 gateways": gws}
+            token, _ = tokens.create(client, base.layout, "bench/", {})
+            print(f"{args.taps} taps, {args.seconds:.0f} s per rate and mode, ~445-byte lines")
+            print(f"{'rate':>7} {'mode':>11} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6}")
+            for rate in (float(r) for r in args.rates.split(",")):
+                results = {}
+                for mode, endpoints in modes.items():
+                    results[mode] = run_mode(base, client, tmp, mode, endpoints, token, args.taps, rate, args.seconds)
+                direct = results["direct"]
+                for mode, r in results.items():
+                    ratio = r["lines_per_s"] / direct["lines_per_s"]
+                    print(f"{rate:>7.0f} {mode:>11} {r['lines_per_s']:>9.0f} {ratio:>6.2f} {r['p50']:>7.0f} "
+                          f"{r['p99']:>7.0f} {r['p50'] - direct['p50']:>6.0f} {r['p99'] - direct['p99']:>6.0f} {r['copies']:>6}")
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait(timeout=10)
+            server.close()
+
+
+if __name__ == "__main__":
+    main()

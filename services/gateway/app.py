@@ -1,0 +1,286 @@
+"""The ingest gateway's ASGI app (Starlette): ``POST /v1/raw``, ``/healthz``, ``/readyz``, ``/metrics``.
+
+Stateless: what a request needs is in the request and in Redis (tokens); the only process state is
+the token cache (``GATEWAY_TOKEN_CACHE_S``) and the rate buckets, which are per replica.
+
+A request is, in order: authenticated (401), bounded (413 on Content-Length, then while reading,
+then while decompressing), parsed (400), rate-limited (429), checked entry by entry (per-entry
+refusals; any entry outside the token's prefix refuses the whole request, 403, nothing written),
+then written -- always ``XADD <shard> * <fields>``, through the shared ``xadd_batch`` (one pipeline
+per shard, WAIT when ``REDIS_WAIT_REPLICAS`` is set) -- and answered 200 only after that. Any Redis
+failure answers 503 with Retry-After: the client resends the batch, and the workers drop entries
+already stored by (run, seq), exactly as for a tap that retries after a broker outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from contracts.gateway import INGEST_PATH
+from services.broker.errors import describe, reply_code
+from services.gateway.body import OUTSIDE_PREFIX, Accepted, BodyError, Refused, check_entry, decompress, parse
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.tokens import TokenRecord, TokenStore
+from services.settings import Settings
+
+log = logging.getLogger("goose_ingest.gateway")
+
+REDIS_CONNECTIONS = 64  # per replica: one pipeline per request in flight
+# Redis replies that mean a misconfigured gateway, not a passing state of the broker.
+CONFIG_CODES = frozenset({"NOPERM", "NOAUTH", "WRONGPASS"})
+
+
+class RateLimiter:
+    """Token buckets per gateway token (lines/s and bytes/s), in this process: the limit is per replica.
+
+    A request is admitted while both buckets are not in debt, and then takes what it carries (it may
+    go into debt: a batch larger than one second's allowance still passes once, then waits)."""
+
+    MAX_TOKENS = 100_000  # buckets kept (bounded: cleared when full)
+
+    def __init__(self, lines_per_s: float, bytes_per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.lines_per_s = lines_per_s
+        self.bytes_per_s = bytes_per_s
+        self.clock = clock
+        self._buckets: dict[str, list[float]] = {}  # token id -> [lines, bytes, last refill]
+        self._lock = threading.Lock()
+
+    def take(self, token_id: str, lines: int, nbytes: int) -> float:
+        """0 when admitted; otherwise the seconds until it would be."""
+        if not self.lines_per_s and not self.bytes_per_s:
+            return 0.0
+        now = self.clock()
+        with self._lock:
+            b = self._buckets.get(token_id)
+            if b is None:
+                if len(self._buckets) >= self.MAX_TOKENS:
+                    self._buckets.clear()
+                b = self._buckets[token_id] = [self.lines_per_s, self.bytes_per_s, now]
+            elapsed = now - b[2]
+            b[2] = now
+            b[0] = min(self.lines_per_s, b[0] + elapsed * self.lines_per_s)
+            b[1] = min(self.bytes_per_s, b[1] + elapsed * self.bytes_per_s)
+            wait = 0.0
+            if self.lines_per_s and b[0] < 0:
+                wait = max(wait, -b[0] / self.lines_per_s)
+            if self.bytes_per_s and b[1] < 0:
+                wait = max(wait, -b[1] / self.bytes_per_s)
+            if wait > 0:
+                return wait
+            if self.lines_per_s:
+                b[0] -= lines
+            if self.bytes_per_s:
+                b[1] -= nbytes
+            return 0.0
+
+
+class Unavailable(Exception):
+    """Redis cannot take the batch now (down, OOM, failing over, replicas short): 503 + Retry-After."""
+
+
+class Gateway:
+    def __init__(self, settings: Settings, client: Any) -> None:
+        self.settings = settings
+        self.client = client
+        self.layout = settings.layout
+        self.tokens = TokenStore(client, self.layout, settings.gateway_token_cache_s)
+        self.limiter = RateLimiter(settings.gateway_rate_lines_per_s, settings.gateway_rate_bytes_per_s)
+        self.metrics = GatewayMetrics()
+        self._ready_at = 0.0
+        self._ready: tuple[bool, str] = (False, "not checked yet")
+        self._aclient: Any = None  # redis.asyncio client of write_async (made on the server's loop)
+
+    # ------------------------------------------------------------------ Redis (in worker threads)
+    def _redis(self, fn: Callable[[], Any]) -> Any:
+        import redis
+        from redis.exceptions import RedisClusterException
+
+        try:
+            return fn()
+        except (redis.RedisError, RedisClusterException) as exc:
+            raise self._unavailable_error(exc) from None
+
+    @staticmethod
+    def _unavailable_error(exc: BaseException) -> Unavailable:
+        """Every Redis failure is a 503 (down, OOM, LOADING, CLUSTERDOWN, a replica shortfall...); one that
+        means a misconfigured gateway is also logged as such."""
+        if reply_code(exc) in CONFIG_CODES:
+            log.error("Redis refused the gateway's user (%s): check its ACL and credentials", describe(exc))
+        return Unavailable(describe(exc))
+
+    async def write_async(self, accepted: list[Accepted]) -> None:
+        """``write`` on a single node without a thread: one asyncio pipeline of ``XADD <shard> *`` (plus
+        WAIT on the same connection when configured). A cluster goes through ``write`` in a thread."""
+        if self.settings.redis_cluster:
+            await run_in_threadpool(self.write, accepted)
+            return
+        import redis
+
+        if self._aclient is None:
+            from redis import asyncio as aioredis
+
+            from services.broker.connect import _credentials, _kwargs, target
+
+            t = target(self.settings)
+            # Blocking: more concurrent requests than connections wait for one (up to its timeout)
+            # instead of failing with MaxConnectionsError (measured under 200 taps).
+            pool = aioredis.BlockingConnectionPool.from_url(t.url_without_credentials, **{
+                **_kwargs(self.settings), **_credentials(t), "socket_timeout": 5.0, "socket_connect_timeout": 2.0,
+                "max_connections": REDIS_CONNECTIONS, "timeout": 5.0})
+            self._aclient = aioredis.Redis(connection_pool=pool)
+        wait = self.settings.redis_wait_replicas
+        pipe = self._aclient.pipeline(transaction=False)
+        for a in accepted:
+            pipe.xadd(self.layout.raw_stream(self.layout.shard_of(a.run)), a.fields)
+        if wait:
+            pipe.execute_command("WAIT", wait, self.settings.redis_wait_timeout_ms)
+        try:
+            replies = await pipe.execute()
+        except redis.RedisError as exc:
+            raise self._unavailable_error(exc) from None
+        if wait and int(replies[-1]) < wait:
+            raise Unavailable(f"{replies[-1]} of {wait} replicas acknowledged within "
+                              f"{self.settings.redis_wait_timeout_ms} ms")
+
+    def write(self, accepted: list[Accepted]) -> None:
+        """XADD every accepted entry to its shard (``*`` ids, no option), one pipeline per shard."""
+        from services.broker.cluster import xadd_batch
+
+        by_stream: dict[str, list[dict[bytes, bytes]]] = {}
+        for a in accepted:
+            by_stream.setdefault(self.layout.raw_stream(self.layout.shard_of(a.run)), []).append(a.fields)
+        for stream, entries in by_stream.items():
+            self._redis(lambda s=stream, e=entries: xadd_batch(  # type: ignore[misc]
+                self.client, s, e, self.settings.redis_wait_replicas, self.settings.redis_wait_timeout_ms))
+
+    def check_token(self, presented: str) -> TokenRecord | None:
+        return self._redis(lambda: self.tokens.check(presented))
+
+    def ping(self) -> tuple[bool, str]:
+        now = time.monotonic()
+        if now - self._ready_at > 1.0:
+            try:
+                self._redis(self.client.ping)
+                self._ready = (True, "")
+            except Unavailable as exc:
+                self._ready = (False, f"Redis unavailable ({exc})")
+            self._ready_at = now
+        return self._ready
+
+    # ------------------------------------------------------------------ HTTP
+    def _reply(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+        self.metrics.requests.labels(str(status)).inc()
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    def _unavailable(self, reason: str) -> Response:
+        return self._reply(503, {"error": "unavailable", "reason": reason},
+                           {"Retry-After": str(self.settings.gateway_retry_after_s)})
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.gateway_max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit() or len(declared) > 18:
+                raise BodyError(400, "Content-Length is not a number")
+            if int(declared) > limit:
+                raise BodyError(413, f"the body exceeds {limit} bytes")
+        chunks: list[bytes] = []
+        total = 0
+        with anyio.fail_after(self.settings.gateway_body_timeout_s):
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > limit:
+                    raise BodyError(413, f"the body exceeds {limit} bytes")
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def ingest(self, request: Request) -> Response:
+        auth = request.headers.get("authorization", "")
+        scheme, _, presented = auth.partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            return self._reply(401, {"error": "unauthorized", "reason": "no bearer token"},
+                               {"WWW-Authenticate": 'Bearer realm="goose-ingest"'})
+        answered, token = self.tokens.cached(presented.strip())
+        if not answered:  # not cached (or expired): ask Redis, off the event loop
+            try:
+                token = await run_in_threadpool(self.check_token, presented.strip())
+            except Unavailable as exc:
+                return self._unavailable(str(exc))
+        if token is None:
+            return self._reply(401, {"error": "unauthorized", "reason": "invalid or revoked token"},
+                               {"WWW-Authenticate": 'Bearer realm="goose-ingest", error="invalid_token"'})
+        try:
+            body = await self._read_body(request)
+            data = decompress(body, request.headers.get("content-encoding", ""), self.settings.gateway_max_body_bytes)
+            del body
+            items = parse(data)
+        except BodyError as exc:
+            return self._reply(exc.status, {"error": "bad request" if exc.status == 400 else "refused",
+                                            "reason": exc.reason})
+        except TimeoutError:
+            return self._reply(408, {"error": "timeout",
+                                     "reason": f"the body did not arrive within {self.settings.gateway_body_timeout_s} s"})
+        wait = self.limiter.take(token.id, len(items), len(data))
+        if wait > 0:
+            self.metrics.rate_limited.inc()
+            return self._reply(429, {"error": "rate limited", "reason": "over this token's rate on this replica"},
+                               {"Retry-After": str(max(1, math.ceil(wait)))})
+        stamp = token.labels
+        checked = [check_entry(obj, token.prefix, stamp, self.settings.max_line_bytes) for obj in items]
+        outside = [i for i, c in enumerate(checked) if isinstance(c, Refused) and c.reason == OUTSIDE_PREFIX]
+        if outside:
+            # the whole request: a batch that reaches into another namespace is refused as one (nothing written)
+            self.metrics.entries.labels("refused", OUTSIDE_PREFIX).inc(len(items))
+            return self._reply(403, {"error": "forbidden",
+                                     "reason": f"{len(outside)} entries are outside the token's prefix {token.prefix!r}",
+                                     "entries": outside[:100]})
+        accepted = [c for c in checked if isinstance(c, Accepted)]
+        if accepted:
+            started = time.perf_counter()
+            try:
+                await self.write_async(accepted)
+            except Unavailable as exc:
+                return self._unavailable(str(exc))
+            self.metrics.redis_seconds.observe(time.perf_counter() - started)
+        results: list[dict[str, Any]] = []
+        refused = 0
+        for c in checked:
+            if isinstance(c, Accepted):
+                results.append({"stored": True})
+            else:
+                refused += 1
+                self.metrics.entries.labels("refused", c.reason).inc()
+                results.append({"stored": False, "reason": c.reason, "detail": c.detail})
+        self.metrics.entries.labels("stored", "").inc(len(accepted))
+        return self._reply(200, {"stored": len(accepted), "refused": refused, "results": results})
+
+    async def healthz(self, request: Request) -> Response:
+        return PlainTextResponse("ok\n")
+
+    async def readyz(self, request: Request) -> Response:
+        ok, reason = await run_in_threadpool(self.ping)
+        return PlainTextResponse("ready\n" if ok else f"not ready: {reason}\n", status_code=200 if ok else 503)
+
+    async def metrics_page(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route(INGEST_PATH, self.ingest, methods=["POST"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics_page, methods=["GET"]),
+        ])

@@ -1,0 +1,198 @@
+"""A request body of the gateway: decompressed within a bound, parsed, each entry checked (pure, no I/O).
+
+Every function here is total over bytes: it returns a result or raises ``BodyError`` (which says the
+HTTP status and a reason that names no token and quotes no line), never anything else.
+
+Entries are the raw-entry fields of the contract (contracts/raw.py, docs/raw-entries.md) as a JSON
+object each: string values, or integers for ``seq``, ``ts``, ``exit``; ``line_b64`` carries a line
+that is not UTF-8 (the tap's spool records are exactly this). Each one is validated by the one
+decoder, ``Entry.from_fields``, and written as the fields it validated, in the documented order.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import zlib
+from dataclasses import dataclass
+
+import orjson
+
+from contracts.gateway import REFUSAL_REASONS as REFUSAL_REASONS
+from contracts.gateway import REFUSED_INVALID as INVALID
+from contracts.gateway import REFUSED_OUTSIDE_PREFIX as OUTSIDE_PREFIX
+from contracts.gateway import REFUSED_OVERSIZE as OVERSIZE
+from services.sequencer.entries import EntryError, parse_fields
+
+# The order of the contract's fields (Entry.to_fields); other fields a shipper adds follow them.
+FIELD_ORDER = (b"run", b"seq", b"ts", b"kind", b"stream", b"line", b"exit", b"host", b"agent", b"format",
+               b"parent", b"continues")
+# Fields only a worker writes (abandon markers, on the control streams) and the spool's local tag.
+FORBIDDEN = frozenset({"through", "missing"})
+DROPPED = frozenset({"_src"})
+MAX_FIELD_NAME = 64
+MAX_FIELDS = 64
+ZSTD_STEP = 512  # compressed bytes fed to zstd between two checks of the output size
+
+
+
+class BodyError(Exception):
+    """The whole request is refused: ``status`` (400, 413, 415) and a reason safe to return and log."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body as sent, decoded per Content-Encoding, never inflating past ``limit`` bytes.
+
+    A gzip bomb stops at limit + 1 output bytes (zlib's ``max_length``; zstd's stream reader reads
+    at most that), so its cost is bounded whatever its ratio."""
+    enc = encoding.strip().lower()
+    if enc in ("", "identity"):
+        return body
+    if enc in ("gzip", "x-gzip", "deflate"):
+        out = bytearray()
+        rest = body
+        while True:  # a gzip body may be several members one after the other (RFC 1952)
+            d = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
+            try:
+                out += d.decompress(rest, limit + 1 - len(out))
+            except zlib.error:
+                raise BodyError(400, f"the body is not valid {enc}") from None
+            if len(out) > limit:
+                raise BodyError(413, f"the decompressed body exceeds {limit} bytes")
+            if not d.eof:
+                raise BodyError(400, f"the {enc} body is truncated")
+            rest = d.unused_data
+            if not rest:
+                return bytes(out)
+    if enc == "zstd":
+        import zstandard
+
+        # zstd's decompressobj has no output bound, so the input goes in small steps and the output is
+        # checked between them: a bomb overshoots the limit by what one step can inflate to (an RLE
+        # block of 3 bytes gives 128 KiB, so ZSTD_STEP bytes give at most ~22 MiB). A frame must end:
+        # a truncated one is 400.
+        parts: list[bytes] = []
+        total = 0
+        rest = body
+        try:
+            while rest:
+                z = zstandard.ZstdDecompressor().decompressobj()
+                pos = 0
+                while not z.eof and pos < len(rest):
+                    chunk = z.decompress(rest[pos:pos + ZSTD_STEP])
+                    pos += ZSTD_STEP
+                    total += len(chunk)
+                    if total > limit:
+                        raise BodyError(413, f"the decompressed body exceeds {limit} bytes")
+                    parts.append(chunk)
+                if not z.eof:
+                    raise BodyError(400, "the zstd body is truncated")
+                rest = z.unused_data + rest[pos:]  # the next frame, if any
+        except zstandard.ZstdError:
+            raise BodyError(400, "the body is not valid zstd") from None
+        return b"".join(parts)
+    raise BodyError(415, f"Content-Encoding {enc[:40]!r} is not supported (gzip, zstd, identity)")
+
+
+def parse(data: bytes) -> list[object]:
+    """A JSON array of entries, or NDJSON (one entry a line; blank lines ignored)."""
+    stripped = data.lstrip()
+    if not stripped:
+        return []
+    if stripped[:1] == b"[":
+        try:
+            items = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:  # also orjson's nesting limit: deep JSON is refused here
+            raise BodyError(400, f"the body is not valid JSON ({_position(exc)})") from None
+        if not isinstance(items, list):
+            raise BodyError(400, "the body is not a JSON array")
+        return items
+    out: list[object] = []
+    for number, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError as exc:
+            raise BodyError(400, f"NDJSON line {number} is not valid JSON ({_position(exc)})") from None
+    return out
+
+
+def _position(exc: orjson.JSONDecodeError) -> str:
+    # orjson's message quotes no input, only what it expected and where
+    return f"{str(exc.msg)[:80]} at character {exc.pos}"
+
+
+@dataclass(frozen=True)
+class Accepted:
+    run: str
+    fields: dict[bytes, bytes]
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: str  # one of REFUSAL_REASONS
+    detail: str
+
+
+def _value(name: str, value: object) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value).encode()
+    raise EntryError(f"field {name!r} must be a string or an integer")
+
+
+def check_entry(obj: object, prefix: str, stamp: dict[str, str], max_line_bytes: int) -> Accepted | Refused:
+    """One entry of a batch: its fields as they will be written, or why it is refused.
+
+    ``stamp`` labels (from the token) replace the entry's own; ``prefix`` bounds its run key and the
+    run keys it names (``parent``, ``continues``)."""
+    if not isinstance(obj, dict):
+        return Refused(INVALID, "an entry must be a JSON object")
+    if len(obj) > MAX_FIELDS:
+        return Refused(INVALID, f"more than {MAX_FIELDS} fields")
+    fields: dict[bytes, bytes] = {}
+    try:
+        for name, value in obj.items():
+            if name in DROPPED or value is None:
+                continue
+            if name in FORBIDDEN:
+                raise EntryError(f"field {name!r} is written by workers only")
+            if not name or len(name) > MAX_FIELD_NAME or not name.isprintable():
+                raise EntryError(f"a field name must be 1-{MAX_FIELD_NAME} printable characters")
+            if name == "line_b64":
+                if "line" in obj:
+                    raise EntryError("both 'line' and 'line_b64'")
+                if not isinstance(value, str):
+                    raise EntryError("'line_b64' must be a base64 string")
+                try:
+                    fields[b"line"] = base64.b64decode(value, validate=True)
+                except (binascii.Error, ValueError):
+                    raise EntryError("'line_b64' is not base64") from None
+                continue
+            fields[name.encode("utf-8")] = _value(name, value)
+    except EntryError as exc:
+        return Refused(INVALID, str(exc))
+    for name, label in stamp.items():
+        fields[name.encode()] = label.encode("utf-8")
+    size = sum(len(k) + len(v) for k, v in fields.items())
+    if size > max_line_bytes:
+        return Refused(OVERSIZE, f"{size} bytes > {max_line_bytes}")
+    try:
+        entry = parse_fields(fields, "0-0")
+    except EntryError as exc:
+        return Refused(INVALID, str(exc))
+    for name, run in (("run", entry.run), ("parent", entry.parent), ("continues", entry.continues)):
+        if run is not None and not run.startswith(prefix):
+            return Refused(OUTSIDE_PREFIX, f"{name!r} is outside the token's prefix {prefix!r}")
+    if b"ts" in fields:
+        fields[b"ts"] = str(entry.ts).encode()  # Unix ms, as the taps write it (RFC 3339 accepted on input)
+    ordered = {k: fields[k] for k in FIELD_ORDER if k in fields}
+    ordered.update((k, v) for k, v in fields.items() if k not in ordered)
+    return Accepted(entry.run, ordered)

@@ -1,0 +1,90 @@
+"""`goose-ingest gateway`: the ingest gateway on uvicorn (docs/gateway.md); `tokens` lives in tokens.py."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+
+PROG = "goose-ingest"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "gateway", help="authenticated HTTP ingest of raw entries (agent hosts need no Redis credential)",
+        description="Serve POST /v1/raw (JSON array or NDJSON of raw entries, gzip/zstd), /healthz, /readyz, "
+        "/metrics. Tokens: `goose-ingest tokens`. See docs/gateway.md.")
+    p.add_argument("--host", default=None, help="bind address (default GOOSE_INGEST_GATEWAY_HOST)")
+    p.add_argument("--port", type=int, default=None, help="port (default GOOSE_INGEST_GATEWAY_PORT; 0: any free)")
+    p.set_defaults(func=run)
+    from services.gateway import tokens
+
+    tokens.register(sub)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    from services.metrics.server import bind_error
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit it: a response's head and body are two writes, and with Nagle the
+    # second waits for the client's delayed ACK (~40 ms a request, measured here).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise bind_error(host, port, exc) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _check_shard_count(client: object, settings: object) -> None:
+    """Like every writer: another shard count than the data's would route runs elsewhere (exit 2).
+    Redis down at start is no reason to stop: requests answer 503 until it is back."""
+    import redis
+
+    from services.broker.cluster import ensure_shard_count
+
+    try:
+        ensure_shard_count(client, settings.layout)  # type: ignore[attr-defined]
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        logging.getLogger("goose_ingest.gateway").warning("Redis unreachable at start (%s); serving 503 until it is back",
+                                                         type(exc).__name__)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from services.broker.helpers import sync_client_with_timeouts
+    from services.gateway.app import Gateway
+    from services.settings import ConfigError, Settings
+
+    settings = Settings()
+    if not settings.redis_url:
+        raise ConfigError("no broker configured: set GOOSE_INGEST_REDIS_URL (the gateway writes to Redis)")
+    host = args.host if args.host is not None else settings.gateway_host
+    port = args.port if args.port is not None else settings.gateway_port
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # socket_timeout bounds a hung broker (then 503); creating the client does not connect.
+    client = sync_client_with_timeouts(settings, socket_timeout=5.0, connect_timeout=2.0)
+    _check_shard_count(client, settings)
+    gateway = Gateway(settings, client)
+    sock = _bind(host, port)
+    bound = sock.getsockname()
+    print(f"{PROG} gateway: listening on http://{bound[0]}:{bound[1]}", file=sys.stderr, flush=True)
+    config = uvicorn.Config(
+        gateway.app(), lifespan="off", access_log=False, log_level="warning", server_header=False,
+        limit_concurrency=settings.gateway_max_connections, timeout_keep_alive=5,
+        # the request line and headers of one request: a client that sends more is cut off
+        h11_max_incomplete_event_size=64 * 1024,
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        client.close()
+    return 0
