@@ -9,7 +9,11 @@ sessions), then measures
 - subject: the whole import (read, checkpoint, Publisher spool + pipelined XADD, flush,
   checkpoint write) into a Redis: ``REDIS_URL`` or an embedded ``start_redis()``.
 
-    python bench/import_sessions.py [--sessions 500] [--messages 200]
+    python bench/import_sessions.py [--sessions 500] [--messages 200] [--odd-every K]
+
+``--odd-every K`` spoils every K-th session (a +Inf ``created_timestamp`` on one message, a TEXT
+``usage_ledger.cost``): the import must still publish every message, plus one evidence line per odd
+value (docs/backfill.md, "Odd values").
 """
 
 from __future__ import annotations
@@ -123,10 +127,24 @@ def generate_db(path: Path, sessions: int, messages: int, seed: int = 1, subagen
     return ids
 
 
+def spoil(path: Path, sids: list[str]) -> int:
+    """Two odd values in each of these sessions; returns how many evidence lines they make."""
+    conn = sqlite3.connect(path)
+    for sid in sids:
+        conn.execute("UPDATE messages SET created_timestamp = ? WHERE id = (SELECT MIN(id) FROM messages"
+                     " WHERE session_id = ?)", (float("inf"), sid))
+        conn.execute("UPDATE usage_ledger SET cost = 'n/a' WHERE id = (SELECT MIN(id) FROM usage_ledger"
+                     " WHERE session_id = ?)", (sid,))
+    conn.commit()
+    conn.close()
+    return 2 * len(sids)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=500)
     ap.add_argument("--messages", type=int, default=200)
+    ap.add_argument("--odd-every", type=int, default=0, metavar="K", help="spoil every K-th session (0: none)")
     args = ap.parse_args()
 
     from services.backfill.importer import Importer
@@ -138,8 +156,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-import-") as tmp:
         db = Path(tmp) / "sessions.db"
         t0 = time.perf_counter()
-        generate_db(db, args.sessions, args.messages)
+        sids = generate_db(db, args.sessions, args.messages)
         total = args.sessions * args.messages
+        odd = spoil(db, sids[:: args.odd_every]) if args.odd_every else 0
         print(f"generated {db.stat().st_size / 1e6:.1f} MB, {args.sessions} sessions x {args.messages} messages "
               f"= {total} in {time.perf_counter() - t0:.1f}s")
 
@@ -170,7 +189,7 @@ def main() -> int:
             conn.close()
             assert published == total, published
             raw = sum(client.xlen(k) for k in settings.raw_streams())
-            assert raw == total + 2 * args.sessions, raw  # + complete + eof per session
+            assert raw == total + 2 * args.sessions + odd, raw  # + complete + eof per session, + evidence
 
             floor_rate = total / floor_s
             rate = total / import_s
