@@ -406,3 +406,28 @@ def test_the_issue_case_through_a_worker_process_with_default_settings(settings,
     assert sum(e["type"] == "agent" for e in events) == 5
     assert not [f for f in sync.hkeys(settings.layout.run_state(run)) if f.startswith(CALL_PREFIX)]
     assert compare(settings, run) == 0
+
+
+def test_normalize_takes_the_byte_cap_and_refuses_a_tiny_one_in_one_line():
+    import subprocess
+    import sys
+
+    from tests.fixtures import REPO
+
+    lines = "\n".join([c_call("a", "Read", {"file_path": "/a"}),
+                       c_call("b", "Write", {"file_path": "/b", "content": "y" * 2000}),
+                       c_answer("a")]) + "\n"
+
+    def normalize(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "services.cli", "normalize", "--format", "claude-code",
+                               "--epoch", "0", *args], input=lines.encode(), capture_output=True, cwd=REPO, timeout=60)
+
+    proc = normalize("--max-pending-tool-bytes", "1024")
+    assert proc.returncode == 0, proc.stderr
+    events = [orjson.loads(line) for line in proc.stdout.splitlines()]
+    # `b` alone is larger than the cap: surfaced at once; `a` stays pending and is answered.
+    assert [(e["type"], e.get("toolCallId")) for e in events] == [("unknown", "b"), ("read", "a")]
+    refused = normalize("--max-pending-tool-bytes", "10")
+    assert refused.returncode == 2 and refused.stdout == b""
+    assert refused.stderr.decode().splitlines() == [
+        "goose-ingest normalize: --max-span-chars must be >= 16, --max-pending-tools >= 1 and --max-pending-tool-bytes >= 1024"]
