@@ -47,8 +47,8 @@ def entry(run: str, seq: int, line: str = "", kind: str = "line") -> Entry:
                  host="h", agent="claude/2", sid=f"{TS + seq}-0", format="claude-code" if seq == 0 else None)
 
 
-def the_issue_case(run: str) -> list[Entry]:
-    lines = [big_call(i) for i in range(CALLS)] + [small_line(i) for i in range(SMALL)]
+def the_issue_case(run: str, calls: int = CALLS, small: int = SMALL) -> list[Entry]:
+    lines = [big_call(i) for i in range(calls)] + [small_line(i) for i in range(small)]
     return [entry(run, seq, text) for seq, text in enumerate(lines)] + [entry(run, len(lines), kind="eof")]
 
 
@@ -378,3 +378,56 @@ def test_a_worker_takes_over_a_state_written_with_its_calls_inline(settings):
     assert not sync.exists(key) or b"c:0" not in sync.hkeys(key)
     events = [orjson.loads(f[b"data"]) for _, f in sync.xrange(layout.events_partition(0))]
     assert [e["type"] for e in events] == ["agent", "write"] and events[1]["path"] == "/w/a.txt"
+
+
+@pytest.mark.e2e
+def test_the_issue_case_through_a_worker_process_with_default_settings(settings, tmp_path):
+    """900 KB calls (20: past the byte cap, half the issue's to keep the test short) and small
+    lines through `goose-ingest worker` (default caps; only the line size allows the 900 KB
+    lines): every call published once as `unknown`, the state hash left without call fields, and
+    replay rebuilds exactly what was published."""
+    from services.replay.command import compare
+    from tests.pipeline_helpers import ended_runs, events_by_run, start_worker, stop, wait_until
+
+    run = "pt/e2e"
+    proc = start_worker(settings, tmp_path / "worker.log", GOOSE_INGEST_MAX_LINE_BYTES="1048576")
+    try:
+        sync = redis.Redis.from_url(settings.redis_url)
+        stream = settings.layout.raw_stream(settings.layout.shard_of(run))
+        for e in the_issue_case(run, 20, 5):
+            sync.xadd(stream, e.to_fields())
+        wait_until(lambda: run in ended_runs(settings), timeout=120)
+    finally:
+        stop(proc)
+
+    assert proc.returncode == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    events = events_by_run(settings)[run]
+    assert unknown_calls(events) == [f"toolu_{i:02d}" for i in range(20)]
+    assert sum(e["type"] == "agent" for e in events) == 5
+    assert not [f for f in sync.hkeys(settings.layout.run_state(run)) if f.startswith(CALL_PREFIX)]
+    assert compare(settings, run) == 0
+
+
+def test_normalize_takes_the_byte_cap_and_refuses_a_tiny_one_in_one_line():
+    import subprocess
+    import sys
+
+    from tests.fixtures import REPO
+
+    lines = "\n".join([c_call("a", "Read", {"file_path": "/a"}),
+                       c_call("b", "Write", {"file_path": "/b", "content": "y" * 2000}),
+                       c_answer("a")]) + "\n"
+
+    def normalize(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "services.cli", "normalize", "--format", "claude-code",
+                               "--epoch", "0", *args], input=lines.encode(), capture_output=True, cwd=REPO, timeout=60)
+
+    proc = normalize("--max-pending-tool-bytes", "1024")
+    assert proc.returncode == 0, proc.stderr
+    events = [orjson.loads(line) for line in proc.stdout.splitlines()]
+    # `b` alone is larger than the cap: surfaced at once; `a` stays pending and is answered.
+    assert [(e["type"], e.get("toolCallId")) for e in events] == [("unknown", "b"), ("read", "a")]
+    refused = normalize("--max-pending-tool-bytes", "10")
+    assert refused.returncode == 2 and refused.stdout == b""
+    assert refused.stderr.decode().splitlines() == [
+        "goose-ingest normalize: --max-span-chars must be >= 16, --max-pending-tools >= 1 and --max-pending-tool-bytes >= 1024"]

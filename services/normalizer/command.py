@@ -56,6 +56,8 @@ def register(sub: Any) -> None:
     p.add_argument("--epoch", help="give line n the time EPOCH + n ms (Unix ms or RFC 3339) for reproducible output")
     p.add_argument("--max-span-chars", type=int, default=Limits().max_span_chars)
     p.add_argument("--max-pending-tools", type=int, default=Limits().max_pending_tools)
+    p.add_argument("--max-pending-tool-bytes", type=int, default=Limits().max_pending_tool_bytes,
+                   help="cap on the bytes of unanswered tool calls; beyond it the oldest becomes `unknown`")
     p.set_defaults(func=run)
 
 
@@ -117,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
         epoch = parse_ts(args.epoch)
         if epoch is None:
             return _fail(f"--epoch {args.epoch!r} is neither Unix milliseconds nor an RFC 3339 time")
-    if args.max_span_chars < 16 or args.max_pending_tools < 1:
-        return _fail("--max-span-chars must be >= 16 and --max-pending-tools >= 1")
+    if args.max_span_chars < 16 or args.max_pending_tools < 1 or args.max_pending_tool_bytes < 1024:
+        return _fail("--max-span-chars must be >= 16, --max-pending-tools >= 1 and --max-pending-tool-bytes >= 1024")
     sources: list[tuple[str, str]] = []
     if args.stderr:
         sources.append((args.stderr, "stderr"))
@@ -130,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _fail(f"cannot read {exc.filename}: {exc.strerror}")
 
-    norm = RunNormalizer(run_key, Limits(args.max_span_chars, args.max_pending_tools), args.format)
+    norm = RunNormalizer(run_key, Limits(args.max_span_chars, args.max_pending_tools, args.max_pending_tool_bytes),
+                         args.format)
     # Events are held until the input proved to be a line stream, so a refused input prints nothing.
     held: list[bytes] | None = []
     out = sys.stdout.buffer
