@@ -33,7 +33,7 @@ pytestmark = pytest.mark.e2e
 DEFAULT_WORKER_ENV = {"GOOSE_INGEST_CLAIM_IDLE_MS": "30000", "GOOSE_INGEST_SWEEP_INTERVAL_S": "5",
                       "GOOSE_INGEST_BATCH_SIZE": "500", "GOOSE_INGEST_METRICS_PORT": "0"}
 WATCH_S = 18.0  # how long after the kill the shards are watched (well below CLAIM_IDLE_MS)
-MAX_AGE_S = 8.0  # the oldest uncommitted entry of a surviving shard may be this old, no older
+MAX_AGE_S = 10.0  # the oldest uncommitted entry of a surviving shard may be this old, no older
 # ... and of every shard at the end of the watch: the promotion takes ~4 s (node timeout 2 s +
 # election), so an entry read before the kill is committed ~5 s after it, not 30 s.
 LINE = b'{"type":"message","message":{"id":"m","role":"assistant","content":[{"type":"text","text":"tick"}]}}'

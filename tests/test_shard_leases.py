@@ -13,7 +13,7 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.broker.connect import async_client
+from services.broker.connect import async_client, sync_client
 from services.broker.groups import ensure_groups
 from services.metrics import Metrics
 from services.settings import Settings
@@ -272,3 +272,30 @@ def test_a_keep_alive_renewal_never_revives_a_lease_given_back_or_taken_by_anoth
         assert h.sync.zscore(leased.layout.workers(), "me") is not None
 
     _run(leased.model_copy(update={"shards": 4}), body)
+
+
+def test_a_keep_alive_renewal_works_on_a_redis_cluster(cluster_settings):
+    """One pipeline over the nodes: each EVAL is routed by its key (the lease of its shard's slot)."""
+    settings = cluster_settings.model_copy(update={"lease_ttl_ms": 1_000})
+
+    async def body(client):
+        leases = ShardLeases(settings, client, "me")
+        await leases.tick()
+        sync = sync_client(settings)
+        try:
+            for shard in range(settings.shards):
+                sync.pexpire(settings.layout.shard_lease(shard), 300)
+            assert leases.renew_blocking(sync) == settings.shards
+            assert all(sync.pttl(settings.layout.shard_lease(s)) > 500 for s in range(settings.shards))
+            assert sync.zscore(settings.layout.workers(), "me") is not None
+        finally:
+            sync.close()
+
+    async def go():
+        client = async_client(settings)
+        try:
+            return await body(client)
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())

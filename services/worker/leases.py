@@ -255,9 +255,10 @@ class ShardLeases:
         with self._lock:
             shards = [s for s in self._valid_until if s not in self._draining]
         pipe = client.pipeline(transaction=False)
-        pipe.eval(ANNOUNCE_LUA, 1, self.layout.workers(), self.owner, self.ttl_ms)
+        # EVAL through execute_command: redis-py's cluster pipeline has no eval(), but routes EVAL by its key
+        pipe.execute_command("EVAL", ANNOUNCE_LUA, 1, self.layout.workers(), self.owner, self.ttl_ms)
         for shard in shards:
-            pipe.eval(RENEW_LUA, 1, self.layout.shard_lease(shard), self.owner, self.ttl_ms)
+            pipe.execute_command("EVAL", RENEW_LUA, 1, self.layout.shard_lease(shard), self.owner, self.ttl_ms)
         replies = pipe.execute(raise_on_error=False)
         if isinstance(replies[0], int):
             self.live_workers = max(1, replies[0])
