@@ -641,3 +641,58 @@ def test_a_broker_at_maxmemory_costs_no_delivery_and_loses_or_doubles_nothing(se
     assert all(r.xlen(dl) == 0 for dl in s.layout.export_deadletter_partitions(EXPORTER) if r.exists(dl))
     assert all(pending(r, s, stream) == 0 for stream in a.streams())
     assert a.broker_ok
+
+
+def test_a_collector_outage_longer_than_the_claim_idle_is_no_delivery_either(settings, r):
+    """The backoff between collector retries grows past CLAIM_IDLE_MS (here 1.5 s against 300 ms):
+    the held batch's claim is still refreshed within it, so a replica's reclaim never takes it over
+    (which counted a delivery per round and, with MAX_DELIVERIES 2, dead-lettered it; and both
+    replicas sent its spans once the collector was back)."""
+    s = settings.model_copy(update={"claim_idle_ms": 300, "max_deliveries": 2, "otlp_retry_max_s": 1.5})
+    runs = [f"slow/run-{i}" for i in range(3)]
+    for run in runs:
+        publish_events(r, s, run_events(run))
+        publish_records(r, s, run_records(run))
+    with RunningReceiver() as rx:
+        async def go():
+            a, b = make_exporter(s, rx.endpoint), make_exporter(s, rx.endpoint)
+            a.consumer, b.consumer = "a", "b"
+            await a.ensure_groups()
+            rx.fail_status = 503
+            done = asyncio.Event()
+
+            async def consume():
+                while not done.is_set():
+                    try:
+                        await drain(a, rounds=1)
+                    except Exception:  # noqa: BLE001 -- the subscriber logs and goes on
+                        pass
+                    await asyncio.sleep(0.05)
+
+            async def housekeeping():
+                while not done.is_set():
+                    for stream in b.streams():
+                        try:
+                            await b.reclaim(stream, b.handler_for(stream))
+                        except Exception:  # noqa: BLE001 -- housekeeping logs and goes on
+                            pass
+                    await asyncio.sleep(0.1)
+
+            tasks = [asyncio.create_task(consume()), asyncio.create_task(housekeeping())]
+            await asyncio.sleep(4)
+            rx.fail_status = None
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len([x for x in rx.spans if x.name.startswith("invoke_agent")]) < len(runs):
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(2)  # time for a replica's doubled batch to arrive, if any
+            done.set()
+            await asyncio.gather(*tasks)
+            for exporter in (a, b):
+                await exporter.client.aclose()
+            return a
+
+        a = asyncio.run(go())
+        ids = [(x.trace_id, x.span_id) for x in rx.spans]
+    assert len(ids) == len(set(ids)) == 3 * len(runs)
+    assert all(r.xlen(dl) == 0 for dl in s.layout.export_deadletter_partitions(EXPORTER))
+    assert all(pending(r, s, stream) == 0 for stream in a.streams())

@@ -394,8 +394,7 @@ class TraceExporter:
                             self.metrics.spans_retried.labels(kind=kind).inc()
                     attempts[run] = attempts.get(run, 0) + 1
                 started = time.perf_counter()
-                async with self._send_lock:
-                    attempt = await asyncio.to_thread(self.sink.send, batch)
+                attempt = await self._beating(self._send(batch), heartbeat or _HEARTBEAT.get())
                 self.metrics.export_seconds.observe(time.perf_counter() - started)
                 if attempt.outcome is Outcome.OK:
                     self.collector_ok = True
@@ -422,16 +421,43 @@ class TraceExporter:
                     log.warning("collector unavailable (%s); %d spans wait, retry in %.1fs", attempt.detail, len(batch), delay)
                     break
             if pending and transient:
-                if heartbeat is not None:
-                    await heartbeat()
-                try:
-                    await asyncio.wait_for(self.stopping.wait(), timeout=delay)
-                except TimeoutError:
-                    pass
-                if self.stopping.is_set():
-                    raise Stopping()
+                # The claim is refreshed at least every CLAIM_IDLE_MS/3 however long the backoff: a
+                # replica's reclaim would otherwise take the batch over (a delivery counted for an
+                # outage, and the spans sent by both once the collector is back).
+                beat = heartbeat or _HEARTBEAT.get()
+                most = max(0.05, self.settings.claim_idle_ms / 3000)
+                left = delay
+                while left > 0:
+                    if beat is not None:
+                        await beat()
+                    step = min(left, most)
+                    try:
+                        await asyncio.wait_for(self.stopping.wait(), timeout=step)
+                    except TimeoutError:
+                        pass
+                    if self.stopping.is_set():
+                        raise Stopping()
+                    left -= step
                 delay = min(delay * 2, self.settings.otlp_retry_max_s)
         return rejected
+
+    async def _send(self, batch: list[ReadableSpan]) -> Any:
+        async with self._send_lock:
+            return await asyncio.to_thread(self.sink.send, batch)
+
+    async def _beating(self, work: Awaitable[T], beat: Callable[[], Awaitable[None]] | None) -> T:
+        """Await `work` (waiting for the send lock, the SDK's own retries within its timeout: up to
+        OTEL_EXPORTER_OTLP_TIMEOUT) while refreshing the batch's claim every CLAIM_IDLE_MS/3, so
+        no replica takes over a batch that is only slow."""
+        if beat is None:
+            return await work
+        task = asyncio.ensure_future(work)
+        most = max(0.05, self.settings.claim_idle_ms / 3000)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=most)
+            if done:
+                return task.result()
+            await beat()
 
     async def _broker(self, call: Callable[[], Awaitable[T]]) -> T:
         """Run one broker command of a batch. While the broker refuses it for its own state (OOM at
