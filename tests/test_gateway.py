@@ -8,6 +8,7 @@ import gzip
 import http.client
 import os
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -439,8 +440,17 @@ def test_redis_down_gives_503_with_retry_after_and_a_token_over_its_rate_gets_42
                         spool_dir=str(tmp_path / "spool"))
     token, _ = tokens.create(redis.Redis(port=server.port), settings.layout, "team-a/", {})
     gw = start_gateway(settings, tmp_path / "gw.log", GOOSE_INGEST_GATEWAY_TOKEN_CACHE_S="60",
-                       GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S="100")
+                       GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S="100", GOOSE_INGEST_GATEWAY_BODY_TIMEOUT_S="1")
     try:
+        # a slow-loris body: 10 of 100 announced bytes, then nothing -> 408 after the body timeout
+        host, port = gw.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/raw HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token.encode()
+                         + b"\r\nContent-Length: 100\r\n\r\n0123456789")
+            started = time.monotonic()
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+        assert time.monotonic() - started < 5
         batch = ndjson([{"run": "team-a/r", "seq": i, "line": "x"} for i in range(150)])
         assert gw.post(batch, token)[0] == 200
         status, reply, headers = gw.post(batch, token)
