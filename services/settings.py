@@ -164,6 +164,8 @@ class Settings(BaseSettings):
     gateway_body_timeout_s: float = Field(default=30.0, gt=0, description="A request body not received within this is refused (408).")
     gateway_max_connections: int = Field(default=2048, ge=1, description="Concurrent connections per replica (503 beyond).")
     gateway_retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 503 while Redis is unavailable.")
+    gateway_tls_cert_file: str | None = Field(default=None, description="Serve HTTPS with this certificate (chain) file; unset: plain HTTP.")
+    gateway_tls_key_file: str | None = Field(default=None, description="The private key of GATEWAY_TLS_CERT_FILE.")
 
     # --- export postgres ----------------------------------------------------
     postgres_dsn: SecretStr | None = Field(
