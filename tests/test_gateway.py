@@ -646,3 +646,21 @@ def test_the_tap_verifies_a_tls_gateway_with_its_ca_file(deployment, tmp_path):
         assert runs.count(trusted.encode()) == 3 and untrusted.encode() not in runs
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"GOOSE_INGEST_INGEST_ENDPOINT": "https://gw.example"}, "GOOSE_INGEST_INGEST_TOKEN"),
+    ({"GOOSE_INGEST_INGEST_ENDPOINT": "ftp://gw.example", "GOOSE_INGEST_INGEST_TOKEN": "gik_x"}, "must be an https://"),
+    ({"GOOSE_INGEST_INGEST_ENDPOINT": "https://gw.example", "GOOSE_INGEST_INGEST_TOKEN_FILE": "/nonexistent"},
+     "cannot read it"),
+    ({"GOOSE_INGEST_INGEST_ENDPOINT": "https://gw.example", "GOOSE_INGEST_INGEST_TOKEN": "secret-token-value",
+      "GOOSE_INGEST_INGEST_CA_FILE": "/nonexistent"}, "GOOSE_INGEST_INGEST_CA_FILE"),
+], ids=["no-token", "not-http", "token-file-missing", "ca-file-missing"])
+def test_a_misconfigured_gateway_tap_is_one_line_and_exit_2(tmp_path, env, says):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", "team-a/x", "-"], cwd=REPO,
+                         env={**base, "GOOSE_INGEST_SPOOL_DIR": str(tmp_path / "spool"), **env},
+                         input=b"line\n", capture_output=True, timeout=60)
+    err = out.stderr.decode()
+    assert out.returncode == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+    assert "secret-token-value" not in err
