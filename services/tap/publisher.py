@@ -458,7 +458,9 @@ class Publisher:
         return ok
 
     def _close_client(self) -> None:
-        if self._conn is not None:
+        if self._http is not None:
+            self._http.close()
+        elif self._conn is not None:
             self._conn.close()
         elif self._own_client:
             try:
