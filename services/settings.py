@@ -141,13 +141,13 @@ class Settings(BaseSettings):
     host_label: str | None = Field(default=None, description="`host` label on raw entries (default: the hostname).")
 
     # --- the tap through an ingest gateway (docs/gateway.md) ------------------
-    ingest_endpoint: str | None = Field(
+    endpoint: str | None = Field(
         default=None,
         description="https:// URL of an ingest gateway: tap, publish and import-sessions send there instead of to Redis.",
     )
-    ingest_token: SecretStr | None = Field(default=None, description="Bearer token for INGEST_ENDPOINT; never logged.")
-    ingest_token_file: str | None = Field(default=None, description="File whose first line is the token (instead of INGEST_TOKEN).")
-    ingest_ca_file: str | None = Field(default=None, description="CA bundle that signs the gateway's TLS certificate.")
+    token: SecretStr | None = Field(default=None, description="Bearer token for ENDPOINT; never logged.")
+    token_file: str | None = Field(default=None, description="File whose first line is the token (instead of TOKEN).")
+    endpoint_ca_file: str | None = Field(default=None, description="CA bundle that signs the gateway's TLS certificate.")
 
     # --- gateway (`goose-ingest gateway`, docs/gateway.md) ---------------------
     gateway_host: str = Field(default="0.0.0.0", description="Bind address of the ingest gateway.")

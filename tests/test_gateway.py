@@ -468,8 +468,8 @@ def test_redis_down_gives_503_with_retry_after_and_a_token_over_its_rate_gets_42
 
 # --- the tap through the gateway ----------------------------------------------------------------------------
 def _tap_env(d: Deployment, endpoint: str, token_file: Path, **extra: str) -> dict[str, str]:
-    env = cli_env(d.settings, GOOSE_INGEST_INGEST_ENDPOINT=endpoint,
-                  GOOSE_INGEST_INGEST_TOKEN_FILE=str(token_file), **extra)
+    env = cli_env(d.settings, GOOSE_INGEST_ENDPOINT=endpoint,
+                  GOOSE_INGEST_TOKEN_FILE=str(token_file), **extra)
     env["GOOSE_INGEST_REDIS_URL"] = ""  # an agent host without any broker credential
     return env
 
@@ -612,7 +612,7 @@ def test_a_gateway_killed_mid_stream_loses_nothing_and_the_workers_see_no_double
 
 
 def test_the_tap_verifies_a_tls_gateway_with_its_ca_file(deployment, tmp_path):
-    """GATEWAY_TLS_* serve HTTPS; the tap trusts it with INGEST_CA_FILE, and without it refuses the
+    """GATEWAY_TLS_* serve HTTPS; the tap trusts it with ENDPOINT_CA_FILE, and without it refuses the
     certificate (spools, delivers nothing) -- one test for both ends of the TLS option."""
     from tests.test_tap_conn import _tls_files
 
@@ -639,7 +639,7 @@ def test_the_tap_verifies_a_tls_gateway_with_its_ca_file(deployment, tmp_path):
         assert out.returncode == 1 and b"CERTIFICATE_VERIFY_FAILED" in out.stderr, out.stderr.decode()
         trusted = f"team-a/tls/{uuid4().hex[:8]}"
         out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", trusted, str(src)], cwd=REPO,
-                             env=_tap_env(d, endpoint, token_file, GOOSE_INGEST_INGEST_CA_FILE=str(files["ca"])),
+                             env=_tap_env(d, endpoint, token_file, GOOSE_INGEST_ENDPOINT_CA_FILE=str(files["ca"])),
                              capture_output=True, timeout=60)
         assert out.returncode == 0, out.stderr.decode()
         runs = [f[b"run"] for _, f in d.raw()]
@@ -649,12 +649,12 @@ def test_the_tap_verifies_a_tls_gateway_with_its_ca_file(deployment, tmp_path):
 
 
 @pytest.mark.parametrize("env, says", [
-    ({"GOOSE_INGEST_INGEST_ENDPOINT": "https://gw.example"}, "GOOSE_INGEST_INGEST_TOKEN"),
-    ({"GOOSE_INGEST_INGEST_ENDPOINT": "ftp://gw.example", "GOOSE_INGEST_INGEST_TOKEN": "gik_x"}, "must be an https://"),
-    ({"GOOSE_INGEST_INGEST_ENDPOINT": "https://gw.example", "GOOSE_INGEST_INGEST_TOKEN_FILE": "/nonexistent"},
+    ({"GOOSE_INGEST_ENDPOINT": "https://gw.example"}, "GOOSE_INGEST_TOKEN"),
+    ({"GOOSE_INGEST_ENDPOINT": "ftp://gw.example", "GOOSE_INGEST_TOKEN": "gik_x"}, "must be an https://"),
+    ({"GOOSE_INGEST_ENDPOINT": "https://gw.example", "GOOSE_INGEST_TOKEN_FILE": "/nonexistent"},
      "cannot read it"),
-    ({"GOOSE_INGEST_INGEST_ENDPOINT": "https://gw.example", "GOOSE_INGEST_INGEST_TOKEN": "secret-token-value",
-      "GOOSE_INGEST_INGEST_CA_FILE": "/nonexistent"}, "GOOSE_INGEST_INGEST_CA_FILE"),
+    ({"GOOSE_INGEST_ENDPOINT": "https://gw.example", "GOOSE_INGEST_TOKEN": "secret-token-value",
+      "GOOSE_INGEST_ENDPOINT_CA_FILE": "/nonexistent"}, "GOOSE_INGEST_ENDPOINT_CA_FILE"),
 ], ids=["no-token", "not-http", "token-file-missing", "ca-file-missing"])
 def test_a_misconfigured_gateway_tap_is_one_line_and_exit_2(tmp_path, env, says):
     base = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}

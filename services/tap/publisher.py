@@ -213,7 +213,7 @@ class Publisher:
         self._client: Any = client
         self._retryable: tuple[type[BaseException], ...] = (OSError, BrokerError)
         self._http: HttpTransport | None = None
-        if client is None and settings.ingest_endpoint:  # through an ingest gateway (docs/gateway.md)
+        if client is None and settings.endpoint:  # through an ingest gateway (docs/gateway.md)
             from services.tap.http_transport import HttpTransport
 
             self._http = HttpTransport(settings)
