@@ -70,8 +70,8 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
     for i in range(taps):
         s = base.model_copy(update={"spool_dir": str(tmp / "spool" / tag)})
         if endpoints:
-            s = s.model_copy(update={"ingest_endpoint": endpoints[i % len(endpoints)],
-                                     "ingest_token": tokens_secret(token)})
+            s = s.model_copy(update={"endpoint": endpoints[i % len(endpoints)],
+                                     "token": tokens_secret(token)})
         pubs.append(Publisher(s, f"bench/{tag}/{i}", {"host": "bench"}))
     total = int(rate * seconds)
     start = time.monotonic()

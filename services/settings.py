@@ -201,13 +201,13 @@ class Settings(BaseSettings):
     host_label: str | None = Field(default=None, description="`host` label on raw entries (default: the hostname).")
 
     # --- the tap through an ingest gateway (docs/gateway.md) ------------------
-    ingest_endpoint: str | None = Field(
+    endpoint: str | None = Field(
         default=None,
         description="https:// URL of an ingest gateway: tap, publish and import-sessions send there instead of to Redis.",
     )
-    ingest_token: SecretStr | None = Field(default=None, description="Bearer token for INGEST_ENDPOINT; never logged.")
-    ingest_token_file: str | None = Field(default=None, description="File whose first line is the token (instead of INGEST_TOKEN).")
-    ingest_ca_file: str | None = Field(default=None, description="CA bundle that signs the gateway's TLS certificate.")
+    token: SecretStr | None = Field(default=None, description="Bearer token for ENDPOINT; never logged.")
+    token_file: str | None = Field(default=None, description="File whose first line is the token (instead of TOKEN).")
+    endpoint_ca_file: str | None = Field(default=None, description="CA bundle that signs the gateway's TLS certificate.")
 
     # --- gateway (`goose-ingest gateway`, docs/gateway.md) ---------------------
     gateway_host: str = Field(default="0.0.0.0", description="Bind address of the ingest gateway.")
@@ -224,6 +224,8 @@ class Settings(BaseSettings):
     gateway_body_timeout_s: float = Field(default=30.0, gt=0, description="A request body not received within this is refused (408).")
     gateway_max_connections: int = Field(default=2048, ge=1, description="Concurrent connections per replica (503 beyond).")
     gateway_retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 503 while Redis is unavailable.")
+    gateway_tls_cert_file: str | None = Field(default=None, description="Serve HTTPS with this certificate (chain) file; unset: plain HTTP.")
+    gateway_tls_key_file: str | None = Field(default=None, description="The private key of GATEWAY_TLS_CERT_FILE.")
 
     # --- export postgres ----------------------------------------------------
     postgres_dsn: SecretStr | None = Field(

@@ -287,6 +287,9 @@ def _forbidden(ns: str) -> list[tuple[str, tuple]]:
         ("importer", ("XADD", control, "*", "kind", "abandon")),
         ("importer", ("HSET", state, "v", "9")),
         ("importer", ("XRANGE", raw, "-", "+")),
+        # a run state holds held raw lines, unredacted: the importer asks the active-run index instead
+        ("importer", ("HGETALL", state)),
+        ("importer", ("HGET", state, "s")),
         ("worker", ("XGROUP", "DESTROY", raw, "goose-ingest")),
         ("worker", ("XGROUP", "SETID", raw, "goose-ingest", "$")),
         ("worker", ("HSET", export, "x", "1")),
@@ -423,7 +426,8 @@ def test_cluster_layout_names_get_the_same_permissions(acl_broker: AclBroker):
         assert allowed("otlp-exporter", "ZADD", layout.export_group_open_runs("otlp", "g", s), "1", "r")
         assert not allowed("postgres-exporter", "HSET", layout.export_group_state("otlp", "g", f"r{s}"), "k", "v")
         assert allowed("importer", "HSET", layout.import_checkpoint(f"ns/r{s}"), "k", "v")
-        assert allowed("importer", "HGET", state, "s") and not allowed("importer", "HSET", state, "s", "x")
+        assert not allowed("importer", "HGET", state, "s") and not allowed("importer", "HSET", state, "s", "x")
+        assert allowed("importer", "ZSCORE", active, f"r{s}") and not allowed("importer", "ZADD", active, "1", "r")
 
 
 # --- a command under the wrong role: one line, exit 2 --------------------------------------------

@@ -8,6 +8,7 @@ import gzip
 import http.client
 import os
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -439,8 +440,17 @@ def test_redis_down_gives_503_with_retry_after_and_a_token_over_its_rate_gets_42
                         spool_dir=str(tmp_path / "spool"))
     token, _ = tokens.create(redis.Redis(port=server.port), settings.layout, "team-a/", {})
     gw = start_gateway(settings, tmp_path / "gw.log", GOOSE_INGEST_GATEWAY_TOKEN_CACHE_S="60",
-                       GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S="100")
+                       GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S="100", GOOSE_INGEST_GATEWAY_BODY_TIMEOUT_S="1")
     try:
+        # a slow-loris body: 10 of 100 announced bytes, then nothing -> 408 after the body timeout
+        host, port = gw.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/raw HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token.encode()
+                         + b"\r\nContent-Length: 100\r\n\r\n0123456789")
+            started = time.monotonic()
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+        assert time.monotonic() - started < 5
         batch = ndjson([{"run": "team-a/r", "seq": i, "line": "x"} for i in range(150)])
         assert gw.post(batch, token)[0] == 200
         status, reply, headers = gw.post(batch, token)
@@ -458,8 +468,8 @@ def test_redis_down_gives_503_with_retry_after_and_a_token_over_its_rate_gets_42
 
 # --- the tap through the gateway ----------------------------------------------------------------------------
 def _tap_env(d: Deployment, endpoint: str, token_file: Path, **extra: str) -> dict[str, str]:
-    env = cli_env(d.settings, GOOSE_INGEST_INGEST_ENDPOINT=endpoint,
-                  GOOSE_INGEST_INGEST_TOKEN_FILE=str(token_file), **extra)
+    env = cli_env(d.settings, GOOSE_INGEST_ENDPOINT=endpoint,
+                  GOOSE_INGEST_TOKEN_FILE=str(token_file), **extra)
     env["GOOSE_INGEST_REDIS_URL"] = ""  # an agent host without any broker credential
     return env
 
@@ -599,3 +609,58 @@ def test_a_gateway_killed_mid_stream_loses_nothing_and_the_workers_see_no_double
         assert by_seq.setdefault(seq, f) == f  # a copy is identical: the workers drop it
     assert sorted(by_seq) == list(range(n + 1))  # 0 lost (the lines and the eof)
     assert [by_seq[i][b"line"] for i in range(n)] == [f"line {i}".encode() for i in range(n)]
+
+
+def test_the_tap_verifies_a_tls_gateway_with_its_ca_file(deployment, tmp_path):
+    """GATEWAY_TLS_* serve HTTPS; the tap trusts it with ENDPOINT_CA_FILE, and without it refuses the
+    certificate (spools, delivers nothing) -- one test for both ends of the TLS option."""
+    from tests.test_tap_conn import _tls_files
+
+    d = deployment
+    files = _tls_files(tmp_path)
+    port = free_port()
+    creds = {"GOOSE_INGEST_REDIS_USERNAME": user_name("gateway", d.settings.namespace),
+             "GOOSE_INGEST_REDIS_PASSWORD": d.passwords["gateway"]}
+    log = tmp_path / "gw-tls.log"
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                            env=cli_env(d.settings, GOOSE_INGEST_GATEWAY_TLS_CERT_FILE=str(files["server"]),
+                                        GOOSE_INGEST_GATEWAY_TLS_KEY_FILE=str(files["server-key"]), **creds))
+    try:
+        wait_until(lambda: "listening on https://" in log.read_text(), timeout=30)
+        token_file = tmp_path / "token"
+        token_file.write_text(d.token_a)
+        src = tmp_path / "in.txt"
+        src.write_text("one\ntwo\n")
+        endpoint = f"https://localhost:{port}"
+        untrusted = f"team-a/tls/{uuid4().hex[:8]}"
+        out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--drain-timeout", "1", "--run", untrusted,
+                              str(src)], cwd=REPO, env=_tap_env(d, endpoint, token_file), capture_output=True, timeout=60)
+        assert out.returncode == 1 and b"CERTIFICATE_VERIFY_FAILED" in out.stderr, out.stderr.decode()
+        trusted = f"team-a/tls/{uuid4().hex[:8]}"
+        out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", trusted, str(src)], cwd=REPO,
+                             env=_tap_env(d, endpoint, token_file, GOOSE_INGEST_ENDPOINT_CA_FILE=str(files["ca"])),
+                             capture_output=True, timeout=60)
+        assert out.returncode == 0, out.stderr.decode()
+        runs = [f[b"run"] for _, f in d.raw()]
+        assert runs.count(trusted.encode()) == 3 and untrusted.encode() not in runs
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"GOOSE_INGEST_ENDPOINT": "https://gw.example"}, "GOOSE_INGEST_TOKEN"),
+    ({"GOOSE_INGEST_ENDPOINT": "ftp://gw.example", "GOOSE_INGEST_TOKEN": "gik_x"}, "must be an https://"),
+    ({"GOOSE_INGEST_ENDPOINT": "https://gw.example", "GOOSE_INGEST_TOKEN_FILE": "/nonexistent"},
+     "cannot read it"),
+    ({"GOOSE_INGEST_ENDPOINT": "https://gw.example", "GOOSE_INGEST_TOKEN": "secret-token-value",
+      "GOOSE_INGEST_ENDPOINT_CA_FILE": "/nonexistent"}, "GOOSE_INGEST_ENDPOINT_CA_FILE"),
+], ids=["no-token", "not-http", "token-file-missing", "ca-file-missing"])
+def test_a_misconfigured_gateway_tap_is_one_line_and_exit_2(tmp_path, env, says):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", "team-a/x", "-"], cwd=REPO,
+                         env={**base, "GOOSE_INGEST_SPOOL_DIR": str(tmp_path / "spool"), **env},
+                         input=b"line\n", capture_output=True, timeout=60)
+    err = out.stderr.decode()
+    assert out.returncode == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+    assert "secret-token-value" not in err

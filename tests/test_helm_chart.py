@@ -48,7 +48,7 @@ SETTINGS_NOT_IN_CONFIGMAP = {"redis_url", "redis_username", "redis_password", "m
                              "postgres_dsn",  # the DSN carries a password: postgresExporter.existingSecret
                              "gateway_host", "gateway_port",  # per process, like the metrics port
                              # the tap's side of the gateway: agent hosts' settings, not the cluster's
-                             "ingest_endpoint", "ingest_token", "ingest_token_file", "ingest_ca_file"}
+                             "endpoint", "token", "token_file", "endpoint_ca_file"}
 
 ALL_ON = {
     "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},

@@ -848,3 +848,20 @@ def test_a_damaged_page_under_one_session_skips_only_that_session(settings, tmp_
     assert "1 skipped (1 messages/usage_ledger)" in res.stderr
     entries = by_run(raw_fields(settings))
     assert set(entries) == {f"{NS}/{GOOD}"} and len(entries[f"{NS}/{GOOD}"]) == 42
+
+def test_an_open_run_is_judged_from_the_active_run_index_never_from_its_state(settings):
+    """The importer's role may not read run states (they hold unredacted held lines, issue 21): whether
+    the worker still has a run comes from the active-run index. Absent long after our last delivery:
+    closed (the session continues as a new part); absent just after it: not processed yet."""
+    from services.backfill.importer import LAG_GRACE_S, Checkpoint, _now_ms_of, _open_run_state
+
+    client = redis.Redis.from_url(settings.redis_url)
+    layout = settings.layout
+    now = _now_ms_of(client)
+    run = "imp/open-run"
+    client.hset(layout.run_state(run), "s", json.dumps({"state": "ended"}))  # must not be what decides
+    recent, old = Checkpoint(run=run, last_ms=now - 1000), Checkpoint(run=run, last_ms=now - int(LAG_GRACE_S * 1000) - 1000)
+    assert _open_run_state(client, settings, recent) is None
+    assert _open_run_state(client, settings, old) == "closed"
+    client.zadd(layout.active_runs(layout.shard_of(run)), {run: now})
+    assert _open_run_state(client, settings, old) == "running"

@@ -53,6 +53,9 @@ DEFAULT_FINAL_AFTER_S = 600.0
 # an open run is only continued when our last entry to it is at least this far from the worker's
 # idle-abandon horizon (GOOSE_INGEST_RUN_IDLE_TIMEOUT_S)
 IDLE_MARGIN_S = 60.0
+# An open run not in the worker's active-run index this long after our last delivery was closed
+# by the worker (ended or abandoned), not merely not processed yet (see _open_run_state).
+LAG_GRACE_S = 300.0
 COMPLETE_TAG = "\x00complete"
 EVIDENCE_TAG = "\x00native"  # spool resume tag of native-evidence lines: <message key> + it, or it alone
 MODEL_LABEL_MAX = 200  # a longer (or unprintable) model name is not put on every raw entry
@@ -142,7 +145,7 @@ class Checkpoint:
     last_ms: int = 0
     reported: UsageRecord = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)
-    worker_state: str | None = None  # the worker's state of `run`: new/running/ended/abandoned/None
+    worker_state: str | None = None  # the worker has `run`: running / closed (ended or abandoned) / None: unknown
 
 
 def load_checkpoint(client: redis.Redis, settings: Settings, base: str) -> Checkpoint:
@@ -161,13 +164,24 @@ def load_checkpoint(client: redis.Redis, settings: Settings, base: str) -> Check
         cp.reported = json.loads(h.get("reported") or "{}")
     cp.ids = {i.decode("utf-8", "surrogateescape") for i in ids}
     if cp.run and not cp.ended:
-        raw = client.hget(settings.layout.run_state(cp.run), "s")
-        if raw is not None:
-            try:
-                cp.worker_state = json.loads(raw).get("state")
-            except ValueError:
-                cp.worker_state = None
+        cp.worker_state = _open_run_state(client, settings, cp)
     return cp
+
+
+def _open_run_state(client: redis.Redis, settings: Settings, cp: Checkpoint) -> str | None:
+    """Whether the worker still has the checkpoint's open run, from its active-run index only.
+
+    Not from the run state: that holds held raw lines (secrets before redaction), and the importer's
+    role may not read it (issue 21). An open run is in the index from the worker's first commit of it
+    until it ends or is abandoned; absent, it is either closed or not processed yet (a backlog).
+    Absent for longer than LAG_GRACE_S after our last delivery counts as closed: at worst a lagging
+    worker makes the session continue as a new part, never an append to a closed run."""
+    layout = settings.layout
+    if client.zscore(layout.active_runs(layout.shard_of(cp.run or "")), cp.run or "") is not None:
+        return "running"
+    if cp.last_ms and _now_ms_of(client) - cp.last_ms > LAG_GRACE_S * 1000:
+        return "closed"
+    return None
 
 
 def save_checkpoint(client: redis.Redis, settings: Settings, base: str, cp: Checkpoint, new_ids: list[str],
@@ -264,8 +278,8 @@ class Importer:
 
     def _open_run_usable(self, run: str, cp: Checkpoint) -> tuple[bool, str]:
         """Can entries still be appended to the checkpoint's open run `run` (no eof sent)?"""
-        if cp.worker_state in ("ended", "abandoned"):
-            return False, f"the worker {cp.worker_state} {run}"
+        if cp.worker_state == "closed":
+            return False, f"the worker closed {run} (it left the active-run index)"
         idle_s = (_now_ms_of(self.client) - cp.last_ms) / 1000
         horizon = self.settings.run_idle_timeout_s - min(IDLE_MARGIN_S, self.settings.run_idle_timeout_s / 4)
         if idle_s >= horizon:

@@ -176,10 +176,12 @@ def roles(layout: KeyLayout) -> list[Role]:
         ),
         Role(
             "importer",
-            "`import-sessions`: a tap that also keeps its import checkpoints and reads run states",
+            "`import-sessions`: a tap that also keeps its import checkpoints and asks the active-run index "
+            "whether a run is open (never a run state: it holds unredacted held lines)",
             (*CONNECTION, "+xadd", *_keys("%W", k.raw),
              _selector(*HASH_RW, *SET_RW, *KEY_LIFECYCLE, *_keys("", k.import_checkpoint)),
-             _selector(*META_READ, "+hmget", *_keys("%R", k.run_state, k.meta)),
+             _selector("+zscore", *_keys("%R", k.active_runs)),
+             _selector(*META_READ, *_keys("%R", k.meta)),
              _selector(*META_RECORD, *_keys("", k.meta))),
         ),
         Role(

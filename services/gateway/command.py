@@ -42,6 +42,18 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _check_tls(cert: str, key: str) -> None:
+    """A certificate or key that does not load is a one-line configuration error, not a traceback."""
+    import ssl
+
+    from services.settings import ConfigError
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"GOOSE_INGEST_GATEWAY_TLS_CERT_FILE / _KEY_FILE do not load ({exc})") from None
+
+
 def _check_shard_count(client: object, settings: object) -> None:
     """Like every writer: another shard count than the data's would route runs elsewhere (exit 2).
     Redis down at start is no reason to stop: requests answer 503 until it is back."""
@@ -73,14 +85,22 @@ def run(args: argparse.Namespace) -> int:
     client = sync_client_with_timeouts(settings, socket_timeout=5.0, connect_timeout=2.0)
     _check_shard_count(client, settings)
     gateway = Gateway(settings, client)
+    tls: dict[str, str] = {}
+    if settings.gateway_tls_cert_file or settings.gateway_tls_key_file:
+        if not (settings.gateway_tls_cert_file and settings.gateway_tls_key_file):
+            raise ConfigError("GOOSE_INGEST_GATEWAY_TLS_CERT_FILE and _KEY_FILE go together")
+        _check_tls(settings.gateway_tls_cert_file, settings.gateway_tls_key_file)
+        tls = {"ssl_certfile": settings.gateway_tls_cert_file, "ssl_keyfile": settings.gateway_tls_key_file}
     sock = _bind(host, port)
     bound = sock.getsockname()
-    print(f"{PROG} gateway: listening on http://{bound[0]}:{bound[1]}", file=sys.stderr, flush=True)
+    scheme = "https" if tls else "http"
+    print(f"{PROG} gateway: listening on {scheme}://{bound[0]}:{bound[1]}", file=sys.stderr, flush=True)
     config = uvicorn.Config(
         gateway.app(), lifespan="off", access_log=False, log_level="warning", server_header=False,
         limit_concurrency=settings.gateway_max_connections, timeout_keep_alive=5,
         # the request line and headers of one request: a client that sends more is cut off
         h11_max_incomplete_event_size=64 * 1024,
+        **tls,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
     try:

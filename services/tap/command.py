@@ -211,11 +211,11 @@ def _strip_newline(raw: bytes) -> bytes:
 
 
 def _open_publisher(settings: Settings, run: str, labels: dict[str, str], input_format: str | None) -> Publisher | int:
-    if not settings.redis_url and not settings.ingest_endpoint:
+    if not settings.redis_url and not settings.endpoint:
         _err("no broker configured: set GOOSE_INGEST_REDIS_URL (e.g. redis://127.0.0.1:6379/0) "
-             "or GOOSE_INGEST_INGEST_ENDPOINT (an ingest gateway)")
+             "or GOOSE_INGEST_ENDPOINT (an ingest gateway)")
         return 2
-    if not settings.ingest_endpoint:  # through a gateway the token is checked by the first batch
+    if not settings.endpoint:  # through a gateway the token is checked by the first batch
         _check_credentials(settings, run)
     try:
         pub = Publisher(settings, run, labels, format=input_format)
@@ -311,7 +311,7 @@ def _drain(pub: Publisher, timeout: float | None, abort: threading.Event) -> boo
             break
     ok = pub.close(timeout=None if ok else 0)
     if not ok:
-        url = redact_url(pub.settings.ingest_endpoint or pub.settings.redis_url)
+        url = redact_url(pub.settings.endpoint or pub.settings.redis_url)
         why = f"broker {url} answered {pub.last_answer}" if pub.last_answer else f"broker {url} unreachable"
         _err(f"{pub.pending} entries of run {pub.run} are not delivered yet ({why}); they are kept in "
              f"{pub.spool_dir}: deliver them with `{PROG} publish --run {pub.run} --drain`")

@@ -1,4 +1,4 @@
-"""The tap's transport to an ingest gateway (``GOOSE_INGEST_INGEST_ENDPOINT``, docs/gateway.md).
+"""The tap's transport to an ingest gateway (``GOOSE_INGEST_ENDPOINT``, docs/gateway.md).
 
 The spool's records are already the gateway's NDJSON (raw-entry fields, ``line_b64`` for bytes that
 are not UTF-8), so a batch is sent as the records it read from the spool, gzip'ed. Anything but a
@@ -43,26 +43,26 @@ class GatewayError(BrokerError):
 
 
 def read_token(settings: Settings) -> str:
-    if settings.ingest_token is not None:
-        token = settings.ingest_token.get_secret_value().strip()
-    elif settings.ingest_token_file:
+    if settings.token is not None:
+        token = settings.token.get_secret_value().strip()
+    elif settings.token_file:
         try:
-            lines = Path(settings.ingest_token_file).read_text("utf-8").splitlines()
+            lines = Path(settings.token_file).read_text("utf-8").splitlines()
         except OSError as exc:
-            raise ConfigError(f"GOOSE_INGEST_INGEST_TOKEN_FILE: cannot read it ({exc.strerror or exc})") from None
+            raise ConfigError(f"GOOSE_INGEST_TOKEN_FILE: cannot read it ({exc.strerror or exc})") from None
         token = lines[0].strip() if lines else ""
     else:
-        raise ConfigError("GOOSE_INGEST_INGEST_ENDPOINT is set but neither GOOSE_INGEST_INGEST_TOKEN nor "
-                          "GOOSE_INGEST_INGEST_TOKEN_FILE is")
+        raise ConfigError("GOOSE_INGEST_ENDPOINT is set but neither GOOSE_INGEST_TOKEN nor "
+                          "GOOSE_INGEST_TOKEN_FILE is")
     if not token or not token.isprintable() or " " in token:
-        raise ConfigError("the gateway token (GOOSE_INGEST_INGEST_TOKEN[_FILE]) is empty or malformed")
+        raise ConfigError("the gateway token (GOOSE_INGEST_TOKEN[_FILE]) is empty or malformed")
     return token
 
 
 def endpoint_url(settings: Settings) -> str:
-    base = (settings.ingest_endpoint or "").rstrip("/")
+    base = (settings.endpoint or "").rstrip("/")
     if not base.startswith(("https://", "http://")):
-        raise ConfigError("GOOSE_INGEST_INGEST_ENDPOINT must be an https:// (or http://) URL")
+        raise ConfigError("GOOSE_INGEST_ENDPOINT must be an https:// (or http://) URL")
     return base if base.endswith(INGEST_PATH) else base + INGEST_PATH
 
 
@@ -79,14 +79,14 @@ class HttpTransport:
         try:
             self._port = parts.port or (443 if self._https else 80)
         except ValueError:
-            raise ConfigError("GOOSE_INGEST_INGEST_ENDPOINT has an invalid port") from None
+            raise ConfigError("GOOSE_INGEST_ENDPOINT has an invalid port") from None
         self._path = parts.path
         self._ctx: ssl.SSLContext | None = None
         if self._https:
             try:
-                self._ctx = ssl.create_default_context(cafile=settings.ingest_ca_file)
+                self._ctx = ssl.create_default_context(cafile=settings.endpoint_ca_file)
             except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(f"GOOSE_INGEST_INGEST_CA_FILE: cannot load it ({exc})") from None
+                raise ConfigError(f"GOOSE_INGEST_ENDPOINT_CA_FILE: cannot load it ({exc})") from None
         # the standard https_proxy / http_proxy / no_proxy variables, read as urllib reads them
         proxy = urllib.request.getproxies().get(parts.scheme)
         self._proxy = urlsplit(proxy) if proxy and not urllib.request.proxy_bypass(self._host) else None

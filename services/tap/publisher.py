@@ -215,7 +215,7 @@ class Publisher:
         # logged; at start the tap's credential check already refused it (one line, exit 2)
         self._retryable: tuple[type[BaseException], ...] = (OSError, BrokerError, BrokerTLSError)
         self._http: HttpTransport | None = None
-        if client is None and settings.ingest_endpoint:  # through an ingest gateway (docs/gateway.md)
+        if client is None and settings.endpoint:  # through an ingest gateway (docs/gateway.md)
             from services.tap.http_transport import HttpTransport
 
             self._http = HttpTransport(settings)
@@ -461,7 +461,9 @@ class Publisher:
         return ok
 
     def _close_client(self) -> None:
-        if self._conn is not None:
+        if self._http is not None:
+            self._http.close()
+        elif self._conn is not None:
             self._conn.close()
         elif self._own_client:
             try:
