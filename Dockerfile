@@ -63,7 +63,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=builder /usr/bin/tini-static /usr/local/bin/tini
 USER 10001:10001
-EXPOSE 9464
+EXPOSE 9464 8080
 # /healthz on the port the process bound (its port file; GOOSE_INGEST_METRICS_PORT without one):
 # right with --metrics-port and port 0 too. Served from the first second, broker or not.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \

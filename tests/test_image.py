@@ -421,3 +421,48 @@ def test_image_worker_stopped_mid_batch_exits_0_and_loses_nothing(image, setting
     published = events_by_run(settings)
     for run in runs:
         assert published[run] == expected_events(settings, run)
+
+
+def test_image_gateway_stores_a_posted_run_answers_its_probes_and_stops_with_0(image, settings):
+    """`gateway` from the image (port 0, read-only, non-root): HEALTHCHECK finds its port, /readyz is
+    200 against the host's Redis, a plain-HTTP post with a token is stored and a worker on the host
+    turns it into events; SIGTERM ends it with 0."""
+    token = subprocess.run([sys.executable, "-m", "services.cli", "tokens", "create", "--prefix", "image-gw/"],
+                           cwd=ROOT, env=cli_env(settings), check=True, capture_output=True, text=True,
+                           timeout=60).stdout.strip()
+    name = f"gi-{uuid.uuid4().hex[:8]}"
+    env = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
+           "GOOSE_INGEST_SHARDS": str(settings.shards), "GOOSE_INGEST_GATEWAY_PORT": "0",
+           "GOOSE_INGEST_GATEWAY_HOST": "127.0.0.1"}
+    proc = subprocess.Popen(["podman", *run_args(name, env), image, "gateway"], env=podman_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_container_healthy(name, within_s=60)
+        port = container_port(name, within_s=30)
+        wait_until(lambda: get(port, "/readyz")[0] == 200, timeout=30)
+        lines = FIXTURE.read_text().splitlines()
+        body = "".join(json.dumps({"run": "image-gw/1", "seq": i, "ts": 1_790_000_000_000 + i, "line": line}) + "\n"
+                       for i, line in enumerate(lines))
+        body += json.dumps({"run": "image-gw/1", "seq": len(lines), "ts": 1_790_000_000_000 + len(lines),
+                            "kind": "eof", "exit": 0}) + "\n"
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/raw", data=body.encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/x-ndjson"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            reply = json.loads(r.read())
+        assert reply["stored"] == len(lines) + 1 and reply["refused"] == 0, reply
+        assert podman("kill", "--signal", "TERM", name).returncode == 0
+        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert token.encode() not in err
+    finally:
+        if proc.poll() is None:
+            podman("kill", name)
+            proc.kill()
+    golden = [json.loads(x) for x in (ROOT / "tests" / "golden" / f"{FIXTURE.stem}.events.jsonl").read_text().splitlines()]
+    worker = start_worker(settings, Path(os.devnull))
+    try:
+        events = wait_until(lambda: (e := events_by_run(settings).get("image-gw/1")) and len(e) >= len(golden) and e,
+                            timeout=60)
+    finally:
+        stop_worker(worker)
+    assert [e["type"] for e in events] == [g["type"] for g in golden]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import socket
 import sys
 
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     from services.broker.helpers import sync_client_with_timeouts
     from services.gateway.app import Gateway
+    from services.metrics.server import write_port_file
     from services.settings import ConfigError, Settings
 
     settings = Settings()
@@ -103,8 +106,16 @@ def run(args: argparse.Namespace) -> int:
         **tls,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
+    # the image's HEALTHCHECK asks /healthz on the port in this file (services/metrics/healthcheck.py):
+    # the gateway serves its probes on its own port, which is then the one to check
+    port_file = settings.metrics_port_file
+    if port_file:
+        write_port_file(port_file, bound[0], bound[1])
     try:
         server.run(sockets=[sock])
     finally:
         client.close()
+        if port_file:
+            with contextlib.suppress(OSError):
+                os.remove(port_file)
     return 0
