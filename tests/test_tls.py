@@ -381,3 +381,33 @@ def test_a_tls_cluster_serves_the_tap_the_worker_and_tail(tls_files: TlsFiles, t
         assert "Traceback" not in (tmp_path / "worker.log").read_text(errors="replace")
     finally:
         stop_nodes(nodes)
+
+
+def test_a_running_tap_spools_and_retries_through_a_tls_failure(tls_broker: TlsBroker, tmp_path, caplog):
+    """Mid-run (past the start check) a certificate that does not verify is an outage for the tap:
+    the sender keeps retrying with the reason logged, nothing is lost, and a publisher that trusts the
+    CA later delivers the spooled run."""
+    import logging
+
+    from services.tap.publisher import Publisher
+
+    b = tls_broker
+    settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
+    untrusting = settings.model_copy(update={"redis_tls_ca_file": str(b.files.other_ca)})
+    spool = tmp_path / "run-spool"
+    with caplog.at_level(logging.WARNING, logger="goose_ingest"):
+        pub = Publisher(untrusting, "tls/mid-run", {"host": "h"}, spool_dir=str(spool))
+        try:
+            pub.add_line(b"kept while TLS fails")
+            assert pub.flush(timeout=1.5) is False  # not delivered, and
+            assert pub.sender_alive  # the sender did not die on the TLS error
+        finally:
+            pub.close(timeout=0.5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("certificate does not verify" in m for m in messages), messages
+    assert not any(r.exc_info for r in caplog.records)  # no traceback logged
+    with Publisher(settings.model_copy(update={"redis_tls_ca_file": str(b.files.ca)}), "tls/mid-run", {"host": "h"},
+                   spool_dir=str(spool)) as resumed:
+        resumed.add_eof(0)
+    lines = [f.get(b"line") for s in settings.raw_streams() for _, f in b.plain().xrange(s)]
+    assert lines == [b"kept while TLS fails", None]
