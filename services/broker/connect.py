@@ -141,7 +141,8 @@ class AsyncTLSConnection(AsyncSSLConnection):
         except RedisConnectionError as exc:
             where = f"{self.host}:{self.port}"
             if _handshake_aborted(exc):
-                raise tls_handshake_timeout(where, self.socket_connect_timeout * HANDSHAKE_SHARE) from None
+                limit = self.socket_connect_timeout * HANDSHAKE_SHARE if self.socket_connect_timeout else None
+                raise tls_handshake_timeout(where, limit) from None
             failure = tls_failure(exc, where, closed_after_handshake=self._handshake_done and not self.certfile)
             if failure is None:
                 raise
