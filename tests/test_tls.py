@@ -412,3 +412,27 @@ def test_a_running_tap_spools_and_retries_through_a_tls_failure(tls_broker: TlsB
         resumed.add_eof(0)
     lines = [f.get(b"line") for s in settings.raw_streams() for _, f in b.plain().xrange(s)]
     assert lines == [b"kept while TLS fails", None]
+
+
+def test_a_close_right_after_the_handshake_is_read_as_a_missing_client_certificate_only_then():
+    """The race a broker requiring client certificates leaves us (its alert, or just EOF on our first
+    write): EOF right after our handshake, without a certificate of ours, is that; anything else is not."""
+    import ssl
+
+    from services.broker.url import tls_failure
+
+    def wrapped(inner: BaseException) -> Exception:
+        try:
+            try:
+                raise inner
+            except OSError as exc:
+                raise redis.ConnectionError(f"Error while writing to localhost:1: {exc}") from exc
+        except redis.ConnectionError as outer:
+            return outer
+
+    eof = wrapped(ssl.SSLEOFError(8, "EOF occurred in violation of protocol"))
+    failure = tls_failure(eof, "localhost:1", closed_after_handshake=True)
+    assert failure is not None and "GOOSE_INGEST_REDIS_TLS_CERT_FILE" in str(failure)
+    assert tls_failure(eof, "localhost:1") is None  # mid-run, or with a certificate: an outage, retried
+    assert tls_failure(wrapped(ConnectionRefusedError(111, "refused")), "localhost:1", closed_after_handshake=True) is None
+    assert tls_failure(redis.AuthenticationError("invalid username-password pair"), "h:1", closed_after_handshake=True) is None
