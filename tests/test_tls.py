@@ -89,6 +89,24 @@ def _cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.Com
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _cli_all(runs: dict[str, tuple[dict[str, str], list[str]]], timeout: float = 90) -> dict[str, subprocess.CompletedProcess]:
+    """Run several commands at once (each its env and args); their results by name."""
+    procs = {name: subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, (env, args) in runs.items()}
+    results: dict[str, subprocess.CompletedProcess] = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=timeout)
+            results[name] = subprocess.CompletedProcess(runs[name][1], proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
 def _start(env: dict[str, str], args: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env,
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
@@ -124,16 +142,13 @@ def test_every_command_works_over_tls_with_client_certificates(mtls_broker: TlsB
     env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca),
                GOOSE_INGEST_REDIS_TLS_CERT_FILE=str(b.files.client_cert),
                GOOSE_INGEST_REDIS_TLS_KEY_FILE=str(b.files.client_key))
-    producers = [
-        ["tap", "--run", "tls/tapped", "--quiet", "--", "cat", str(TRANSCRIPTS[0])],
-        ["publish", "--run", "tls/published", str(TRANSCRIPTS[1])],
-        ["import-sessions", str(fixture_db), "--namespace", "tlsimport", "--no-progress"],
-    ]
-    running = [subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for args in producers]
-    for args, proc in zip(producers, running, strict=True):
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, (args[0], err[-3000:])
+    producers = _cli_all({
+        "tap": (env, ["tap", "--run", "tls/tapped", "--quiet", "--", "cat", str(TRANSCRIPTS[0])]),
+        "publish": (env, ["publish", "--run", "tls/published", str(TRANSCRIPTS[1])]),
+        "import-sessions": (env, ["import-sessions", str(fixture_db), "--namespace", "tlsimport", "--no-progress"]),
+    })
+    for name, res in producers.items():
+        assert res.returncode == 0, (name, res.stderr[-3000:])
 
     logs = {name: tmp_path / f"{name}.log" for name in ("worker", "postgres", "otlp")}
     plain = b.plain()
@@ -166,10 +181,11 @@ def test_every_command_works_over_tls_with_client_certificates(mtls_broker: TlsB
     text = {name: log.read_text(errors="replace") for name, log in logs.items()}
     assert not any("Traceback" in t for t in text.values()), {k: v[-3000:] for k, v in text.items()}
 
-    tail = _cli(env, "tail", "--no-follow", "--run", "tls/published")
+    readers = _cli_all({"tail": (env, ["tail", "--no-follow", "--run", "tls/published"]),
+                        "replay": (env, ["replay", "--run", "tls/published"])})
+    tail, replay = readers["tail"], readers["replay"]
     assert tail.returncode == 0, tail.stderr[-3000:]
     assert "RUN ENDED" in tail.stdout and "tls/published#0" in tail.stdout
-    replay = _cli(env, "replay", "--run", "tls/published")
     assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-2000:]
 
 
@@ -177,18 +193,10 @@ def test_a_broker_requiring_client_certificates_refuses_none_in_one_line(mtls_br
     b = mtls_broker
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
     env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca))
-    commands = {"tail": ["tail", "--no-follow"], "publish": ["publish", "--run", "tls/no-cert", str(TRANSCRIPTS[0])],
-                "worker": ["worker"], "replay": ["replay"]}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, args in commands.items()}
-    for name, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        res = subprocess.CompletedProcess(commands[name], proc.returncode, out, err)
+    results = _cli_all({"tail": (env, ["tail", "--no-follow"]),
+                        "publish": (env, ["publish", "--run", "tls/no-cert", str(TRANSCRIPTS[0])]),
+                        "worker": (env, ["worker"])})
+    for name, res in results.items():
         _one_line(res, name, "client certificate", "GOOSE_INGEST_REDIS_TLS_CERT_FILE", f"localhost:{b.tls_port}")
 
 
@@ -199,9 +207,10 @@ def test_redis_tls_true_with_a_redis_url_and_a_ca_file(tls_broker: TlsBroker, tm
     env = _env(settings, GOOSE_INGEST_REDIS_TLS="true", GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca))
     published = _cli(env, "publish", "--run", "tls/flag", str(TRANSCRIPTS[0]))
     assert published.returncode == 0, published.stderr[-3000:]
-    tail = _cli(env, "tail", "--no-follow", "--json")  # nothing processed: reads the empty topics over TLS
-    assert tail.returncode == 0 and tail.stdout == "", tail.stderr[-3000:]
-    replay = _cli(env, "replay")  # no worker ran: the rebuilt run differs from (absent) events, exit 1
+    readers = _cli_all({"tail": (env, ["tail", "--no-follow", "--json"]), "replay": (env, ["replay"])})
+    tail, replay = readers["tail"], readers["replay"]
+    assert tail.returncode == 0 and tail.stdout == "", tail.stderr[-3000:]  # nothing processed: empty topics, read over TLS
+    # no worker ran: the rebuilt run differs from the (absent) events, exit 1
     assert "replay: 1 runs rebuilt from the raw log" in replay.stdout, replay.stdout + replay.stderr[-3000:]
     raw = [f for s in settings.raw_streams() for _, f in b.plain().xrange(s)]
     assert raw and {f[b"run"] for f in raw} == {b"tls/flag"}
@@ -213,14 +222,13 @@ def test_rediss_alone_trusts_the_ca_given_by_ssl_cert_file(tls_broker: TlsBroker
     b = tls_broker
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
     env = _env(settings, SSL_CERT_FILE=str(b.files.ca))
-    published = _cli(env, "publish", "--run", "tls/alone", str(TRANSCRIPTS[0]))
-    assert published.returncode == 0, published.stderr[-3000:]
-    tail = _cli(env, "tail", "--no-follow", "--json")
-    assert tail.returncode == 0, tail.stderr[-3000:]
+    results = _cli_all({"publish": (env, ["publish", "--run", "tls/alone", str(TRANSCRIPTS[0])]),
+                        "tail": (env, ["tail", "--no-follow", "--json"]),
+                        "untrusted": (_env(settings), ["tail", "--no-follow"])})  # the same URL without SSL_CERT_FILE
+    assert results["publish"].returncode == 0, results["publish"].stderr[-3000:]
+    assert results["tail"].returncode == 0, results["tail"].stderr[-3000:]
     assert b.plain().exists(settings.layout.meta())  # the tap recorded the deployment facts over TLS
-    # and without it, the same URL does not verify
-    untrusted = _cli(_env(settings), "tail", "--no-follow")
-    _one_line(untrusted, "tail", "certificate does not verify", "GOOSE_INGEST_REDIS_TLS_CA_FILE")
+    _one_line(results["untrusted"], "tail", "certificate does not verify", "GOOSE_INGEST_REDIS_TLS_CA_FILE")
 
 
 # --- failures: one line, exit 2 -------------------------------------------------------------------------------
@@ -229,7 +237,7 @@ def test_a_wrong_ca_is_one_line_for_every_command(tls_broker: TlsBroker, tmp_pat
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
     env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.other_ca),
                GOOSE_INGEST_POSTGRES_DSN="host=127.0.0.1 port=1 dbname=none")
-    commands = {
+    results = _cli_all({name: (env, args) for name, args in {
         "tail": ["tail", "--no-follow"],
         "replay": ["replay"],
         "publish": ["publish", "--run", "tls/wrong-ca", str(TRANSCRIPTS[0])],
@@ -237,54 +245,46 @@ def test_a_wrong_ca_is_one_line_for_every_command(tls_broker: TlsBroker, tmp_pat
         "import-sessions": ["import-sessions", str(fixture_db), "--namespace", "tlsimport", "--no-progress"],
         "worker": ["worker"],
         "export otlp": ["export", "otlp"],
-    }
-    procs = {name: subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, args in commands.items()}
-    for name, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        res = subprocess.CompletedProcess(commands[name], proc.returncode, out, err)
+    }.items()})
+    for name, res in results.items():
         _one_line(res, name.split()[0], f"TLS to the broker localhost:{b.tls_port} failed", "certificate does not verify",
                   "GOOSE_INGEST_REDIS_TLS_CA_FILE")
     assert not b.plain().exists(settings.layout.meta())  # nothing was written
 
 
 def test_a_server_that_does_not_speak_tls_is_one_line(tls_broker: TlsBroker, tmp_path):
-    """rediss:// to the plain port: the plain server never answers a ClientHello (a timeout of the
-    connect timeout, then one line), or answers plain text (wrong version number)."""
+    """rediss:// to the plain port: the plain server never answers a ClientHello; after the connect
+    timeout (5 s; asyncio: its handshake timeout, 4 s) that is one line, not a wait or a hang."""
     b = tls_broker
     settings = _settings(f"rediss://localhost:{b.server.port}/0", tmp_path)
     env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca))
     started = time.monotonic()
-    procs = {name: subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, args in {"tail": ["tail", "--no-follow"],
-                                "publish": ["publish", "--run", "tls/plain", str(TRANSCRIPTS[0])]}.items()}
-    for name, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        _one_line(subprocess.CompletedProcess([], proc.returncode, out, err), name, "TLS", "TLS port")
+    results = _cli_all({"tail": (env, ["tail", "--no-follow"]),  # redis-py sync
+                        "publish": (env, ["publish", "--run", "tls/plain", str(TRANSCRIPTS[0])]),  # the tap's client
+                        "worker": (env, ["worker"])})  # redis.asyncio
+    for name, res in results.items():
+        _one_line(res, name, f"TLS to the broker localhost:{b.server.port} failed", "TLS port")
     assert time.monotonic() - started < 40
 
 
-def test_unreadable_tls_files_are_one_line_before_connecting(tls_broker: TlsBroker, tmp_path):
-    b = tls_broker
-    settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
+def test_unreadable_tls_files_are_one_line_before_connecting(tls_files: TlsFiles, tmp_path):
+    """Checked when the target is parsed (the CLI's settings check does that first), naming the variable;
+    the CLI prints any BrokerConfigError as one line, exit 2 (the subprocess tests above)."""
+    from services.broker.url import target
+
+    base = Settings(redis_url="rediss://localhost:1/0")
     cases = [
-        ({"GOOSE_INGEST_REDIS_TLS_CA_FILE": str(tmp_path / "missing.pem")}, ["GOOSE_INGEST_REDIS_TLS_CA_FILE", "no such file"]),
-        ({"GOOSE_INGEST_REDIS_TLS_CA_FILE": str(b.files.ca), "GOOSE_INGEST_REDIS_TLS_CERT_FILE": str(b.files.client_cert),
-          "GOOSE_INGEST_REDIS_TLS_KEY_FILE": str(b.files.server_key)}, ["GOOSE_INGEST_REDIS_TLS_CERT_FILE", "do not load"]),
-        ({"GOOSE_INGEST_REDIS_TLS_KEY_FILE": str(b.files.client_key)}, ["GOOSE_INGEST_REDIS_TLS_KEY_FILE is set without"]),
+        ({"redis_tls_ca_file": str(tmp_path / "missing.pem")}, "GOOSE_INGEST_REDIS_TLS_CA_FILE .*missing.pem: no such file"),
+        ({"redis_tls_ca_file": str(tls_files.client_key)}, "GOOSE_INGEST_REDIS_TLS_CA_FILE"),  # a key, not a CA
+        ({"redis_tls_cert_file": str(tls_files.client_cert), "redis_tls_key_file": str(tls_files.server_key)},
+         "GOOSE_INGEST_REDIS_TLS_CERT_FILE / GOOSE_INGEST_REDIS_TLS_KEY_FILE .*do not load"),
+        ({"redis_tls_key_file": str(tls_files.client_key)}, "GOOSE_INGEST_REDIS_TLS_KEY_FILE is set without"),
     ]
-    for extra, needles in cases:
-        _one_line(_cli(_env(settings, **extra), "tail", "--no-follow"), "tail", *needles)
+    for update, message in cases:
+        with pytest.raises(BrokerTLSError, match=message):
+            target(base.model_copy(update=update))
+    # not TLS: the files are not looked at (a plain URL with a stale CA variable still works)
+    assert target(Settings(redis_url="redis://localhost:1/0", redis_tls_ca_file=str(tmp_path / "missing.pem"))).tls is False
 
 
 # --- the one source of TLS options ---------------------------------------------------------------------------
@@ -353,6 +353,7 @@ def test_the_taps_own_client_verifies_the_server_with_the_ca_file(tls_broker: Tl
 def test_a_tls_cluster_serves_the_tap_the_worker_and_tail(tls_files: TlsFiles, tmp_path):
     """redis-py's sync and asyncio RedisCluster and FastStream's RedisClusterBroker over TLS: a published
     run is processed by a worker and read back by tail; a wrong CA is one line there too."""
+    from services.broker.connect import sync_client
     from tests.support.redis_cluster import ClusterUnavailable
     from tests.support.tls import start_tls_cluster, stop_nodes
 
@@ -365,21 +366,73 @@ def test_a_tls_cluster_serves_the_tap_the_worker_and_tail(tls_files: TlsFiles, t
         settings = Settings(redis_url=f"rediss://{seeds}", redis_cluster=True, namespace=f"tlsc{uuid4().hex[:6]}",
                             shards=4, spool_dir=str(tmp_path / "spool"), host_label="tls-host")
         env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(tls_files.ca))
-        wrong = _cli({**env, "GOOSE_INGEST_REDIS_TLS_CA_FILE": str(tls_files.other_ca)}, "tail", "--no-follow")
-        _one_line(wrong, "tail", "certificate does not verify", "GOOSE_INGEST_REDIS_TLS_CA_FILE")
-        published = _cli(env, "publish", "--run", "tls/cluster", str(TRANSCRIPTS[0]))
-        assert published.returncode == 0, published.stderr[-3000:]
+        first = _cli_all({"wrong": ({**env, "GOOSE_INGEST_REDIS_TLS_CA_FILE": str(tls_files.other_ca)}, ["tail", "--no-follow"]),
+                          "publish": (env, ["publish", "--run", "tls/cluster", str(TRANSCRIPTS[0])])})
+        _one_line(first["wrong"], "tail", "certificate does not verify", "GOOSE_INGEST_REDIS_TLS_CA_FILE")
+        assert first["publish"].returncode == 0, first["publish"].stderr[-3000:]
         worker = _start(env, ["worker"], tmp_path / "worker.log")
         try:
-            def ended() -> bool:
-                tail = _cli(env, "tail", "--no-follow", "--run", "tls/cluster")
-                assert tail.returncode == 0, tail.stderr[-3000:]
-                return "RUN ENDED" in tail.stdout
-
-            wait_until(ended, timeout=90, interval=1.0)
+            client = sync_client(settings.model_copy(update={"redis_tls_ca_file": str(tls_files.ca)}))
+            wait_until(lambda: "tls/cluster" in _ended(client, settings), timeout=90)
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
         finally:
             stop(worker)
+        tail = _cli(env, "tail", "--no-follow", "--run", "tls/cluster")
+        assert tail.returncode == 0 and "RUN ENDED" in tail.stdout, tail.stderr[-3000:]
         assert "Traceback" not in (tmp_path / "worker.log").read_text(errors="replace")
     finally:
         stop_nodes(nodes)
+
+
+def test_a_running_tap_spools_and_retries_through_a_tls_failure(tls_broker: TlsBroker, tmp_path, caplog):
+    """Mid-run (past the start check) a certificate that does not verify is an outage for the tap:
+    the sender keeps retrying with the reason logged, nothing is lost, and a publisher that trusts the
+    CA later delivers the spooled run."""
+    import logging
+
+    from services.tap.publisher import Publisher
+
+    b = tls_broker
+    settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
+    untrusting = settings.model_copy(update={"redis_tls_ca_file": str(b.files.other_ca)})
+    spool = tmp_path / "run-spool"
+    with caplog.at_level(logging.WARNING, logger="goose_ingest"):
+        pub = Publisher(untrusting, "tls/mid-run", {"host": "h"}, spool_dir=str(spool))
+        try:
+            pub.add_line(b"kept while TLS fails")
+            assert pub.flush(timeout=1.5) is False  # not delivered, and
+            assert pub.sender_alive  # the sender did not die on the TLS error
+        finally:
+            pub.close(timeout=0.5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("certificate does not verify" in m for m in messages), messages
+    assert not any(r.exc_info for r in caplog.records)  # no traceback logged
+    with Publisher(settings.model_copy(update={"redis_tls_ca_file": str(b.files.ca)}), "tls/mid-run", {"host": "h"},
+                   spool_dir=str(spool)) as resumed:
+        resumed.add_eof(0)
+    lines = [f.get(b"line") for s in settings.raw_streams() for _, f in b.plain().xrange(s)]
+    assert lines == [b"kept while TLS fails", None]
+
+
+def test_a_close_right_after_the_handshake_is_read_as_a_missing_client_certificate_only_then():
+    """The race a broker requiring client certificates leaves us (its alert, or just EOF on our first
+    write): EOF right after our handshake, without a certificate of ours, is that; anything else is not."""
+    import ssl
+
+    from services.broker.url import tls_failure
+
+    def wrapped(inner: BaseException) -> Exception:
+        try:
+            try:
+                raise inner
+            except OSError as exc:
+                raise redis.ConnectionError(f"Error while writing to localhost:1: {exc}") from exc
+        except redis.ConnectionError as outer:
+            return outer
+
+    eof = wrapped(ssl.SSLEOFError(8, "EOF occurred in violation of protocol"))
+    failure = tls_failure(eof, "localhost:1", closed_after_handshake=True)
+    assert failure is not None and "GOOSE_INGEST_REDIS_TLS_CERT_FILE" in str(failure)
+    assert tls_failure(eof, "localhost:1") is None  # mid-run, or with a certificate: an outage, retried
+    assert tls_failure(wrapped(ConnectionRefusedError(111, "refused")), "localhost:1", closed_after_handshake=True) is None
+    assert tls_failure(redis.AuthenticationError("invalid username-password pair"), "h:1", closed_after_handshake=True) is None

@@ -29,6 +29,7 @@ server refuses is a `BrokerTLSError` (a configuration error: one line, exit 2), 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -118,9 +119,16 @@ class TLSConnection(redis.SSLConnection):
 class AsyncTLSConnection(AsyncSSLConnection):
     """`TLSConnection` for redis.asyncio (also the connection class of the worker's FastStream broker).
 
-    Here the handshake runs inside the connect timeout already (a plain port: TimeoutError, waited on)."""
+    The handshake runs inside redis-py's connect timeout; asyncio's own handshake timeout, set below
+    it, tells a plain port (handshake never answered) from an unreachable host (connect timeout)."""
 
     _handshake_done = False
+
+    def _connection_arguments(self) -> Mapping[str, Any]:
+        kwargs = dict(super()._connection_arguments())
+        if self.socket_connect_timeout:
+            kwargs["ssl_handshake_timeout"] = self.socket_connect_timeout * HANDSHAKE_SHARE
+        return kwargs
 
     async def _connect(self) -> None:
         self._handshake_done = False
@@ -131,11 +139,28 @@ class AsyncTLSConnection(AsyncSSLConnection):
         try:
             return await super().connect_check_health(*args, **kwargs)
         except RedisConnectionError as exc:
-            failure = tls_failure(exc, f"{self.host}:{self.port}",
-                                  closed_after_handshake=self._handshake_done and not self.certfile)
+            where = f"{self.host}:{self.port}"
+            if _handshake_aborted(exc):
+                limit = self.socket_connect_timeout * HANDSHAKE_SHARE if self.socket_connect_timeout else None
+                raise tls_handshake_timeout(where, limit) from None
+            failure = tls_failure(exc, where, closed_after_handshake=self._handshake_done and not self.certfile)
             if failure is None:
                 raise
             raise failure from None
+
+
+# asyncio's TLS handshake timeout as a share of the connect timeout around it: it must fire first.
+HANDSHAKE_SHARE = 0.8
+
+
+def _handshake_aborted(exc: BaseException) -> bool:
+    """asyncio's handshake timeout (a ConnectionAbortedError naming the handshake) in `exc`'s chain."""
+    cur: BaseException | None = exc
+    while cur is not None:
+        if isinstance(cur, ConnectionAbortedError) and "handshake" in str(cur).lower():
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def _tls(settings: Settings, t: BrokerTarget, *, asyncio: bool) -> dict[str, Any]:

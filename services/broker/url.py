@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
+from services.settings import ENV_PREFIX
+
 if TYPE_CHECKING:
     import ssl
 
@@ -212,10 +214,11 @@ def target(settings: Settings) -> BrokerTarget:
 
 # ------------------------------------------------------------------------------------------- TLS
 # Env names of the TLS settings, for messages (services/settings.py defines the fields).
-CA_FILE_VAR = "GOOSE_INGEST_REDIS_TLS_CA_FILE"
-CERT_FILE_VAR = "GOOSE_INGEST_REDIS_TLS_CERT_FILE"
-KEY_FILE_VAR = "GOOSE_INGEST_REDIS_TLS_KEY_FILE"
-CHECK_HOSTNAME_VAR = "GOOSE_INGEST_REDIS_TLS_CHECK_HOSTNAME"
+TLS_VAR = f"{ENV_PREFIX}REDIS_TLS"
+CA_FILE_VAR = f"{ENV_PREFIX}REDIS_TLS_CA_FILE"
+CERT_FILE_VAR = f"{ENV_PREFIX}REDIS_TLS_CERT_FILE"
+KEY_FILE_VAR = f"{ENV_PREFIX}REDIS_TLS_KEY_FILE"
+CHECK_HOSTNAME_VAR = f"{ENV_PREFIX}REDIS_TLS_CHECK_HOSTNAME"
 
 
 @dataclass(frozen=True)
@@ -322,7 +325,7 @@ def tls_handshake_timeout(where: str, seconds: float | None) -> BrokerTLSError:
     within = f" within {seconds:g} s" if seconds else ""
     return BrokerTLSError(
         f"TLS to the broker {where} failed: no TLS handshake answer{within} (a plain Redis port never answers one); "
-        "use its TLS port, or redis:// without GOOSE_INGEST_REDIS_TLS for a plain one"
+        f"use its TLS port, or redis:// without {TLS_VAR} for a plain one"
     )
 
 
@@ -333,15 +336,17 @@ def _explain(exc: ssl.SSLError, ssl: Any, where: str) -> str:
         if "hostname" in message.lower() or "ip address mismatch" in message.lower():
             return (f"{head}: its certificate does not name the host ({message}); connect by a name it lists, "
                     f"or set {CHECK_HOSTNAME_VAR}=false")
-        return (f"{head}: its certificate does not verify ({message}); set {CA_FILE_VAR} to the CA that signed it")
+        if any(word in message.lower() for word in ("issuer", "self-signed", "self signed", "unable to get")):
+            return f"{head}: its certificate does not verify ({message}); set {CA_FILE_VAR} to the CA that signed it"
+        return f"{head}: its certificate does not verify ({message}); check the broker's certificate"
     reason = str(exc.reason or "")
     if reason in ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "PACKET_LENGTH_TOO_LONG",
                   "RECORD_LAYER_FAILURE"):
         return (f"{head}: the server does not speak TLS there ({reason}); use its TLS port, or redis:// "
-                "without GOOSE_INGEST_REDIS_TLS for a plain one")
+                f"without {TLS_VAR} for a plain one")
     if "CERTIFICATE_REQUIRED" in reason:
         return f"{head}: the broker requires a client certificate ({reason}); set {CERT_FILE_VAR} and {KEY_FILE_VAR}"
-    if "ALERT" in reason:
+    if "ALERT" in reason and ("CERTIFICATE" in reason or "UNKNOWN_CA" in reason):
         return (f"{head}: the broker refused the client certificate ({reason}); check {CERT_FILE_VAR} / "
                 f"{KEY_FILE_VAR} against the CA the broker trusts")
     return f"{head} ({reason or str(exc).splitlines()[0]})"

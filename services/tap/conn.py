@@ -80,6 +80,8 @@ class RespConnection:
         self.tls = tls  # None with a TLS target: the system's CAs, no client certificate
         self._tls_context: ssl.SSLContext | None = None  # built once: loading the CAs costs ~ms
         self._sock: socket.socket | None = None
+        # a TLS handshake completed and nothing answered yet: a close now is a refused client certificate
+        self._unanswered = False
         # One receive buffer for the connection's life: recv(64 kB) would allocate 64 kB per reply
         # batch and shrink it to the few bytes that came, which fragments the heap (RSS grew ~40 kB/s
         # at 10,000 lines/s).
@@ -124,7 +126,8 @@ class RespConnection:
             return exc
         from services.broker.url import tls_failure
 
-        return tls_failure(exc, str(self.target.seeds[0])) or exc
+        without_cert = not (self.tls is not None and self.tls.cert_file)
+        return tls_failure(exc, str(self.target.seeds[0]), closed_after_handshake=self._unanswered and without_cert) or exc
 
     def connect(self) -> None:
         """Connect, authenticate and select the database (no-op when connected)."""
@@ -140,7 +143,9 @@ class RespConnection:
 
     def _connect(self) -> None:
         t = self.target
+        self._unanswered = False
         self._sock = self._open_socket()
+        self._unanswered = t.tls
         try:
             self._sock.settimeout(self.socket_timeout)
             handshake = b""
@@ -153,6 +158,7 @@ class RespConnection:
                 handshake += command(b"SELECT", str(t.db).encode())
             if handshake:
                 replies = self._exchange([handshake], int(authenticates) + int(bool(t.db)))
+                self._unanswered = False
                 for i, reply in enumerate(replies):
                     if isinstance(reply, ReplyError):
                         if is_db_out_of_range(reply):  # a wrong URL, not an outage: never spool for it
@@ -202,7 +208,9 @@ class RespConnection:
         as `ReplyError` values. Any failure (I/O or protocol) drops the connection and raises."""
         self.connect()
         try:
-            return self._exchange(parts, expected)
+            replies = self._exchange(parts, expected)
+            self._unanswered = False
+            return replies
         except OSError as exc:
             # TLS 1.3 reports a refused client certificate at the first read, not in the handshake
             self.close()
