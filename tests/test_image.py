@@ -11,6 +11,7 @@ Without the tools it skips saying what to install, and FAILS under CI (tests/sup
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -206,178 +207,158 @@ def test_image_metadata(image):
 
 
 @pytest.mark.parametrize("args", [["tail", "--help"], ["replay", "--help"], ["import-sessions", "--help"],
-                                  ["acl", "--help"], ["export", "postgres", "--help"]], ids=lambda a: a[0])
+                                  ["acl", "--help"], ["export", "postgres", "--help"], ["gateway", "--help"],
+                                  ["tokens", "--help"], ["runs", "--help"]], ids=lambda a: a[0])
 def test_every_command_runs_from_the_image(image, args):
     out = podman("run", "--rm", "--read-only", "--tmpfs", "/tmp", image, *args)
     assert out.returncode == 0, out.stderr
     assert "usage" in out.stdout.lower()
 
 
-def wait_container_healthy(name: str, within_s: float) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if podman("healthcheck", "run", name).returncode == 0:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"{name}: HEALTHCHECK not passing within {within_s}s")
+class Container:
+    """`podman run` of the image in the background (read-only, tmpfs /tmp, host network, a fresh name),
+    killed at exit if still running; ``terminate`` is the SIGTERM every test ends with."""
+
+    def __init__(self, image: str, args: list[str], env: dict[str, str]):
+        self.name = f"gi-{uuid.uuid4().hex[:8]}"
+        self.proc = subprocess.Popen(["podman", *run_args(self.name, env), image, *args], env=podman_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def __enter__(self) -> Container:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            podman("kill", self.name)
+            self.proc.kill()
+
+    def healthy(self, within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if podman("healthcheck", "run", self.name).returncode == 0:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"{self.name}: HEALTHCHECK not passing within {within_s}s")
+
+    def port(self, within_s: float) -> int:
+        """The port the process in the container bound (port 0), from its port file."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            out = podman("exec", self.name, "cat", "/tmp/goose-ingest-metrics.port")
+            if out.returncode == 0 and out.stdout.split():
+                return int(out.stdout.split()[1])
+            time.sleep(0.3)
+        raise AssertionError(f"{self.name}: no port file within {within_s}s")
+
+    def ready(self, within_s: float) -> int:
+        port = self.port(within_s)
+        wait_until(lambda: get(port, "/readyz")[0] == 200, timeout=within_s)
+        return port
+
+    def terminate(self) -> str:
+        """SIGTERM; the process must exit 0 within STOP_TIMEOUT_S. Its stderr."""
+        assert podman("kill", "--signal", "TERM", self.name).returncode == 0
+        _, err = self.proc.communicate(timeout=STOP_TIMEOUT_S)
+        assert self.proc.returncode == 0, err.decode()[-2000:]
+        return err.decode()
+
+
+def golden_events() -> list[dict]:
+    return [json.loads(x) for x in (ROOT / "tests" / "golden" / f"{FIXTURE.stem}.events.jsonl").read_text().splitlines()]
+
+
+def on_host(settings) -> dict[str, str]:
+    """The container's environment for the test's Redis on the host (port 0 for its server)."""
+    return {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
+            "GOOSE_INGEST_SHARDS": str(settings.shards), "GOOSE_INGEST_METRICS_PORT": "0"}
 
 
 @pytest.mark.parametrize(("args", "env"), COMMANDS)
 def test_image_stops_with_0_while_the_broker_is_unreachable(image, args, env):
-    name = f"gi-{uuid.uuid4().hex[:8]}"
-    proc = subprocess.Popen(["podman", *run_args(name, {"GOOSE_INGEST_REDIS_URL": UNREACHABLE,
-                                                         "GOOSE_INGEST_METRICS_PORT": "0", **env}), image, *args],
-                            env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_container_healthy(name, within_s=30)  # port 0: only the port file can say where to look
+    with Container(image, args, {"GOOSE_INGEST_REDIS_URL": UNREACHABLE, "GOOSE_INGEST_METRICS_PORT": "0", **env}) as c:
+        c.healthy(within_s=30)  # port 0: only the port file can say where to look
         t0 = time.monotonic()
-        assert podman("kill", "--signal", "TERM", name).returncode == 0
-        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
-        assert proc.returncode == 0, err
+        c.terminate()
         assert time.monotonic() - t0 < 10
-    finally:
-        if proc.poll() is None:
-            podman("kill", name)
-            proc.kill()
 
 
 def test_image_stops_with_0_on_a_sigterm_during_start_up(image):
     """SIGTERM as soon as the container runs, before Python has installed a handler: still exit 0."""
-    name = f"gi-{uuid.uuid4().hex[:8]}"
-    proc = subprocess.Popen(["podman", *run_args(name, {"GOOSE_INGEST_REDIS_URL": UNREACHABLE}), image, "worker"],
-                            env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_until(lambda: podman("kill", "--signal", "TERM", name).returncode == 0, timeout=30, interval=0.02)
-        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
-        assert proc.returncode == 0, err.decode()[-2000:]
-    finally:
-        if proc.poll() is None:
-            podman("kill", name)
-            proc.kill()
+    with Container(image, ["worker"], {"GOOSE_INGEST_REDIS_URL": UNREACHABLE}) as c:
+        wait_until(lambda: podman("kill", "--signal", "TERM", c.name).returncode == 0, timeout=30, interval=0.02)
+        _, err = c.proc.communicate(timeout=STOP_TIMEOUT_S)
+        assert c.proc.returncode == 0, err.decode()[-2000:]
 
 
 def test_image_worker_consumes_and_stops_with_0(image, settings):
-    name = f"gi-{uuid.uuid4().hex[:8]}"
-    env = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
-           "GOOSE_INGEST_SHARDS": str(settings.shards), "GOOSE_INGEST_METRICS_PORT": "0"}
-    proc = subprocess.Popen(["podman", *run_args(name, env), image, "worker"], env=podman_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_container_healthy(name, within_s=60)
-        port = podman("exec", name, "cat", "/tmp/goose-ingest-metrics.port").stdout.split()[1]
-        deadline = time.monotonic() + 30
-        while get(int(port), "/readyz")[0] != 200:
-            assert time.monotonic() < deadline, get(int(port), "/readyz")
-            time.sleep(0.2)
+    with Container(image, ["worker"], on_host(settings)) as c:
+        c.healthy(within_s=60)
+        c.ready(within_s=30)
         # a fixture published from the host becomes events through the worker in the container
         subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", "image/1", str(FIXTURE)], cwd=ROOT,
                        env=cli_env(settings), check=True, capture_output=True, timeout=60)
-        golden = [json.loads(x) for x in (ROOT / "tests" / "golden" / f"{FIXTURE.stem}.events.jsonl").read_text().splitlines()]
+        golden = golden_events()
         events = wait_until(lambda: (e := events_by_run(settings).get("image/1")) and len(e) >= len(golden) and e,
                             timeout=60)
         # the container's compiled core gives the contract's events: same types at the same seqs, in order, once each
         assert [e["type"] for e in events] == [g["type"] for g in golden]
         assert [e["seq"] for e in events] == [g["seq"] for g in golden]
-        assert podman("kill", "--signal", "TERM", name).returncode == 0
-        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
-        assert proc.returncode == 0, err
-    finally:
-        if proc.poll() is None:
-            podman("kill", name)
-            proc.kill()
-
-
-def container_port(name: str, within_s: float) -> int:
-    """The metrics port the process in the container bound (port 0), from its port file."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        out = podman("exec", name, "cat", "/tmp/goose-ingest-metrics.port")
-        if out.returncode == 0 and out.stdout.split():
-            return int(out.stdout.split()[1])
-        time.sleep(0.3)
-    raise AssertionError(f"{name}: no port file within {within_s}s")
-
-
-def wait_ready(name: str, within_s: float) -> None:
-    port = container_port(name, within_s)
-    wait_until(lambda: get(port, "/readyz")[0] == 200, timeout=within_s)
+        c.terminate()
 
 
 def test_image_worker_and_both_exporters_deliver_a_run_and_stop_with_0(image, settings, pg_dsn):
     """The one image runs the worker and both exporters (read-only, non-root, port 0) against the host's
     Redis, PostgreSQL and an OTLP receiver: a published fixture reaches both targets, every container
     becomes ready, and each stops with 0 on SIGTERM."""
-    base = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
-            "GOOSE_INGEST_SHARDS": str(settings.shards), "GOOSE_INGEST_METRICS_PORT": "0"}
+    import psycopg
+
     run = "image/exporters"
-    golden = [json.loads(x) for x in (ROOT / "tests" / "golden" / f"{FIXTURE.stem}.events.jsonl").read_text().splitlines()]
-    with RunningReceiver() as rx:
-        specs = {"worker": (["worker"], {}),
-                 "otlp": (["export", "otlp"], {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.endpoint}),
-                 "postgres": (["export", "postgres"], {"GOOSE_INGEST_POSTGRES_DSN": pg_dsn})}
-        procs: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
-        try:
-            for key, (args, env) in specs.items():
-                name = f"gi-{key}-{uuid.uuid4().hex[:6]}"
-                procs[key] = (name, subprocess.Popen(["podman", *run_args(name, {**base, **env}), image, *args],
-                                                     env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-            for name, _ in procs.values():
-                wait_container_healthy(name, within_s=60)
-                wait_ready(name, within_s=60)
-            subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", run, str(FIXTURE)], cwd=ROOT,
-                           env=cli_env(settings), check=True, capture_output=True, timeout=60)
-            # OTLP: the run's root span arrives once, after its events
-            roots = wait_until(lambda: [s for s in list(rx.spans) if s.name.startswith("invoke_agent")
-                                        and s.attributes.get("gen_ai.conversation.id") == run], timeout=90)
-            # PostgreSQL: every event of the run, once, and its run record ended
-            import psycopg
+    golden = golden_events()
+    with RunningReceiver() as rx, contextlib.ExitStack() as stack:
+        containers = [stack.enter_context(Container(image, args, {**on_host(settings), **env})) for args, env in (
+            (["worker"], {}),
+            (["export", "otlp"], {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.endpoint}),
+            (["export", "postgres"], {"GOOSE_INGEST_POSTGRES_DSN": pg_dsn}))]
+        for c in containers:
+            c.healthy(within_s=60)
+            c.ready(within_s=60)
+        subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", run, str(FIXTURE)], cwd=ROOT,
+                       env=cli_env(settings), check=True, capture_output=True, timeout=60)
+        # OTLP: the run's root span arrives once, after its events
+        roots = wait_until(lambda: [s for s in list(rx.spans) if s.name.startswith("invoke_agent")
+                                    and s.attributes.get("gen_ai.conversation.id") == run], timeout=90)
 
-            def stored() -> bool:
-                with psycopg.connect(pg_dsn, autocommit=True) as conn:
-                    n = conn.execute("SELECT count(*), count(DISTINCT event_id) FROM events WHERE run_key = %s",
-                                     (run,)).fetchone()
-                    state = conn.execute("SELECT state FROM runs WHERE run_key = %s", (run,)).fetchone()
-                return n == (len(golden), len(golden)) and state is not None and state[0] == "ended"
+        # PostgreSQL: every event of the run, once, and its run record ended
+        def stored() -> bool:
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                n = conn.execute("SELECT count(*), count(DISTINCT event_id) FROM events WHERE run_key = %s",
+                                 (run,)).fetchone()
+                state = conn.execute("SELECT state FROM runs WHERE run_key = %s", (run,)).fetchone()
+            return n == (len(golden), len(golden)) and state is not None and state[0] == "ended"
 
-            wait_until(stored, timeout=90)
-            assert len(roots) == 1
-            for key, (name, proc) in procs.items():
-                assert podman("kill", "--signal", "TERM", name).returncode == 0
-                _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
-                assert proc.returncode == 0, (key, err.decode()[-2000:])
-        finally:
-            for name, proc in procs.values():
-                if proc.poll() is None:
-                    podman("kill", name)
-                    proc.kill()
+        wait_until(stored, timeout=90)
+        assert len(roots) == 1
+        for c in containers:
+            c.terminate()
 
 
 def test_image_worker_stops_with_0_while_waiting_for_a_lease(image, settings, tmp_path):
-    """One shard, held by a worker on the host: the worker in the container waits for a lease
-    (/readyz says so) and stops with 0 on SIGTERM in that state."""
+    """One shard, held by a worker on the host: the worker in the container waits for a lease and
+    stops with 0 on SIGTERM in that state."""
     one = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
            "GOOSE_INGEST_SHARDS": "1"}
     host = start(["worker"], one, tmp_path / "host-port")
-    name = f"gi-{uuid.uuid4().hex[:8]}"
-    proc = None
     try:
         host_port = wait_port(host, tmp_path / "host-port", within_s=10.0)
         wait_until(lambda: get(host_port, "/readyz")[0] == 200, timeout=30)
-        proc = subprocess.Popen(["podman", *run_args(name, {**one, "GOOSE_INGEST_METRICS_PORT": "0"}), image, "worker"],
-                                env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        wait_container_healthy(name, within_s=60)
-        port = container_port(name, within_s=30)
-        # connected, but the one shard is leased to the host's worker: this one holds none and waits
-        wait_until(lambda: "goose_ingest_shard_leases_held 0.0" in get(port, "/metrics")[1], timeout=30)
-        assert "goose_ingest_shard_leases_held 1.0" in get(host_port, "/metrics")[1]
-        assert podman("kill", "--signal", "TERM", name).returncode == 0
-        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
-        assert proc.returncode == 0, err.decode()[-2000:]
-        assert b"Traceback" not in err
+        with Container(image, ["worker"], {**one, "GOOSE_INGEST_METRICS_PORT": "0"}) as c:
+            c.healthy(within_s=60)
+            port = c.port(within_s=30)
+            # connected, but the one shard is leased to the host's worker: this one holds none and waits
+            wait_until(lambda: "goose_ingest_shard_leases_held 0.0" in get(port, "/metrics")[1], timeout=30)
+            assert "goose_ingest_shard_leases_held 1.0" in get(host_port, "/metrics")[1]
+            assert "Traceback" not in c.terminate()
     finally:
-        if proc is not None and proc.poll() is None:
-            podman("kill", name)
-            proc.kill()
         code, _, err = stop(host)
     assert code == 0, err
 
@@ -399,20 +380,9 @@ def test_image_worker_stopped_mid_batch_exits_0_and_loses_nothing(image, setting
             pipe.xadd(stream, {"run": run, "seq": seq, "ts": 1_790_000_000_000 + seq, "line": line})
         pipe.xadd(stream, {"run": run, "seq": len(lines), "ts": 1_790_000_000_000 + len(lines), "kind": "eof", "exit": 0})
     pipe.execute()
-    name = f"gi-{uuid.uuid4().hex[:8]}"
-    env = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
-           "GOOSE_INGEST_SHARDS": str(settings.shards), "GOOSE_INGEST_METRICS_PORT": "0", "GOOSE_INGEST_BATCH_SIZE": "20"}
-    proc = subprocess.Popen(["podman", *run_args(name, env), image, "worker"], env=podman_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with Container(image, ["worker"], {**on_host(settings), "GOOSE_INGEST_BATCH_SIZE": "20"}) as c:
         wait_until(lambda: ended_runs(settings), timeout=90, interval=0.02)  # consuming: the first run is out
-        assert podman("kill", "--signal", "TERM", name).returncode == 0
-        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
-        assert proc.returncode == 0, err.decode()[-2000:]
-    finally:
-        if proc.poll() is None:
-            podman("kill", name)
-            proc.kill()
+        c.terminate()
     second = start_worker(settings, tmp_path / "w.log")
     try:
         wait_until(lambda: set(runs) <= ended_runs(settings), timeout=90)
@@ -430,16 +400,10 @@ def test_image_gateway_stores_a_posted_run_answers_its_probes_and_stops_with_0(i
     token = subprocess.run([sys.executable, "-m", "services.cli", "tokens", "create", "--prefix", "image-gw/"],
                            cwd=ROOT, env=cli_env(settings), check=True, capture_output=True, text=True,
                            timeout=60).stdout.strip()
-    name = f"gi-{uuid.uuid4().hex[:8]}"
-    env = {"GOOSE_INGEST_REDIS_URL": settings.redis_url, "GOOSE_INGEST_NAMESPACE": settings.namespace,
-           "GOOSE_INGEST_SHARDS": str(settings.shards), "GOOSE_INGEST_GATEWAY_PORT": "0",
-           "GOOSE_INGEST_GATEWAY_HOST": "127.0.0.1"}
-    proc = subprocess.Popen(["podman", *run_args(name, env), image, "gateway"], env=podman_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_container_healthy(name, within_s=60)
-        port = container_port(name, within_s=30)
-        wait_until(lambda: get(port, "/readyz")[0] == 200, timeout=30)
+    env = {**on_host(settings), "GOOSE_INGEST_GATEWAY_PORT": "0", "GOOSE_INGEST_GATEWAY_HOST": "127.0.0.1"}
+    with Container(image, ["gateway"], env) as c:
+        c.healthy(within_s=60)
+        port = c.ready(within_s=30)
         lines = FIXTURE.read_text().splitlines()
         body = "".join(json.dumps({"run": "image-gw/1", "seq": i, "ts": 1_790_000_000_000 + i, "line": line}) + "\n"
                        for i, line in enumerate(lines))
@@ -450,15 +414,8 @@ def test_image_gateway_stores_a_posted_run_answers_its_probes_and_stops_with_0(i
         with urllib.request.urlopen(req, timeout=30) as r:
             reply = json.loads(r.read())
         assert reply["stored"] == len(lines) + 1 and reply["refused"] == 0, reply
-        assert podman("kill", "--signal", "TERM", name).returncode == 0
-        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
-        assert proc.returncode == 0, err.decode()[-2000:]
-        assert token.encode() not in err
-    finally:
-        if proc.poll() is None:
-            podman("kill", name)
-            proc.kill()
-    golden = [json.loads(x) for x in (ROOT / "tests" / "golden" / f"{FIXTURE.stem}.events.jsonl").read_text().splitlines()]
+        assert token not in c.terminate()
+    golden = golden_events()
     worker = start_worker(settings, Path(os.devnull))
     try:
         events = wait_until(lambda: (e := events_by_run(settings).get("image-gw/1")) and len(e) >= len(golden) and e,
