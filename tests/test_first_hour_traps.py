@@ -547,3 +547,19 @@ def test_spool_lists_every_spooled_run_and_drain_delivers_them_all(private_redis
         client.close()
     assert total == 5  # three lines and two eofs
     assert goose_ingest("spool", env=env).stdout == ""
+
+
+def test_export_otlp_logs_plainly_on_stderr_like_the_worker(settings, tmp_path):
+    """Its FastStream loggers were left coloured on stdout: `demo --otlp` showed ANSI INFO lines."""
+    port_file = tmp_path / "otlp.port"
+    env = cli_env(settings, GOOSE_INGEST_METRICS_PORT="0", GOOSE_INGEST_METRICS_PORT_FILE=str(port_file),
+                  OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}")
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "export", "otlp"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _ready(port_file) or proc.poll() is not None, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert stdout == "" and "\x1b[" not in stderr and "callback for Task" not in stderr, stderr[-2000:]
