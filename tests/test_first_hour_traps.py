@@ -563,3 +563,19 @@ def test_export_otlp_logs_plainly_on_stderr_like_the_worker(settings, tmp_path):
         stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr[-2000:]
     assert stdout == "" and "\x1b[" not in stderr and "callback for Task" not in stderr, stderr[-2000:]
+
+
+# --- the exit error of a command that is not goose -------------------------------------------------------
+def test_a_tapped_command_that_is_not_goose_is_not_called_goose_when_it_fails(settings, tmp_path):
+    from tests.pipeline_helpers import events_by_run
+
+    out = goose_ingest("tap", "--quiet", "--run", "fh/not-goose", "--", "sh", "-c", "echo plain text; exit 3",
+                       env=cli_env(settings))
+    assert out.returncode == 3, out.stderr
+    worker = start_worker(settings, tmp_path / "w.log")
+    try:
+        wait_until(lambda: "fh/not-goose" in _ended(settings), timeout=60)
+    finally:
+        stop(worker)
+    errors = [e["message"] for e in events_by_run(settings)["fh/not-goose"] if e["type"] == "error"]
+    assert errors == ["sh exited with code 3"], errors
