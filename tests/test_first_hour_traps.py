@@ -511,7 +511,7 @@ def test_readme_names_the_install_cost_the_phoenix_environment_and_the_new_comma
     assert "about 30 s" not in readme  # the old install estimate: the mypyc build takes minutes
     assert "850 MB" in readme and "14 minutes" in readme and ".venv-phoenix" in readme
     for needle in ("`up [--port PORT]`", "6379 when it is free", "`runs [--limit N] [--json]`",
-                   "9466 for `export postgres`", "GOOSE_INGEST_REDIS_ULR"):
+                   "9466 for `export postgres`", "GOOSE_INGEST_REDIS_ULR", "75 when it succeeded", "`spool [--drain]`"):
         assert needle in readme, needle
     raw = (REPO / "docs" / "raw-entries.md").read_text()
     assert "**75** (EX_TEMPFAIL)" in raw and "10 s by default" in raw
