@@ -183,6 +183,11 @@ def test_every_command_runs_under_its_role_and_nothing_is_refused(acl_broker: Ac
     assert got and len(got[0][1]) == 5 and consumer.xrange(events, count=1)
     assert consumer.xinfo_stream(events)["length"] >= 5 and isinstance(consumer.xinfo_groups(events), list)
 
+    # the open runs, under the worker's role (ZRANGE ... REV, ZCARD, HGET, XREVRANGE, TIME) and the operator's
+    for role in ("worker", "admin"):
+        listed = b.cli(role, "runs")
+        assert listed.returncode == 0 and "open run" in listed.stderr, (role, listed.stderr[-2000:])
+
     # replay as the operator
     replay = b.cli("admin", "replay")
     assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-2000:]

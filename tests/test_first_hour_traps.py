@@ -511,7 +511,7 @@ def test_readme_names_the_install_cost_the_phoenix_environment_and_the_new_comma
     assert "about 30 s" not in readme  # the old install estimate: the mypyc build takes minutes
     assert "850 MB" in readme and "14 minutes" in readme and ".venv-phoenix" in readme
     for needle in ("`up [--port PORT]`", "6379 when it is free", "`runs [--limit N] [--json]`",
-                   "9466 for `export postgres`", "GOOSE_INGEST_REDIS_ULR"):
+                   "9466 for `export postgres`", "GOOSE_INGEST_REDIS_ULR", "75 when it succeeded", "`spool [--drain]`"):
         assert needle in readme, needle
     raw = (REPO / "docs" / "raw-entries.md").read_text()
     assert "**75** (EX_TEMPFAIL)" in raw and "10 s by default" in raw
@@ -547,3 +547,35 @@ def test_spool_lists_every_spooled_run_and_drain_delivers_them_all(private_redis
         client.close()
     assert total == 5  # three lines and two eofs
     assert goose_ingest("spool", env=env).stdout == ""
+
+
+def test_export_otlp_logs_plainly_on_stderr_like_the_worker(settings, tmp_path):
+    """Its FastStream loggers were left coloured on stdout: `demo --otlp` showed ANSI INFO lines."""
+    port_file = tmp_path / "otlp.port"
+    env = cli_env(settings, GOOSE_INGEST_METRICS_PORT="0", GOOSE_INGEST_METRICS_PORT_FILE=str(port_file),
+                  OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}")
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "export", "otlp"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _ready(port_file) or proc.poll() is not None, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert stdout == "" and "\x1b[" not in stderr and "callback for Task" not in stderr, stderr[-2000:]
+
+
+# --- the exit error of a command that is not goose -------------------------------------------------------
+def test_a_tapped_command_that_is_not_goose_is_not_called_goose_when_it_fails(settings, tmp_path):
+    from tests.pipeline_helpers import events_by_run
+
+    out = goose_ingest("tap", "--quiet", "--run", "fh/not-goose", "--", "sh", "-c", "echo plain text; exit 3",
+                       env=cli_env(settings))
+    assert out.returncode == 3, out.stderr
+    worker = start_worker(settings, tmp_path / "w.log")
+    try:
+        wait_until(lambda: "fh/not-goose" in _ended(settings), timeout=60)
+    finally:
+        stop(worker)
+    errors = [e["message"] for e in events_by_run(settings)["fh/not-goose"] if e["type"] == "error"]
+    assert errors == ["sh exited with code 3"], errors

@@ -115,6 +115,18 @@ def test_F3_undecided_run_falls_back_to_goose_at_the_end():
     assert out[-1]["message"] == "goose exited with code 3"
 
 
+def test_F3_undecided_run_names_its_agent_label_in_the_exit_error():
+    """A tapped command that is not goose (its name is the run's agent label) is not called goose."""
+    from services.normalizer import RunNormalizer
+
+    norm = RunNormalizer("r")
+    norm.line(0, 1, "not json")
+    assert norm.end(1, 2, 3, "sh")[-1]["message"] == "sh exited with code 3"
+    decided = RunNormalizer("r")
+    decided.apply_labels("goose", "mybot/2", 0, 1)
+    assert decided.end(1, 2, 3, "mybot/2")[-1]["message"] == "goose exited with code 3"  # the format decides
+
+
 def test_F4_an_unknown_format_label_warns_then_F2_applies():
     norm = RunNormalizer("r")
     out = norm.apply_labels("aider", "claude/2.1", 0, T(0))

@@ -331,3 +331,24 @@ def test_accept_many_emits_a_completed_record_at_the_line_that_completes_a_turn(
     assert [r["seq"] for r in completed][:1] == [turn_lines - 1]
     assert out.events == want[0] and out.records == want[1]
     assert [(d.entry.seq, d.outcome) for d in out.dispositions] == [(d[0], d[1]) for d in want[2]]
+
+
+def test_a_seq_lost_as_oversize_is_named_so_across_a_state_round_trip():
+    """An oversize entry ahead of the run (held back by a gap) keeps its reason in the stored state,
+    so the warning says why it never arrived, as replay says it; without a reason nothing changes."""
+    sequencer = RunSequencer("r")
+    feed(sequencer, [line(0)])
+    assert sequencer.lose(2, 5_000, reason="oversize").events == []  # seq 1 has not come yet
+    st = sequencer.to_state()
+    assert st["lostWhy"] == [[2, "oversize"]]
+    again = RunSequencer.from_state(orjson.loads(orjson.dumps(st)))
+    events, records, _ = feed(again, [line(1), eof(3)])
+    (warning,) = [e for e in events if e["type"] == "warning"]
+    assert warning["message"] == "raw entries 2..2 of this run never arrived: dead-lettered (oversize)"
+    assert records[-1]["missing"] == [[2, 2]] and "lostWhy" not in again.to_state()
+    plain = RunSequencer("r")
+    feed(plain, [line(0)])
+    plain.lose(1, 5_000)
+    assert "lostWhy" not in plain.to_state()
+    events, _, _ = feed(plain, [eof(2)])
+    assert plain.missing == [[1, 1]]

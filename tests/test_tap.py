@@ -266,7 +266,9 @@ def test_tap_child_process(settings):
         assert list(e) == LINE_FIELDS
     eof = got[-1]
     assert eof["kind"] == b"eof" and eof["exit"] == b"3"
-    assert list(eof) == ["run", "seq", "ts", "kind", "exit", "host"]
+    # no agent label: the eof alone names the command (a run without JSON ends as "<it> exited")
+    assert list(eof) == ["run", "seq", "ts", "kind", "exit", "host", "agent"]
+    assert eof["agent"] == os.path.basename(sys.executable).encode()
 
 
 @pytest.mark.e2e

@@ -94,6 +94,8 @@ def test_oversize_line_is_dead_lettered_and_the_run_goes_on(settings, worker):
     # run is abandoned; like every warning it passes the pending span, which eof then flushes.
     assert [e["type"] for e in events] == ["warning", "agent"]
     assert events[0]["code"] == "missing-entries" and events[0]["lines"] == [1, 1]
+    # the warning names why (issue 22: it said only "never arrived")
+    assert events[0]["message"] == "raw entries 1..1 of this run never arrived: dead-lettered (oversize)"
     assert events[1]["message"] == "beforeafter" and events[1]["lines"] == [0, 2]
     (ended,) = [r for r in topic(settings, settings.runs_stream()) if r["runId"] == run and r["state"] == "ended"]
     assert ended["missing"] == [[1, 1]]

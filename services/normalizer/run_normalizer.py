@@ -482,14 +482,16 @@ class RunNormalizer:
             assert rules is not None
         rules.record(self, out, seq, ts_ms, record)
 
-    def end(self, seq: int, ts_ms: int, exit_code: int | None = None) -> list[Event]:
-        """End of the run's input (eof, or the run declared abandoned): flush and drain."""
+    def end(self, seq: int, ts_ms: int, exit_code: int | None = None, agent: str | None = None) -> list[Event]:
+        """End of the run's input (eof, or the run declared abandoned): flush and drain. `agent`: the
+        run's agent label, named in the exit error of a run whose format was never decided (the tap
+        sets it to the command's name), so a command that is not goose is not called goose."""
         out: list[Event] = []
         self._text = ""
         self.flush(out, ts_ms)
         self.drain(out, ts_ms)
         if exit_code is not None and exit_code != 0:
-            product = self._rules.product if self._rules is not None else GOOSE
+            product = self._rules.product if self._rules is not None else (agent.split("/", 1)[0] if agent else GOOSE)
             self.emit(out, ts_ms, "error", {"message": f"{product} exited with code {exit_code}"}, seq, seq)
         return out
 

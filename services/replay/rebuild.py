@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from contracts.raw import ABANDON
+from contracts.raw import ABANDON, OVERSIZE
 from services.normalizer import Limits
 from services.sequencer import Entry, EntryError, RunSequencer, entry_identity, parse_fields
 from services.sequencer.run import DEFAULT_MAX_HELD_BYTES
@@ -36,6 +36,7 @@ class _Lost(NamedTuple):
     run: str
     seq: int
     sid: str
+    reason: str | None = None  # as the workers name it in the run's warning (oversize)
 
 
 @dataclass
@@ -70,7 +71,7 @@ def rebuild(entries: list[LogEntry] | list[tuple[str, dict[bytes, bytes]]], limi
             out.invalid += 1
             identity = entry_identity(fields)
             if identity is not None and (run is None or identity.run == run):
-                by_run.setdefault(identity.run, []).append(_Lost(identity.run, identity.seq, sid))
+                by_run.setdefault(identity.run, []).append(_Lost(identity.run, identity.seq, sid, OVERSIZE))
             continue
         try:
             entry = parse_fields(fields, sid, control)
@@ -121,7 +122,7 @@ def _feed(run: str, items: list[Entry | _Lost], limits: Limits, max_buffered: in
     records: list[dict[str, Any]] = []
     for item in items:
         if isinstance(item, _Lost):
-            outcome = sequencer.lose(item.seq, sid_key(item.sid)[0])
+            outcome = sequencer.lose(item.seq, sid_key(item.sid)[0], reason=item.reason)
         else:
             outcome = sequencer.accept(item)
         events.extend(outcome.events)

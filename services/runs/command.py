@@ -59,8 +59,10 @@ def active_runs(client: Any, settings: Settings, limit: int) -> list[ActiveRun]:
     layout = settings.layout
     found: list[ActiveRun] = []
     for key in layout.active_run_sets():
-        for member, score in client.zrevrange(key, 0, max(0, limit - 1), withscores=True):
-            found.append(ActiveRun(member.decode(), int(score)))
+        # ZRANGE ... REV, not ZREVRANGE: the worker role's ACL (deploy/redis/users.acl) allows only ZRANGE
+        reply = client.execute_command("ZRANGE", key, 0, max(0, limit - 1), "REV", "WITHSCORES")
+        for member, score in _pairs(reply):
+            found.append(ActiveRun(member.decode(), int(float(score))))
     found.sort(key=lambda r: -r.last_ms)
     found = found[:limit]
     pipe = client.pipeline(transaction=False)
@@ -81,6 +83,14 @@ def active_runs(client: Any, settings: Settings, limit: int) -> list[ActiveRun]:
         r.events = int(norm.get("n") or 0)
     _find_starts(client, settings, found)
     return found
+
+
+def _pairs(reply: Any) -> list[tuple[bytes, Any]]:
+    """(member, score) pairs of a WITHSCORES reply: flat in RESP2, nested pairs in RESP3."""
+    items = list(reply or [])
+    if items and isinstance(items[0], list | tuple):
+        return [(bytes(m), sc) for m, sc in items]
+    return [(bytes(items[i]), items[i + 1]) for i in range(0, len(items) - 1, 2)]
 
 
 def _find_starts(client: Any, settings: Settings, runs: list[ActiveRun]) -> None:

@@ -165,6 +165,8 @@ class RunSequencer:
         self.held_bytes = 0
         self.lost: dict[int, int] = {}  # seq -> ts of entries ahead of `next` that will never arrive
         self.lost_max = -1  # the highest seq known lost (also beyond the window)
+        # why a lost seq was dead-lettered, when its warning can say it (oversize); stored only when set
+        self.lost_why: dict[int, str] = {}
         self.state = NEW  # new | running | ended | abandoned
         self.through = -1  # last seq of an ended run
         self.missing: list[list[int]] = []  # ranges that never arrived
@@ -181,6 +183,12 @@ class RunSequencer:
         """The run as JSON-able data. `include_held=False` leaves the held entries and the pending
         tool calls' blocks out (the worker stores them one by one beside the state;
         `from_state(..., held=..., calls=...)` puts them back)."""
+        st = self._state_fields(include_held)
+        if self.lost_why:  # absent otherwise: a run without such a loss keeps its state as it was
+            st["lostWhy"] = sorted([s, w] for s, w in self.lost_why.items())
+        return st
+
+    def _state_fields(self, include_held: bool) -> dict[str, Any]:
         return {
             "v": STATE_VERSION,
             "run": self.run,
@@ -231,6 +239,7 @@ class RunSequencer:
         self.held_bytes = st.get("heldBytes", sum(map(_held_size, self.buffer.values())))
         self.lost = {int(s): int(t) for s, t in st.get("lost", ())}
         self.lost_max = st.get("lostMax", -1)
+        self.lost_why = {int(s): str(w) for s, w in st.get("lostWhy", ())}
         self.state = st["state"]
         self.through = st["through"]
         self.missing = st["missing"]
@@ -360,15 +369,18 @@ class RunSequencer:
         if self.redactor is not None and len(out.events) > first:
             self._redact_new(out, first)
 
-    def lose(self, seq: int, ts: int, out: Outcome | None = None) -> Outcome:
+    def lose(self, seq: int, ts: int, out: Outcome | None = None, reason: str | None = None) -> Outcome:
         """A seq of this run whose entry was dead-lettered outside the sequencer (invalid, oversize,
         too many deliveries, a failed commit): it will never arrive, so the run skips it and reports
-        it missing instead of waiting for it. `ts` dates the warning (the entry's stream id time)."""
+        it missing instead of waiting for it. `ts` dates the warning (the entry's stream id time);
+        `reason`, when the replay of the raw log knows it as well (oversize), is named in the warning."""
         if out is None:
             out = Outcome()
         first = len(out.events)
         if not (self.ended or seq < self.next or seq in self.buffer or seq in self.lost):
             self._mark_lost(seq, ts)
+            if reason and seq in self.lost:
+                self.lost_why[seq] = reason
             # A run that has not started yet skips it with its first entry (junk alone starts no run).
             if seq == self.next and self.state != NEW:
                 self._drain_buffer(out)
@@ -451,11 +463,20 @@ class RunSequencer:
         for seq in sorted(self.buffer):
             out.dispositions.append(Disposition(self._unhold(seq), DEAD, AFTER_END))
         self.lost.clear()
+        self.lost_why.clear()
 
     def _gap(self, first: int, last: int, ts: int, out: Outcome) -> None:
         """Report seqs first..last as never arriving (a warning, and the record's `missing`)."""
+        message = f"raw entries {first}..{last} of this run never arrived"
+        if self.lost_why:
+            why = {w for s, w in self.lost_why.items() if first <= s <= last}
+            known = sum(1 for s in self.lost_why if first <= s <= last)
+            if len(why) == 1 and known == last - first + 1:  # every one of them, for the same reason
+                message += f": dead-lettered ({why.pop()})"
+            for s in [s for s in self.lost_why if first <= s <= last]:
+                del self.lost_why[s]
         out.events.extend(self._guard_events(lambda: self.norm.warn(
-            last, ts, f"raw entries {first}..{last} of this run never arrived", MISSING_ENTRIES, (first, last))))
+            last, ts, message, MISSING_ENTRIES, (first, last))))
         if self.missing and self.missing[-1][1] == first - 1:
             self.missing[-1][1] = last
         else:
@@ -535,7 +556,7 @@ class RunSequencer:
             # The run's input format is fixed by its seq-0 entry's labels (extension F1, F2, F4).
             out.events.extend(norm.apply_labels(entry.format, entry.agent, entry.seq, entry.ts))
         if entry.kind == EOF:
-            out.events.extend(norm.end(entry.seq, entry.ts, entry.exit))
+            out.events.extend(norm.end(entry.seq, entry.ts, entry.exit, self.agent))
             self.state = ENDED
             self.through = entry.seq
             extra: dict[str, Any] = {}
@@ -572,6 +593,7 @@ class RunSequencer:
             # The run's last entries never arrived (or were lost) and nothing after them did either.
             self._gap(self.next, marker.through, marker.ts, out)
         self.lost.clear()
+        self.lost_why.clear()
         out.events.extend(self._guard_events(lambda: self.norm.end(max(self.next - 1, 0), marker.ts)))
         self.state = ABANDONED
         self.through = max(marker.through, self.next - 1)

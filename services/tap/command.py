@@ -90,18 +90,34 @@ def format_of_command(command: list[str]) -> str | None:
 
     Looks through launchers (`env [-i] [VAR=value ...]`, `npx [-y] @anthropic-ai/claude-code`,
     `pnpm dlx`, `nohup`, `nice -n 5`, ...) to the command they start; never guesses from arguments."""
+    name, package = _started_command(command)
+    if name in AGENT_COMMANDS:
+        return AGENT_COMMANDS[name]
+    return AGENT_PACKAGES.get(package) if package is not None else None
+
+
+def command_name(command: list[str]) -> str | None:
+    """The name of what `command` starts, through launchers (`env`, `npx`, `nohup`...): the run's
+    default `agent` label when it is no agent CLI we know, so its exit is not called goose's."""
+    name, package = _started_command(command)
+    return (package or name) or None
+
+
+def _started_command(command: list[str]) -> tuple[str, str | None]:
+    """(executable basename, npm package name or None) of the command behind the launchers."""
     args = list(command)
+    name = ""
     while args:
         name = os.path.basename(args[0])
         if tuple(os.path.basename(a) for a in args[:2]) in TWO_WORD_LAUNCHERS:
             args, name = args[1:], "npx"
         if name in AGENT_COMMANDS:
-            return AGENT_COMMANDS[name]
+            return name, None
         package = _package_name(args[0])
         if package in AGENT_PACKAGES:
-            return AGENT_PACKAGES[package]
+            return name, package
         if name not in LAUNCHERS:
-            return None
+            return name, None
         takes_value = LAUNCHERS[name]
         rest = args[1:]
         while rest:
@@ -115,8 +131,10 @@ def format_of_command(command: list[str]) -> str | None:
                 rest = rest[1:]
             else:
                 break
+        if not rest:
+            return "", None  # a launcher with nothing behind it
         args = rest
-    return None
+    return name, None
 
 
 def _package_name(arg: str) -> str:
@@ -135,7 +153,9 @@ def register(subparsers) -> None:
     )
     tap.add_argument("--run", help=f"run key ({RUN_KEY_RULE}); default <host>/<ULID>")
     tap.add_argument("--quiet", "-q", action="store_true", help="do not echo the command's output")
-    tap.add_argument("--agent", help="`agent` label on every entry (default: the agent CLI when recognised)")
+    tap.add_argument("--agent", help="`agent` label on every entry (default: the agent CLI when recognised; else "
+                     "only the eof entry carries the command's name, so a run with no JSON line ends as "
+                     "`<command> exited with code N`)")
     tap.add_argument("--format", choices=_Formats(), metavar="FORMAT",
                      help="input format label on every entry: %(choices)s (default: recognised from COMMAND -- "
                      "goose, claude, codex, also behind env/npx/nohup; otherwise none and the workers detect it)")
@@ -410,7 +430,10 @@ def cmd_tap(args: argparse.Namespace) -> int:
         if any(t.is_alive() for t in readers):
             log.warning("the command exited but its output pipes are still open (background processes?); "
                         "ending the run without their further output")
-        pub.add_eof(rc)
+        # No agent label: the eof alone names the command (not every line: bytes per entry), so a
+        # run without a JSON line ends as "<command> exited with code N", not as goose's exit.
+        name = command_name(command) if agent is None else None
+        pub.add_eof(rc, extra={"agent": name} if name else None)
         if signalled and (drain_timeout is None or drain_timeout > SIGNALLED_DRAIN_TIMEOUT_S):
             drain_timeout = SIGNALLED_DRAIN_TIMEOUT_S
         delivered = _drain(pub, drain_timeout, abort)

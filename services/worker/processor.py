@@ -112,6 +112,7 @@ class Lost(NamedTuple):
     run: str
     seq: int
     sid: str
+    reason: str | None = None  # named in the run's warning (oversize only: replay knows it too)
 
 
 RunItem = Entry | Lost
@@ -274,10 +275,10 @@ class BatchProcessor:
             by_run.setdefault(entry.run, []).append(entry)
         return batch
 
-    def _lose(self, batch: _Batch, run: str, seq: int, sid: str) -> None:
+    def _lose(self, batch: _Batch, run: str, seq: int, sid: str, reason: str | None = None) -> None:
         if self.layout.cluster and self.layout.shard_of(run) != batch.shard:
             return
-        batch.by_run.setdefault(run, []).append(Lost(run, seq, sid))
+        batch.by_run.setdefault(run, []).append(Lost(run, seq, sid, reason))
 
     # ------------------------------------------------------------------ compute + commit
     async def _commit_batch(self, batch: _Batch) -> BatchResult:
@@ -452,7 +453,7 @@ class BatchProcessor:
                 if entries:
                     sequencer.accept_many(entries, outcome)
                     entries = []
-                sequencer.lose(item.seq, stream_id_ms(item.sid), outcome)
+                sequencer.lose(item.seq, stream_id_ms(item.sid), outcome, item.reason)
                 last_ms = max(last_ms, stream_id_ms(item.sid))
                 continue
             entries.append(item)
@@ -520,7 +521,7 @@ class BatchProcessor:
         if lost:
             identity = entry_identity(fmap)
             if identity is not None:
-                self._lose(batch, identity.run, identity.seq, sid)
+                self._lose(batch, identity.run, identity.seq, sid, reason if reason == OVERSIZE else None)
 
     def _dead_output(self, outputs: list[Output], sid: str, fmap: dict[bytes, bytes], reason: str, detail: str,
                      shard: int) -> None:

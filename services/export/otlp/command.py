@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 
 from services.settings import ConfigError, Settings
 
@@ -28,12 +27,12 @@ def register(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def run(args: argparse.Namespace) -> int:
     from services.export.otlp.config import mapping_config_from_env
     from services.export.otlp.sink import SinkConfigError, scrub_url_queries_in_logs, sink_from_env
+    from services.worker.command import configure_logging, stdout_to_stderr
 
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # As the worker: one plain format on stderr, FastStream's loggers included (no ANSI-coloured
+    # "callback for Task-N" INFO lines on stdout, and its fetch-error tracebacks digested).
+    stdout_to_stderr()
+    configure_logging(str(args.log_level))
     scrub_url_queries_in_logs()  # an endpoint's query may hold a token
     settings = Settings().for_command("export otlp")  # 9465 unless set: beside a worker on one host
     if args.metrics_port is not None:
