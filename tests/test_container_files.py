@@ -93,7 +93,7 @@ def test_final_stage_has_healthcheck_entrypoint_and_port():
     assert args_of(final, "ENTRYPOINT") == ['["tini", "-e", "143", "--", "goose-ingest"]']
     assert "--from=builder /usr/bin/tini-static /usr/local/bin/tini" in args_of(final, "COPY")
     assert args_of(final, "CMD") == ['["worker"]']
-    assert "9464" in args_of(final, "EXPOSE")
+    assert args_of(final, "EXPOSE") == ["9464 8080"]  # metrics and probes; the gateway's port
 
 
 def test_final_stage_has_no_build_tools_and_only_copies_the_venv():
