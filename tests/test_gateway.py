@@ -614,18 +614,18 @@ def test_a_gateway_killed_mid_stream_loses_nothing_and_the_workers_see_no_double
 def test_the_tap_verifies_a_tls_gateway_with_its_ca_file(deployment, tmp_path):
     """GATEWAY_TLS_* serve HTTPS; the tap trusts it with ENDPOINT_CA_FILE, and without it refuses the
     certificate (spools, delivers nothing) -- one test for both ends of the TLS option."""
-    from tests.test_tap_conn import _tls_files
+    from tests.support.tls import make_tls_files
 
     d = deployment
-    files = _tls_files(tmp_path)
+    files = make_tls_files(tmp_path / "tls")
     port = free_port()
     creds = {"GOOSE_INGEST_REDIS_USERNAME": user_name("gateway", d.settings.namespace),
              "GOOSE_INGEST_REDIS_PASSWORD": d.passwords["gateway"]}
     log = tmp_path / "gw-tls.log"
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)],
                             cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            env=cli_env(d.settings, GOOSE_INGEST_GATEWAY_TLS_CERT_FILE=str(files["server"]),
-                                        GOOSE_INGEST_GATEWAY_TLS_KEY_FILE=str(files["server-key"]), **creds))
+                            env=cli_env(d.settings, GOOSE_INGEST_GATEWAY_TLS_CERT_FILE=str(files.server_cert),
+                                        GOOSE_INGEST_GATEWAY_TLS_KEY_FILE=str(files.server_key), **creds))
     try:
         wait_until(lambda: "listening on https://" in log.read_text(), timeout=30)
         token_file = tmp_path / "token"
@@ -639,7 +639,7 @@ def test_the_tap_verifies_a_tls_gateway_with_its_ca_file(deployment, tmp_path):
         assert out.returncode == 1 and b"CERTIFICATE_VERIFY_FAILED" in out.stderr, out.stderr.decode()
         trusted = f"team-a/tls/{uuid4().hex[:8]}"
         out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", trusted, str(src)], cwd=REPO,
-                             env=_tap_env(d, endpoint, token_file, GOOSE_INGEST_ENDPOINT_CA_FILE=str(files["ca"])),
+                             env=_tap_env(d, endpoint, token_file, GOOSE_INGEST_ENDPOINT_CA_FILE=str(files.ca)),
                              capture_output=True, timeout=60)
         assert out.returncode == 0, out.stderr.decode()
         runs = [f[b"run"] for _, f in d.raw()]
