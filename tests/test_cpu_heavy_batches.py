@@ -10,6 +10,7 @@ is dead-lettered.
 
 from __future__ import annotations
 
+import math
 import time
 
 import orjson
@@ -72,11 +73,14 @@ class _NoScripts:
         return None
 
 
-def _line_costing(settings: Settings, seconds: float) -> bytes:
+def _line_costing(settings: Settings, seconds: float) -> tuple[bytes, float]:
+    """A heavy line near `seconds` of work here, and what it really costs (the flag count is capped
+    by the line's size, so on a fast machine a line may cost less than asked)."""
     flags = 4_000
     cost = _cost(settings, _heavy_line(flags))
     flags = max(100, min(LINE_BYTES // 17, int(flags * seconds / cost)))
-    return _heavy_line(flags)
+    line = _heavy_line(flags)
+    return line, _cost(settings, line)
 
 
 def _runs_on_shard(settings: Settings, shard: int, prefix: str, n: int) -> list[str]:
@@ -86,11 +90,13 @@ def _runs_on_shard(settings: Settings, shard: int, prefix: str, n: int) -> list[
 
 def test_a_batch_slower_than_the_lease_ttl_commits_once_and_costs_no_run_anything(settings, tmp_path):
     settings = settings.model_copy(update={"lease_ttl_ms": 10_000})
-    line = _line_costing(settings, PER_LINE_S)
+    line, per_line_s = _line_costing(settings, PER_LINE_S)
     assert len(line) > 400_000
+    # enough of them that the batch outlasts the ttl twice over, however fast this machine is today
+    heavy_lines = min(400, max(HEAVY_LINES, math.ceil(2 * settings.lease_ttl_ms / 1000 / per_line_s)))
     heavy_run, innocent_run = _runs_on_shard(settings, 0, "cpu/heavy", 1) + _runs_on_shard(settings, 0, "cpu/innocent", 1)
     with Publisher(settings, heavy_run, {"host": "cpu"}) as pub:
-        for _ in range(HEAVY_LINES):
+        for _ in range(heavy_lines):
             pub.add_line(line)
         pub.add_eof(0)
     with Publisher(settings, innocent_run, {"host": "cpu"}) as pub:
@@ -98,7 +104,7 @@ def test_a_batch_slower_than_the_lease_ttl_commits_once_and_costs_no_run_anythin
             pub.add_line(text)
         pub.add_eof(0)
     log = tmp_path / "worker.log"
-    worker = start_worker(settings, log, **DEFAULTS)  # one batch of 59 entries on shard 0
+    worker = start_worker(settings, log, **DEFAULTS)  # one batch on shard 0 (the heavy lines + 38 entries)
     started = time.monotonic()
     try:
         wait_until(lambda: {heavy_run, innocent_run} <= ended_runs(settings), timeout=150, interval=0.5)

@@ -180,6 +180,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
                 await runtime.leases.tick()  # this worker's share before its subscribers read
             except RedisError as exc:  # the lease loop tries again; the subscribers wait for a lease
                 log.warning("shard leases: broker unavailable at start-up: %s", type(exc).__name__)
+            runtime.leases.start_keepalive()  # before a first long batch can hold the loop
 
     @app.after_startup
     async def _after() -> None:
@@ -209,6 +210,8 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
 
     @app.after_shutdown
     async def _closed() -> None:
+        if runtime.leases is not None:
+            runtime.leases.stop_keepalive()  # the run task may never have started (a stop during start-up)
         if runtime.leases is not None and runtime.client is not None:
             # The subscribers have stopped: give the shards back now instead of letting them expire.
             try:

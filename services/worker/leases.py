@@ -126,6 +126,7 @@ class ShardLeases:
         # the loop removes shards under the same lock (so a given-back shard is never revived).
         self._lock = threading.Lock()
         self.renewed_at = 0.0  # monotonic start of the last successful renewal round (loop or thread)
+        self._keepalive: KeepAlive | None = None
         self.thread_renewals = 0  # rounds the keep-alive thread did because the loop was late
 
     # ------------------------------------------------------------------ what the subscribers ask
@@ -145,10 +146,22 @@ class ShardLeases:
             self._busy[shard] -= 1
 
     # ------------------------------------------------------------------ the background loop
+    def start_keepalive(self) -> None:
+        """Start the keep-alive thread (once). The worker starts it right after its first `tick`, before
+        its subscribers read: the first batch can hold the loop before the `run` task ever gets a turn,
+        and leases taken at start-up would then expire under it."""
+        if self._keepalive is None:
+            self._keepalive = KeepAlive(self)
+            self._keepalive.start()
+
+    def stop_keepalive(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.stop()
+            self._keepalive = None
+
     async def run(self) -> None:
         interval = self.ttl_ms / 3000
-        keepalive = KeepAlive(self)
-        keepalive.start()
+        self.start_keepalive()
         try:
             while True:
                 try:
@@ -162,7 +175,7 @@ class ShardLeases:
                 self._report()
                 await asyncio.sleep(interval)
         finally:
-            keepalive.stop()
+            self.stop_keepalive()
 
     def _report(self) -> None:
         if self.metrics is not None:
