@@ -20,6 +20,7 @@ from services.sequencer import Entry
 from services.settings import Settings
 from services.worker.commit import HELD_PREFIX
 from services.worker.processor import BatchProcessor, BatchResult
+from tests.support.fakes import RaisingRedactor
 
 TEXT = '{"type":"message","message":{"id":"m%d","role":"assistant","content":[{"type":"text","text":"%s"}]}}'
 TS = 1_790_000_000_000
@@ -396,20 +397,6 @@ def test_an_entry_delivered_too_often_is_dead_lettered_and_its_seq_reported_miss
     assert result.dead == {"max-deliveries": 1}
     records = h.records(run)
     assert records[-1]["state"] == "ended" and records[-1]["missing"] == [[1, 1]]
-
-
-class RaisingRedactor:
-    """Stands in for a redactor bug on exotic input (its owner fixes the real ones): raises on a token."""
-
-    rule_names: tuple[str, ...] = ()
-
-    def redact_event(self, event: dict[str, Any], tracker: Any = None) -> tuple[dict[str, Any], dict[str, int]]:
-        if "POISON" in orjson.dumps(event).decode():
-            raise RecursionError("simulated")
-        return event, {}
-
-    def redact_text(self, text: str) -> tuple[str, dict[str, int]]:  # run records' labels (host, agent)
-        return text, {}
 
 
 def test_an_entry_whose_processing_raises_costs_only_itself(plain):

@@ -27,6 +27,7 @@ from services.sequencer import Entry, Outcome, RunSequencer
 from services.settings import Settings
 from services.worker.commit import CALL_PREFIX
 from services.worker.processor import BatchProcessor
+from tests.support.fakes import RaisingRedactor
 
 TS = 1_790_000_000_000
 BIG = 900_000
@@ -177,20 +178,6 @@ def test_an_input_that_is_not_part_of_its_block_is_stored_beside_it():
     for loaded in (again, inline):
         assert loaded.pending[0][:6] == norm.pending[0][:6]
         assert loaded.to_state() == norm.to_state()
-
-
-class RaisingRedactor:
-    """Stands in for a redactor bug on exotic input: raises on a token."""
-
-    rule_names: tuple[str, ...] = ()
-
-    def redact_event(self, event: dict[str, Any], tracker: Any = None) -> tuple[dict[str, Any], dict[str, int]]:
-        if "POISON" in orjson.dumps(event).decode():
-            raise RecursionError("simulated")
-        return event, {}
-
-    def redact_text(self, text: str) -> tuple[str, dict[str, int]]:  # run records' labels (host, agent)
-        return text, {}
 
 
 def test_a_guarded_step_that_raises_leaves_the_calls_and_what_to_store_as_they_were():

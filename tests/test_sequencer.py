@@ -16,6 +16,7 @@ from services.sequencer import Entry, RunSequencer, plan_abandon
 from services.sequencer.run import BUFFERED, DEAD, DUPLICATE, PROCESSED
 from tests.fixtures import TRANSCRIPTS, transcript_lines
 from tests.pipeline_helpers import REPO
+from tests.support.fakes import RaisingRedactor
 
 LINES = transcript_lines(TRANSCRIPTS[0])
 
@@ -177,23 +178,10 @@ def test_held_changes_name_only_what_changed_since_the_last_commit():
     assert again.to_state() == sequencer.to_state() and again.take_held_changes() == ([], [], [], [])
 
 
-class _Raising:
-    def __init__(self, token: str) -> None:
-        self.token = token
-
-    def redact_event(self, event, tracker=None):
-        if self.token in orjson.dumps(event).decode():
-            raise MemoryError("simulated")
-        return event, {}
-
-    def redact_text(self, text):  # run records' labels (host, agent) pass through it
-        return text, {}
-
-
 def test_guarded_mode_loses_only_the_entry_that_raises():
     entries = [line(0, text='{"type":"message","message":{"role":"assistant","content":[{"type":"text","text":"ok"}]}}'),
                line(1, text="BOOM on stderr"), line(2), eof(3)]
-    sequencer = RunSequencer("r", redactor=_Raising("BOOM"))
+    sequencer = RunSequencer("r", redactor=RaisingRedactor("BOOM", MemoryError))
     sequencer.guarded = True
     events, records, disp = feed(sequencer, entries)
     assert (1, DEAD, "processing-error") in disp
