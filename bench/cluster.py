@@ -37,6 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from contracts.topics import RECORD, TopicEntry  # noqa: E402
 from services.broker.cluster import xadd_batch  # noqa: E402
 from services.broker.connect import sync_client  # noqa: E402
 from services.broker.embedded import start_redis  # noqa: E402
@@ -108,7 +109,7 @@ def ended(settings: Settings) -> int:
     r = sync_client(settings)
     n = 0
     for p in settings.layout.runs_partitions():
-        n += sum(1 for _, f in r.xrange(p) if f.get(b"state") in (b"ended", b"abandoned"))
+        n += sum(1 for _, f in r.xrange(p) if TopicEntry.from_fields(f, RECORD).label in ("ended", "abandoned"))
     return n
 
 

@@ -28,6 +28,7 @@ import redis
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from contracts.topics import RECORD, TopicEntry  # noqa: E402
 from services.broker.connect import async_client  # noqa: E402
 from services.broker.embedded import start_redis  # noqa: E402
 from services.broker.groups import ensure_groups  # noqa: E402
@@ -118,7 +119,7 @@ def variant(url: str, lines: list[str], held: bool, batch: int) -> Figures:
     order = [*range(1, n + 1), 0] if held else list(range(n + 1))  # held: seq 0 last, eof among the held
     publish(sync, settings.layout.raw_stream(0), run, lines, order)
     figures = asyncio.run(consume(settings, sync, run, batch))
-    ended = [f for _, f in sync.xrange(settings.layout.runs_partition(0)) if f[b"state"] == b"ended"]
+    ended = [f for _, f in sync.xrange(settings.layout.runs_partition(0)) if TopicEntry.from_fields(f, RECORD).label == "ended"]
     if len(ended) != 1:
         raise SystemExit(f"{run}: the run did not end ({len(ended)} ended records)")
     for key in sync.scan_iter(match=f"{settings.namespace}:*", count=1000):

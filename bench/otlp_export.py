@@ -29,7 +29,6 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import orjson
 import redis
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
 
+from contracts.topics import TopicEntry  # noqa: E402
 from services.broker.embedded import start_redis  # noqa: E402
 from services.export.otlp import mapping as m  # noqa: E402
 from services.settings import Settings  # noqa: E402
@@ -110,11 +110,9 @@ def exporter_run(url: str, events: list[dict], records: list[dict], port: int, e
     streams = s.layout.events_partitions() + s.layout.runs_partitions()
     pipe = r.pipeline(transaction=False)
     for e in events:
-        pipe.xadd(s.layout.events_partition(0), {"eventId": e["eventId"], "runId": e["runId"], "seq": e["seq"],
-                                                 "type": e["type"], "data": orjson.dumps(e)})
+        pipe.xadd(s.layout.events_partition(0), TopicEntry.of_event(e).to_fields())
     for rec in records:
-        pipe.xadd(s.layout.runs_partition(0), {"recordId": rec["recordId"], "runId": rec["runId"], "seq": rec["seq"],
-                                               "state": rec["state"], "data": orjson.dumps(rec)})
+        pipe.xadd(s.layout.runs_partition(0), TopicEntry.of_record(rec).to_fields())
     pipe.execute()
     # The gate: the group exists *after* the entries, at `$`, so the exporter sees nothing until SETID 0.
     for stream in streams:

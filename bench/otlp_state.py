@@ -23,7 +23,6 @@ import time
 import uuid
 from pathlib import Path
 
-import orjson
 import redis
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
 
+from contracts.topics import TopicEntry  # noqa: E402
 from services.broker.connect import async_client  # noqa: E402
 from services.broker.embedded import start_redis  # noqa: E402
 from services.export.otlp.mapping import MappingConfig  # noqa: E402
@@ -50,13 +50,13 @@ def ts(sec: float) -> str:
 def fields_of(run: str, seq: int) -> dict[bytes, bytes]:
     e = {"eventId": f"{run}:{seq}", "runId": run, "seq": seq, "type": "agent", "timestamp": ts(BASE_S + seq / 1000),
          "lines": [seq, seq], "message": "thinking about the next step " * 3}
-    return {b"runId": run.encode(), b"seq": str(seq).encode(), b"type": b"agent", b"data": orjson.dumps(e)}
+    return TopicEntry.of_event(e).to_fields()
 
 
 def record_fields(run: str, k: int, state: str, n: int) -> dict[bytes, bytes]:
     rec = {"recordId": f"{run}:run:{k}", "runId": run, "seq": k, "state": state, "timestamp": ts(BASE_S + k),
            "counts": {"agent": n} if state == "ended" else {}}
-    return {b"runId": run.encode(), b"data": orjson.dumps(rec)}
+    return TopicEntry.of_record(rec).to_fields()
 
 
 def cmdstat(r: redis.Redis, name: str) -> tuple[int, int]:

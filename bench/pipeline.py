@@ -38,12 +38,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
 import redis
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from contracts.topics import EVENT, RECORD, TopicEntry  # noqa: E402
 from services.broker.embedded import start_redis  # noqa: E402
 from services.broker.keys import shard_of  # noqa: E402
 from services.native import PURE_ENV, core_kind  # noqa: E402
@@ -361,7 +361,7 @@ def count_ended(client: redis.Redis, stream: str, nruns: int, workers: Workers, 
     while True:
         items = client.xrange(stream, min="-" if last is None else b"(" + last, max="+", count=20_000)
         for _sid, f in items:
-            if f.get(b"state") in (b"ended", b"abandoned"):
+            if TopicEntry.from_fields(f, RECORD).label in ("ended", "abandoned"):
                 ended += 1
         if items:
             last = items[-1][0]
@@ -528,14 +528,14 @@ def latency(client: redis.Redis, url: str, transcripts: list[list[bytes]], rate:
             last = chunk[-1][0]
             for sid, f in chunk:
                 ev_ms = int(sid.split(b"-", 1)[0])
-                run = f[b"runId"].decode()
-                n = int(f[b"seq"])
+                entry = TopicEntry.from_fields(f, EVENT)
+                run, n = str(entry.run), int(entry.seq or 0)
                 trig, types = triggers[runs[run]]
-                if n >= len(trig) or types[n] != f[b"type"].decode():
+                if n >= len(trig) or types[n] != entry.label:
                     mismatched += 1
                 else:
                     by_trigger.append(ev_ms - raw_ms[run][trig[n]])
-                lines = orjson.loads(f[b"data"])["lines"]
+                lines = entry.document()["lines"]
                 by_lines.append(ev_ms - raw_ms[run][lines[1]])
         expected = sum(len(triggers[t][0]) for t in runs.values())
     finally:

@@ -31,14 +31,14 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-import orjson
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.export.postgres.rows import EntryRef, parse_batch  # noqa: E402
+from contracts.topics import EVENT, TopicEntry  # noqa: E402
+from services.export.postgres.rows import EntryRef, parse_topic_batch  # noqa: E402
 from services.export.postgres.store import Store  # noqa: E402
 
 ADMIN_DSN = os.environ.get("GOOSE_INGEST_TEST_PG_ADMIN_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
@@ -70,9 +70,7 @@ def make_entries(n: int, tag: str) -> list[tuple[str, str, dict[bytes, bytes]]]:
         else:
             doc = base | {"type": "warning", "message": "stderr: DeprecationWarning: pkg_resources is deprecated",
                           "code": "stderr"}
-        out.append(("harness.events", f"{i + 1}-0", {b"eventId": doc["eventId"].encode(), b"runId": run.encode(),
-                                                      b"seq": str(seq).encode(), b"type": doc["type"].encode(),
-                                                      b"data": orjson.dumps(doc)}))
+        out.append(("harness.events", f"{i + 1}-0", TopicEntry.of_event(doc).to_fields()))
     return out
 
 
@@ -88,10 +86,11 @@ def floor_rows(entries: list) -> list[tuple]:
     """The rows of the events table (every column), computed before the clock starts."""
     out = []
     for _, _, fields in entries:
-        doc = orjson.loads(fields[b"data"])
+        entry = TopicEntry.from_fields(fields, EVENT)
+        doc = entry.document()
         out.append((doc["eventId"], doc["runId"], doc["seq"], doc["type"], doc["timestamp"], doc.get("tool"),
                     doc.get("toolCallId"), doc.get("isSuccess"), doc.get("exitCode"), doc.get("path"),
-                    doc.get("command"), doc.get("durationMs"), doc.get("code"), fields[b"data"].decode()))
+                    doc.get("command"), doc.get("durationMs"), doc.get("code"), (entry.data or b"").decode()))
     return out
 
 
@@ -118,7 +117,7 @@ def run_table_floor(dsn: str, entries: list, batch: int) -> float:
     generated columns): what PostgreSQL itself charges for these rows, with no parsing, no
     de-duplication, no positions. Rows are built (psycopg's write_row of the two sent columns)
     before nothing else: the same COPY text the sink sends."""
-    rows = [(r.ts, r.data.decode()) for r in parse_batch(entries, [], HORIZON).events]
+    rows = [(r.ts, r.data.decode()) for r in parse_topic_batch(entries, [], HORIZON).events]
     Store(dsn).ensure_partitions({"2026-11"})
     with psycopg.connect(dsn, autocommit=True) as conn:
         started = time.perf_counter()
@@ -134,7 +133,7 @@ def run_write(dsn: str, entries: list, batch: int) -> float:
     store.ensure_partitions({"2026-11"})
     started = time.perf_counter()
     for chunk in batches(entries, batch):
-        parsed = parse_batch(chunk, [], HORIZON)
+        parsed = parse_topic_batch(chunk, [], HORIZON)
         store.write(parsed.events, [], [EntryRef(s, i) for s, i, _ in chunk])
     rate = len(entries) / (time.perf_counter() - started)
     store.close()

@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
 import redis
 
+from contracts.topics import TopicEntry
 from services.broker.connect import sync_client
 from services.normalizer import RunNormalizer
 from services.sequencer import EntryError, parse_fields
@@ -54,7 +54,7 @@ def topic(settings: Settings, stream: str | list[str]) -> list[dict]:
     """Entries of a stream, or of every partition of a topic (partition after partition: per-run order holds)."""
     r = client(settings)
     streams = [stream] if isinstance(stream, str) else stream
-    return [orjson.loads(f[b"data"]) for s in streams for _, f in r.xrange(s)]
+    return [TopicEntry.from_fields(f).document() for s in streams for _, f in r.xrange(s)]
 
 
 def events_by_run(settings: Settings) -> dict[str, list[dict]]:

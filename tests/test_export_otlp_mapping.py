@@ -10,7 +10,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from services.export.otlp import mapping as m
 from services.export.otlp.config import CAPTURE_ENV, mapping_config_from_env
-from services.export.otlp.sink import Outcome, SdkSink, classify_status
+from services.export.otlp.sink import SdkSink, SendOutcome, classify_status
 
 RUN = "laptop-42/20261129_3"
 
@@ -31,7 +31,7 @@ def cfg(**kw) -> m.MappingConfig:
 
 def exported(*spans):
     mem = InMemorySpanExporter()
-    assert SdkSink(mem).send(list(spans)).outcome is Outcome.OK
+    assert SdkSink(mem).send(list(spans)).outcome is SendOutcome.OK
     return mem.get_finished_spans()
 
 
@@ -189,12 +189,12 @@ def test_endpoints_are_logged_without_credentials():
 
 
 def test_collector_answers_are_classified():
-    assert classify_status(200, None, None).outcome is Outcome.OK
-    assert classify_status(400, "Bad Request", None).outcome is Outcome.REJECTED
-    assert classify_status(413, None, None).outcome is Outcome.REJECTED
+    assert classify_status(200, None, None).outcome is SendOutcome.OK
+    assert classify_status(400, "Bad Request", None).outcome is SendOutcome.REJECTED
+    assert classify_status(413, None, None).outcome is SendOutcome.REJECTED
     # an outage (an expired token, a wrong path, a proxy) is retried, never dead-lettered (issue 20, finding 4)
     for transient in (401, 403, 404, 405, 407, 408, 409, 415, 429, 500, 502, 503, 504, None):
-        assert classify_status(transient, None, ConnectionError()).outcome is Outcome.TRANSIENT
+        assert classify_status(transient, None, ConnectionError()).outcome is SendOutcome.TRANSIENT
 
 
 def test_error_classes_reach_error_type_of_the_span_events_and_of_a_failed_root():

@@ -15,9 +15,9 @@ from services.export.postgres.rows import (
     INVALID_ENTRY,
     REJECTED,
     EntryRef,
-    parse_batch,
     parse_event,
     parse_record,
+    parse_topic_batch,
 )
 from services.export.postgres.store import Store
 from tests.support import postgres as pg_support
@@ -49,7 +49,7 @@ def record(run: str, k: int, state: str, ts: str, counts: dict | None = None, **
 def write(store: Store, entries, horizon: str = "2000-01-01T00:00:00.000Z"):
     events = [e for e in entries if e[0] == EV]
     records = [e for e in entries if e[0] == RUNS]
-    parsed = parse_batch(events, records, horizon)
+    parsed = parse_topic_batch(events, records, horizon)
     result = store.write(parsed.events, parsed.records, [EntryRef(s, i) for s, i, _ in entries])
     return parsed, result
 
@@ -119,7 +119,7 @@ def test_record_entry_to_typed_row():
     ],
 )
 def test_invalid_entries_become_dead_letters_with_a_reason(entry, detail):
-    parsed = parse_batch([entry] if entry[0] == EV else [], [entry] if entry[0] == RUNS else [], "2000")
+    parsed = parse_topic_batch([entry] if entry[0] == EV else [], [entry] if entry[0] == RUNS else [], "2000")
     assert not parsed.events and not parsed.records
     [dead] = parsed.dead
     assert dead.reason == INVALID_ENTRY and detail in dead.detail
@@ -133,7 +133,7 @@ def test_an_event_dated_outside_the_sane_window_is_filed_under_its_entrys_time(t
     is the time the topic entry was written (its id); `data` keeps the event's own timestamp."""
     stream, _, fields = event("r", 0, ts=ts)
     entry_ms = 1_764_800_000_123  # 2025-12-03T22:13:20.123Z
-    parsed = parse_batch([(stream, f"{entry_ms}-0", fields)], [], "2025-01-01T00:00:00.000Z",
+    parsed = parse_topic_batch([(stream, f"{entry_ms}-0", fields)], [], "2025-01-01T00:00:00.000Z",
                          ceiling="2026-12-04T00:00:00.000Z")
     [row] = parsed.events
     assert row.ts == "2025-12-03T22:13:20.123Z" and row.month == "2025-12" and row.clamped and parsed.clamped == 1
@@ -143,22 +143,22 @@ def test_an_event_dated_outside_the_sane_window_is_filed_under_its_entrys_time(t
 def test_an_event_inside_the_sane_window_keeps_its_time_and_the_bounds_hold():
     ceiling = "2026-12-04T00:00:00.000Z"
     for ts in ("2000-01-01T00:00:00.000Z", ceiling, "2026-11-30T10:00:00.000Z"):
-        [row] = parse_batch([event("r", 0, ts=ts)], [], "1990", ceiling=ceiling).events
+        [row] = parse_topic_batch([event("r", 0, ts=ts)], [], "1990", ceiling=ceiling).events
         assert row.ts == ts and not row.clamped
     # an entry id that is itself out of the window (a foreign writer's explicit id) is bounded too
-    [row] = parse_batch([(EV, "1-0", event("r", 0, ts="1970-01-01T00:00:00.000Z")[2])], [], "1990", ceiling=ceiling).events
+    [row] = parse_topic_batch([(EV, "1-0", event("r", 0, ts="1970-01-01T00:00:00.000Z")[2])], [], "1990", ceiling=ceiling).events
     assert row.ts == "2000-01-01T00:00:00.000Z"
 
 
 @pytest.mark.parametrize("ts", ["2026-13-01T00:00:00.000Z", "2026-02-30T00:00:00.000Z", "2026-01-01T25:00:00.000Z",
                                 "0000-01-01T00:00:00.000Z"])
 def test_an_impossible_date_is_an_invalid_entry_not_a_crash(ts):
-    [dead] = parse_batch([event("r", 0, ts=ts)], [], "1990", ceiling="2026-12-04T00:00:00.000Z").dead
+    [dead] = parse_topic_batch([event("r", 0, ts=ts)], [], "1990", ceiling="2026-12-04T00:00:00.000Z").dead
     assert dead.reason == INVALID_ENTRY and "not a valid date" in dead.detail
 
 
 def test_events_older_than_the_retention_horizon_are_counted_not_written():
-    parsed = parse_batch([event("r", 0, ts="2020-01-01T00:00:00.000Z"), event("r", 1)], [], "2026-01-01T00:00:00.000Z")
+    parsed = parse_topic_batch([event("r", 0, ts="2020-01-01T00:00:00.000Z"), event("r", 1)], [], "2026-01-01T00:00:00.000Z")
     assert parsed.expired == 1 and [e.event_id for e in parsed.events] == ["r:1"]
 
 

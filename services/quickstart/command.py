@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from services.broker.connect import sync_client
 from services.broker.url import DEFAULT_PORT as EMBEDDED_DEFAULT_PORT  # Redis's own: the URL users expect
 from services.broker.url import redact_url
@@ -173,17 +171,19 @@ def _check_transcripts(transcripts: list[Transcript]) -> None:
 def _print_run(client: Any, settings: Settings, run: str) -> None:
     # client: sync_client's Redis or RedisCluster (bytes replies); redis-py types replies for both decode modes
     """The run's events and records in commit order (STARTED first), as `tail` prints them."""
-    from services.tail.command import TopicEntry, commit_order
+    from contracts.topics import EVENT, RECORD, TopicEntry
+    from services.tail.command import Followed, commit_order
     from services.tail.format import event_line, record_line
 
     layout = settings.layout
     shard = layout.shard_of(run)
-    entries = [
-        TopicEntry(stream, sid.decode(), is_record, orjson.loads(f[b"data"]))
+    decoded = [
+        (stream, sid.decode(), is_record, TopicEntry.from_fields(f, RECORD if is_record else EVENT))
         for stream, is_record in ((layout.events_partition(shard), False), (layout.runs_partition(shard), True))
         for sid, f in client.xrange(stream)
-        if f[b"runId"].decode() == run
     ]
+    entries = [Followed(stream, sid, is_record, entry.document())
+               for stream, sid, is_record, entry in decoded if entry.run == run]
     for entry in commit_order(entries):
         print(record_line(entry.data) if entry.is_record else event_line(entry.data))
     print()

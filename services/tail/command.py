@@ -21,6 +21,7 @@ from typing import Any, TextIO
 import orjson
 
 from contracts.events import EVENT_TYPES
+from contracts.topics import EVENT, RECORD, TopicEntry, TopicEntryError
 from services.broker.connect import sync_client
 from services.settings import ConfigError, Settings
 from services.tail.format import event_line, record_line
@@ -51,7 +52,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 @dataclass(frozen=True)
-class TopicEntry:
+class Followed:
+    """A decoded topic entry waiting to be printed, with where it was read (for the commit order)."""
+
     stream: str
     sid: str
     is_record: bool
@@ -89,7 +92,7 @@ class TopicEntry:
         return str(self.data.get("runId", ""))
 
 
-def commit_order(entries: list[TopicEntry]) -> list[TopicEntry]:
+def commit_order(entries: list[Followed]) -> list[Followed]:
     """Entries by stream-id time, each run's entries then put in run order within the slots it holds."""
     by_time = sorted(entries, key=lambda e: e.time_order)
     slots: dict[str, list[int]] = {}
@@ -136,7 +139,7 @@ def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdou
     # Resolve "now" to concrete ids once: re-sending `$` with every read would skip what arrives in between.
     last = {s: "0-0" if from_start else _last_id(client, s) for streams, _ in groups for s in streams}
     records = set().union(*(r for _, r in groups))
-    pending: list[TopicEntry] = []
+    pending: list[Followed] = []
     printed = 0
     block = None if args.no_follow or len(groups) > 1 else FOLLOW_BLOCK_MS
     while True:
@@ -153,9 +156,15 @@ def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdou
                 for sid, fields in entries:
                     sid_text = sid.decode()
                     last[stream] = sid_text
-                    if args.run and fields.get(b"runId", b"").decode() != args.run:
+                    decoded = TopicEntry.from_fields(fields, RECORD if stream in records else EVENT)
+                    if args.run and decoded.run != args.run:
                         continue
-                    pending.append(TopicEntry(stream, sid_text, stream in records, orjson.loads(fields[b"data"])))
+                    try:
+                        doc = decoded.document()
+                    except TopicEntryError as exc:  # not what a worker writes: say so, keep following
+                        print(f"skipped {stream} {sid_text}: {exc}", file=sys.stderr)
+                        continue
+                    pending.append(Followed(stream, sid_text, stream in records, doc))
                 if len(entries) == PAGE:
                     ms = int(last[stream].partition("-")[0])
                     horizon = ms if horizon is None else min(horizon, ms)

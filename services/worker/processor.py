@@ -50,6 +50,7 @@ from contracts.raw import (
     PROCESSING_ERROR,
     stream_id_ms,
 )
+from contracts.topics import event_fields, record_fields
 from services.broker.errors import describe, is_outage
 from services.normalizer import Limits
 from services.sequencer import (
@@ -498,16 +499,11 @@ class BatchProcessor:
 
     def _outputs(self, outputs: list[Output], outcome: Outcome, shard: int, all_events: str,
                  runs_topic: str) -> None:
-        dumps = orjson.dumps
         for event in outcome.events:
             etype = event["type"]
-            fields = (b"eventId", event["eventId"], b"runId", event["runId"], b"seq", str(event["seq"]),
-                      b"type", etype, b"data", dumps(event))
-            outputs.append(Output((all_events, self._type_partition(etype, shard)), fields))
+            outputs.append(Output((all_events, self._type_partition(etype, shard)), event_fields(event)))
         for record in outcome.records:
-            outputs.append(Output((runs_topic,), (b"recordId", record["recordId"], b"runId", record["runId"],
-                                                  b"seq", str(record["seq"]), b"state", record["state"],
-                                                  b"data", dumps(record))))
+            outputs.append(Output((runs_topic,), record_fields(record)))
         for d in outcome.dispositions:
             if d.outcome == DEAD:
                 reason = d.reason or ""

@@ -40,6 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from contracts.topics import TopicEntry, TopicEntryError
 from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.otlp.mapping import (
     GI_EVENT_ID,
@@ -59,7 +60,7 @@ from services.export.otlp.mapping import (
     unmappable_event,
 )
 from services.export.otlp.metrics import OtlpMetrics
-from services.export.otlp.sink import Outcome, SpanSink, encode_request
+from services.export.otlp.sink import SendOutcome, SpanSink, encode_request
 from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.export.otlp")
@@ -233,23 +234,17 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _field(fmap: dict[Any, Any], name: str) -> Any:
-    return fmap.get(name.encode(), fmap.get(name))
-
-
 def decode_entry(entry_id: Any, fmap: dict[Any, Any]) -> Decoded:
-    """A topic entry (event or run record): `data` is the JSON body, plain fields say whose it is."""
+    """A topic entry (event or run record), decoded by the one topic codec (contracts/topics.py):
+    the envelope says whose it is, `data` is the JSON body; the body's runId and seq win over the
+    envelope's when they are there (they are what the spans are built from)."""
     sid = _text(entry_id) or str(entry_id)
-    run = _text(_field(fmap, "runId"))
-    seq_text = _text(_field(fmap, "seq"))
-    seq = int(seq_text) if seq_text is not None and seq_text.isdigit() else None
-    raw = _field(fmap, "data")
+    entry = TopicEntry.from_fields(fmap)
+    run, seq = entry.run, entry.seq
     try:
-        body = orjson.loads(raw) if raw is not None else None
-    except orjson.JSONDecodeError:
-        return Decoded(sid, run or None, seq, None, "data is not JSON")
-    if not isinstance(body, dict):
-        return Decoded(sid, run or None, seq, None, "data is not a JSON object")
+        body = entry.document()
+    except TopicEntryError as exc:
+        return Decoded(sid, run or None, seq, None, str(exc).split(" (", 1)[0])
     body_run = body.get("runId")
     if isinstance(body_run, str) and body_run:
         run = body_run
@@ -396,7 +391,7 @@ class TraceExporter:
                 started = time.perf_counter()
                 attempt = await self._beating(self._send(batch), heartbeat or _HEARTBEAT.get())
                 self.metrics.export_seconds.observe(time.perf_counter() - started)
-                if attempt.outcome is Outcome.OK:
+                if attempt.outcome is SendOutcome.OK:
                     self.collector_ok = True
                     for kind in kinds:
                         self.metrics.spans_exported.labels(kind=kind).inc()
@@ -405,7 +400,7 @@ class TraceExporter:
                     continue
                 for kind in kinds:
                     self.metrics.spans_failed.labels(kind=kind).inc()
-                if attempt.outcome is Outcome.REJECTED:
+                if attempt.outcome is SendOutcome.REJECTED:
                     self.collector_ok = True  # it answered
                     if len(group) == 1:
                         log.warning("collector rejected the spans of run %s: %s", group[0], attempt.detail)

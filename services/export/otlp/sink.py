@@ -35,7 +35,7 @@ CONTENT_REJECTIONS = frozenset({400, 413})
 MAX_DETAIL_CHARS = 500
 
 
-class Outcome(Enum):
+class SendOutcome(Enum):
     OK = "ok"
     REJECTED = "rejected"  # the collector refused the content (400, 413): retrying cannot help
     TRANSIENT = "transient"  # an outage (unreachable, 401/403/404/..., 408, 429, 5xx, timeout): retry, never ack
@@ -43,7 +43,7 @@ class Outcome(Enum):
 
 @dataclass(frozen=True)
 class Attempt:
-    outcome: Outcome
+    outcome: SendOutcome
     detail: str = ""
 
 
@@ -55,14 +55,14 @@ class SpanSink(Protocol):
 
 def classify_status(status: int | None, reason: str | None, error: object) -> Attempt:
     if status is not None and 200 <= status < 400:
-        return Attempt(Outcome.OK)
+        return Attempt(SendOutcome.OK)
     detail = f"HTTP {status}" if status is not None else f"no response ({type(error).__name__ if error else 'unknown'})"
     if reason:
         detail += f": {reason}"
     detail = detail[:MAX_DETAIL_CHARS]
     if status in CONTENT_REJECTIONS:
-        return Attempt(Outcome.REJECTED, detail)
-    return Attempt(Outcome.TRANSIENT, detail)
+        return Attempt(SendOutcome.REJECTED, detail)
+    return Attempt(SendOutcome.TRANSIENT, detail)
 
 
 def endpoint_for_log(endpoint: str) -> str:
@@ -115,19 +115,19 @@ class HttpSink:
             # An SDK whose client we cannot read: a failure may be a rejection, but retrying a
             # rejection only stalls the consumer, while dropping on a timeout would lose data.
             result = self.exporter.export(spans)
-            return Attempt(Outcome.OK) if result is SpanExportResult.SUCCESS else Attempt(Outcome.TRANSIENT, "export failed")
+            return Attempt(SendOutcome.OK) if result is SpanExportResult.SUCCESS else Attempt(SendOutcome.TRANSIENT, "export failed")
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
         try:
             data = encode_spans(spans).SerializePartialToString()
         except Exception as exc:  # values the encoder cannot represent: that data is refused for good
-            return Attempt(Outcome.REJECTED, f"cannot encode: {type(exc).__name__}: {exc}"[:MAX_DETAIL_CHARS])
+            return Attempt(SendOutcome.REJECTED, f"cannot encode: {type(exc).__name__}: {exc}"[:MAX_DETAIL_CHARS])
         max_size = getattr(self.exporter, "_max_request_size", 0) or 0
         if max_size > 0 and len(data) > max_size:
-            return Attempt(Outcome.REJECTED, f"request of {len(data)} bytes exceeds max_request_size {max_size}")
+            return Attempt(SendOutcome.REJECTED, f"request of {len(data)} bytes exceeds max_request_size {max_size}")
         result = client.export(data)
         if result.success:
-            return Attempt(Outcome.OK)
+            return Attempt(SendOutcome.OK)
         return classify_status(result.status_code, result.reason, result.error)
 
     def close(self) -> None:
@@ -147,7 +147,7 @@ class SdkSink:
 
     def send(self, spans: Sequence[ReadableSpan]) -> Attempt:
         result = self.exporter.export(spans)
-        return Attempt(Outcome.OK) if result is SpanExportResult.SUCCESS else Attempt(Outcome.TRANSIENT, "export failed")
+        return Attempt(SendOutcome.OK) if result is SpanExportResult.SUCCESS else Attempt(SendOutcome.TRANSIENT, "export failed")
 
     def close(self) -> None:
         self.exporter.shutdown()

@@ -17,6 +17,7 @@ import orjson
 
 from contracts.events import EVENT_TYPES
 from contracts.runs import RUN_STATES
+from contracts.topics import EVENT, RECORD, TopicEntry, TopicEntryError
 
 # Dead-letter reasons of the sink (the `reason` field of its dead-letter entries).
 INVALID_ENTRY = "postgres-invalid-entry"  # not a topic entry the contract describes
@@ -131,16 +132,6 @@ class _Invalid(ValueError):
     pass
 
 
-def _text(fields: Mapping[bytes, bytes], name: str) -> str:
-    raw = fields.get(name.encode())
-    if raw is None:
-        raise _Invalid(f"missing field {name}")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _Invalid(f"field {name} is not UTF-8") from None
-
-
 def _opt(obj: Mapping[str, Any], key: str, kind: type) -> Any:
     """obj[key] when it has the type the column needs, else None (the jsonb keeps the original)."""
     value = obj.get(key)
@@ -151,15 +142,11 @@ def _opt(obj: Mapping[str, Any], key: str, kind: type) -> Any:
     return value if isinstance(value, kind) else None
 
 
-def _document(fields: Mapping[bytes, bytes]) -> tuple[str, dict[str, Any]]:
-    data = _text(fields, "data")
+def _document(entry: TopicEntry) -> dict[str, Any]:
     try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise _Invalid(f"data is not JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise _Invalid("data is not a JSON object")
-    return data, doc
+        return entry.document()
+    except TopicEntryError as exc:
+        raise _Invalid(str(exc)) from None
 
 
 def _timestamp(doc: Mapping[str, Any]) -> str:
@@ -200,17 +187,10 @@ def _nonneg_int(doc: Mapping[str, Any], key: str) -> int:
 
 def parse_event(ref: EntryRef, fields: Mapping[bytes, bytes]) -> EventRow:
     """Check the envelope; the typed columns are the server's business (generated from `data`)."""
-    raw = fields.get(b"data")
-    if raw is None:
-        raise _Invalid("missing field data")
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise _Invalid(f"data is not JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise _Invalid("data is not a JSON object")
+    entry = TopicEntry.from_fields(fields, EVENT)
+    doc = _document(entry)
     event_id = doc.get("eventId")
-    if not isinstance(event_id, str) or not event_id or event_id != _text(fields, "eventId"):
+    if not isinstance(event_id, str) or not event_id or event_id != entry.id:
         raise _Invalid("eventId missing or different from the entry's")
     run_key = doc.get("runId")
     if not isinstance(run_key, str) or not run_key:
@@ -221,14 +201,15 @@ def parse_event(ref: EntryRef, fields: Mapping[bytes, bytes]) -> EventRow:
     if event_id != f"{run_key}:{seq}":
         # The table's key is (run, seq, ts): it stands for eventId only while the contract holds.
         raise _Invalid("eventId is not <runId>:<seq>")
-    return EventRow(ref=ref, event_id=event_id, ts=_timestamp(doc), data=raw)
+    return EventRow(ref=ref, event_id=event_id, ts=_timestamp(doc), data=entry.data or b"")
 
 
 def parse_record(ref: EntryRef, fields: Mapping[bytes, bytes]) -> RecordRow:
-    data, doc = _document(fields)
+    entry = TopicEntry.from_fields(fields, RECORD)
+    doc = _document(entry)
     record_id = doc.get("recordId")
     run_key = doc.get("runId")
-    if not isinstance(record_id, str) or record_id != _text(fields, "recordId"):
+    if not isinstance(record_id, str) or record_id != entry.id:
         raise _Invalid("recordId missing or different from the entry's")
     if not isinstance(run_key, str) or not run_key or not record_id.startswith(run_key + ":run:"):
         raise _Invalid("runId missing or not the recordId's run")
@@ -265,7 +246,7 @@ def parse_record(ref: EntryRef, fields: Mapping[bytes, bytes]) -> RecordRow:
         cache_write_tokens=_opt(doc, "cacheWriteInputTokens", int),
         cost_usd=_opt(doc, "costUsd", float),
         counts=orjson.dumps(counts).decode(),
-        data=data,
+        data=(entry.data or b"").decode("utf-8", "replace"),
     )
 
 
@@ -274,7 +255,7 @@ def month_start(month: str) -> datetime:
     return datetime(int(month[:4]), int(month[5:7]), 1, tzinfo=UTC)
 
 
-def parse_batch(
+def parse_topic_batch(
     event_entries: Sequence[tuple[str, str, Mapping[bytes, bytes]]],
     record_entries: Sequence[tuple[str, str, Mapping[bytes, bytes]]],
     horizon: str,

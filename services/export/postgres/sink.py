@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -34,7 +34,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.postgres.metrics import SinkMetrics
-from services.export.postgres.rows import INVALID_ENTRY, SANE_AHEAD, DeadLetter, EntryRef, Parsed, parse_batch, rfc3339
+from services.export.postgres.rows import (
+    INVALID_ENTRY,
+    SANE_AHEAD,
+    DeadLetter,
+    EntryRef,
+    Parsed,
+    parse_topic_batch,
+    rfc3339,
+)
 from services.export.postgres.store import Store, WriteResult, utcnow
 from services.metrics.server import NotReady
 from services.settings import Settings
@@ -48,7 +56,12 @@ BACKOFF_MAX_S = 30.0
 MAINTENANCE_INTERVAL_S = 3600.0  # partitions ahead and retention
 _BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
-Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)
+class TopicRow(NamedTuple):
+    """One topic entry as read (not the raw `services.sequencer.Entry`): its partition, id and fields."""
+
+    stream: str
+    entry_id: str
+    fields: dict[bytes, bytes]
 
 
 def redact_dsn(dsn: str) -> str:
@@ -62,7 +75,7 @@ def redact_dsn(dsn: str) -> str:
 
 @dataclass(frozen=True)
 class Batch:
-    entries: list[Entry]
+    entries: list[TopicRow]
     parsed: Parsed
     refs: list[EntryRef]
 
@@ -252,8 +265,8 @@ class Sink:
                 return
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    def _read(self) -> list[Entry]:
-        out: list[Entry] = []
+    def _read(self) -> list[TopicRow]:
+        out: list[TopicRow] = []
         catching_up = any(v == "0" for v in self.next_id.values())
         single = len(self.shards) == 1
         for pair in self.shards:
@@ -276,13 +289,13 @@ class Sink:
             self._sleep(self.opts.block_ms / 1000)  # a cluster is read shard by shard without BLOCK
         return out
 
-    def _sweep(self) -> list[Entry]:
+    def _sweep(self) -> list[TopicRow]:
         """Every sweep interval: lag gauges, and entries another consumer read but did not
         acknowledge for CLAIM_IDLE_MS (it died) are claimed and processed here."""
         if time.monotonic() - self._last_sweep < self.opts.sweep_interval_s:
             return []
         self._last_sweep = time.monotonic()
-        claimed: list[Entry] = []
+        claimed: list[TopicRow] = []
         lag = {"events": 0, "runs": 0}
         pending = {"events": 0, "runs": 0}
         for stream, topic in self.topic.items():
@@ -292,7 +305,7 @@ class Sink:
             )
             for entry_id, fields in reply[1]:
                 if fields is not None:
-                    claimed.append((stream, _s(entry_id), fields))
+                    claimed.append(TopicRow(stream, _s(entry_id), fields))
             for info in self.client.xinfo_groups(stream):
                 if _s(info.get("name", b"")) == self.opts.group:
                     lag[topic] += int(info.get("lag") or 0)
@@ -305,14 +318,14 @@ class Sink:
         return claimed
 
     # ------------------------------------------------------------------ one batch
-    def prepare(self, entries: list[Entry]) -> Batch:
+    def prepare(self, entries: list[TopicRow]) -> Batch:
         """Parse a batch read from the topics (pure work, done on the reader thread)."""
         now = utcnow()
         horizon = (now - self.opts.retention).strftime("%Y-%m-%dT%H:%M:%S.000Z")
         ceiling = rfc3339(now + SANE_AHEAD)
         events = [e for e in entries if self.topic[e[0]] == "events"]
         records = [e for e in entries if self.topic[e[0]] == "runs"]
-        return Batch(entries, parse_batch(events, records, horizon, ceiling), [EntryRef(s, i) for s, i, _ in entries])
+        return Batch(entries, parse_topic_batch(events, records, horizon, ceiling), [EntryRef(s, i) for s, i, _ in entries])
 
     def process(self, batch: Batch) -> bool:
         """Write then acknowledge one batch. False when asked to stop before it was written."""
@@ -365,7 +378,7 @@ class Sink:
                 return None
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    def _acknowledge(self, entries: list[Entry], dead: list[DeadLetter]) -> None:
+    def _acknowledge(self, entries: list[TopicRow], dead: list[DeadLetter]) -> None:
         by_shard: dict[int, tuple[dict[str, list[str]], list[DeadLetter]]] = {}
         for stream, entry_id, _ in entries:
             by_shard.setdefault(self.shard_of[stream], ({}, []))[0].setdefault(stream, []).append(entry_id)
@@ -400,13 +413,13 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _flatten(reply: Any) -> list[Entry]:
-    out: list[Entry] = []
+def _flatten(reply: Any) -> list[TopicRow]:
+    out: list[TopicRow] = []
     for stream, items in reply or []:
         name = _s(stream)
         for entry_id, fields in items:
             if fields is not None:  # an entry trimmed while pending comes back empty
-                out.append((name, _s(entry_id), fields))
+                out.append(TopicRow(name, _s(entry_id), fields))
     return out
 
 
