@@ -38,6 +38,7 @@ from typing import Any, NamedTuple, TypeVar
 import orjson
 from redis.exceptions import ResponseError
 
+from contracts.deadletters import DeadLetter
 from contracts.raw import (
     ABANDON,
     AFTER_END,
@@ -521,11 +522,8 @@ class BatchProcessor:
 
     def _dead_output(self, outputs: list[Output], sid: str, fmap: dict[bytes, bytes], reason: str, detail: str,
                      shard: int) -> None:
-        fields: list[bytes | str] = [b"reason", reason, b"detail", detail, b"source", self.layout.raw_stream(shard),
-                                     b"sourceId", sid]
-        for name, value in fmap.items():
-            fields += [b"raw." + (name if isinstance(name, bytes) else str(name).encode()), value]
-        outputs.append(Output((self.layout.deadletter_partition(shard),), tuple(fields)))
+        letter = DeadLetter(reason, detail, self.layout.raw_stream(shard), sid, raw=fmap)  # contracts/deadletters.py
+        outputs.append(Output((self.layout.deadletter_partition(shard),), letter.flat()))
 
 
 def _flat(fields: dict[bytes, bytes]) -> tuple[bytes, ...]:

@@ -40,6 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from contracts.deadletters import INVALID_ENTRY, MAX_DELIVERIES, OTLP_REJECTED, DeadLetter
 from contracts.topics import TopicEntry, TopicEntryError
 from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.otlp.mapping import (
@@ -498,21 +499,11 @@ class TraceExporter:
 
     async def dead_letter(self, stream: str, run: str | None, entry_id: str, reason: str, detail: str,
                           payload: bytes | None = None) -> None:
-        fields: dict[str, str | bytes] = {
-            "reason": reason,
-            "detail": detail[:DETAIL_CHARS],
-            "source": stream,
-            "sourceId": entry_id,
-            "exporter": EXPORTER,
-            "group": self.group,
-        }
-        if run is not None:
-            fields["runId"] = run
-        if payload is not None:
-            # The refused spans as the OTLP/HTTP protobuf request body: resent as-is after a fix
-            # (docs/otel.md "Resending dead-lettered spans").
-            fields["otlp"] = payload
-            fields["contentType"] = "application/x-protobuf"
+        # The refused spans travel as the OTLP/HTTP protobuf request body (`payload`): resent as-is
+        # after a fix (docs/otel.md "Resending dead-lettered spans").
+        fields = DeadLetter(reason, detail, stream, entry_id, exporter=EXPORTER, group=self.group, run=run,
+                            payload=payload, content_type="application/x-protobuf" if payload is not None else None
+                            ).to_fields()
         minid = f"{int((time.time() - self.settings.topic_retention_hours * 3600) * 1000)}-0"
         await self._broker(partial(self.client.xadd, self.deadletter_key(run, stream), fields, minid=minid, approximate=True))
         self.metrics.dead_letters.labels(reason=reason).inc()
@@ -521,7 +512,7 @@ class TraceExporter:
         """Dead-letter a run's export: nothing more of it is sent, its later entries are acked."""
         spans = self.rejected_spans.pop(run, None)
         payload = encode_request(spans) if spans else None
-        await self.dead_letter(stream, run, entry_id, "otlp-rejected", detail, payload)
+        await self.dead_letter(stream, run, entry_id, OTLP_REJECTED, detail, payload)
         await self._broker(partial(self._close, keys=[self.state_key(run), self.open_key(run)],
                                    args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s]))
 
@@ -579,7 +570,7 @@ class TraceExporter:
             d = decode_entry(entry_id, fmap)
             acks.append(d.entry_id)
             if d.run is None or d.seq is None:
-                await self.dead_letter(stream, d.run, d.entry_id, "invalid-entry", d.error or "no runId or seq")
+                await self.dead_letter(stream, d.run, d.entry_id, INVALID_ENTRY, d.error or "no runId or seq")
                 continue
             w = work.setdefault(d.run, RunWork())
             w.entry_ids.append(d.entry_id)
@@ -631,7 +622,7 @@ class TraceExporter:
                     raise ValueError(d.error or "no runId")
                 facts = fold_records(d.run, [body])  # validates recordId, timestamp
             except (KeyError, ValueError, TypeError, IndexError) as exc:
-                await self.dead_letter(stream, d.run, d.entry_id, "invalid-entry", d.error or f"{type(exc).__name__}: {exc}")
+                await self.dead_letter(stream, d.run, d.entry_id, INVALID_ENTRY, d.error or f"{type(exc).__name__}: {exc}")
                 continue
             w = work.setdefault(d.run, RunWork())
             w.entry_ids.append(d.entry_id)
@@ -785,7 +776,7 @@ class TraceExporter:
         poison = [r for r in rows if int(r["times_delivered"]) > self.settings.max_deliveries]
         for r in poison:
             sid = _text(r["message_id"]) or ""
-            await self.dead_letter(stream, None, sid, "max-deliveries", f"delivered {r['times_delivered']} times")
+            await self.dead_letter(stream, None, sid, MAX_DELIVERIES, f"delivered {r['times_delivered']} times")
             await self._ack(stream, [sid])
         ids = [i for i in (_text(r["message_id"]) for r in rows if r not in poison) if i]
         if not ids:

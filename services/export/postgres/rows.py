@@ -15,13 +15,14 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from contracts.deadletters import POSTGRES_INVALID_ENTRY, POSTGRES_REJECTED
 from contracts.events import EVENT_TYPES
 from contracts.runs import RUN_STATES
 from contracts.topics import EVENT, RECORD, TopicEntry, TopicEntryError
 
-# Dead-letter reasons of the sink (the `reason` field of its dead-letter entries).
-INVALID_ENTRY = "postgres-invalid-entry"  # not a topic entry the contract describes
-REJECTED = "postgres-rejected"  # the database refused the row (detail: SQLSTATE and message)
+# Dead-letter reasons of the sink (the `reason` field of its dead-letter entries): contracts/deadletters.py.
+INVALID_ENTRY = POSTGRES_INVALID_ENTRY
+REJECTED = POSTGRES_REJECTED
 
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 # An event's time must fall in [SANE_FROM, the sink's clock + SANE_AHEAD] to choose its monthly
@@ -110,7 +111,9 @@ class RecordRow:
 
 
 @dataclass(frozen=True)
-class DeadLetter:
+class RefusedEntry:
+    """An entry the sink will not write (its dead letter is built from it after the commit)."""
+
     ref: EntryRef
     reason: str
     detail: str
@@ -123,7 +126,7 @@ class Parsed:
 
     events: list[EventRow]
     records: list[RecordRow]
-    dead: list[DeadLetter]
+    dead: list[RefusedEntry]
     expired: int
     clamped: int = 0  # events filed under their entry's time (their own was not sane)
 
@@ -267,14 +270,14 @@ def parse_topic_batch(
     expired: their partition is dropped or about to be, so writing them would only re-create it."""
     events: list[EventRow] = []
     records: list[RecordRow] = []
-    dead: list[DeadLetter] = []
+    dead: list[RefusedEntry] = []
     expired = clamped = 0
     for stream, entry_id, fields in event_entries:
         ref = EntryRef(stream, entry_id)
         try:
             row = parse_event(ref, fields)
         except _Invalid as exc:
-            dead.append(DeadLetter(ref, INVALID_ENTRY, str(exc), _str_keys(fields)))
+            dead.append(RefusedEntry(ref, INVALID_ENTRY, str(exc), _str_keys(fields)))
             continue
         if ceiling is not None:
             row = sane(row, ceiling)
@@ -288,7 +291,7 @@ def parse_topic_batch(
         try:
             records.append(parse_record(ref, fields))
         except _Invalid as exc:
-            dead.append(DeadLetter(ref, INVALID_ENTRY, str(exc), _str_keys(fields)))
+            dead.append(RefusedEntry(ref, INVALID_ENTRY, str(exc), _str_keys(fields)))
     return Parsed(events, records, dead, expired, clamped)
 
 

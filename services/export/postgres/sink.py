@@ -32,14 +32,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from contracts.deadletters import DeadLetter
 from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.postgres.metrics import SinkMetrics
 from services.export.postgres.rows import (
     INVALID_ENTRY,
     SANE_AHEAD,
-    DeadLetter,
     EntryRef,
     Parsed,
+    RefusedEntry,
     parse_topic_batch,
     rfc3339,
 )
@@ -378,8 +379,8 @@ class Sink:
                 return None
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    def _acknowledge(self, entries: list[TopicRow], dead: list[DeadLetter]) -> None:
-        by_shard: dict[int, tuple[dict[str, list[str]], list[DeadLetter]]] = {}
+    def _acknowledge(self, entries: list[TopicRow], dead: list[RefusedEntry]) -> None:
+        by_shard: dict[int, tuple[dict[str, list[str]], list[RefusedEntry]]] = {}
         for stream, entry_id, _ in entries:
             by_shard.setdefault(self.shard_of[stream], ({}, []))[0].setdefault(stream, []).append(entry_id)
         for letter in dead:
@@ -388,7 +389,7 @@ class Sink:
         for shard, (acks, letters) in sorted(by_shard.items()):
             pipe = self.client.pipeline(transaction=True)
             for letter in letters:
-                pipe.xadd(layout.export_deadletter_partition(EXPORTER, shard), _dead_fields(letter))
+                pipe.xadd(layout.export_deadletter_partition(EXPORTER, shard), _dead_fields(letter, self.opts.group))
             for stream, ids in acks.items():
                 pipe.xack(stream, self.opts.group, *ids)
             pipe.execute()
@@ -427,14 +428,9 @@ def _trimmed(reply: Any) -> list[tuple[str, str]]:
     return [(_s(stream), _s(entry_id)) for stream, items in reply or [] for entry_id, fields in items if fields is None]
 
 
-def _dead_fields(letter: DeadLetter) -> dict[bytes, Any]:
-    fields: dict[bytes, Any] = {
-        b"reason": letter.reason, b"detail": letter.detail, b"source": letter.ref.stream, b"sourceId": letter.ref.entry_id,
-        b"exporter": EXPORTER,
-    }
-    for name, value in letter.fields.items():
-        fields[b"raw." + name.encode()] = value
-    return fields
+def _dead_fields(letter: RefusedEntry, group: str) -> dict[bytes, Any]:
+    return DeadLetter(letter.reason, letter.detail, letter.ref.stream, letter.ref.entry_id, exporter=EXPORTER,
+                      group=group, raw=letter.fields).to_fields()
 
 
 def _describe(exc: BaseException) -> str:

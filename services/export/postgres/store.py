@@ -27,10 +27,10 @@ from services.export.postgres.rows import (
     EVENT_COLUMNS,
     RECORD_COLUMNS,
     REJECTED,
-    DeadLetter,
     EntryRef,
     EventRow,
     RecordRow,
+    RefusedEntry,
     month_start,
     positions,
 )
@@ -53,7 +53,7 @@ class WriteResult:
     events_duplicate: int = 0
     records_inserted: int = 0
     records_duplicate: int = 0
-    rejected: list[DeadLetter] = field(default_factory=list)
+    rejected: list[RefusedEntry] = field(default_factory=list)
 
 
 def _reason(exc: BaseException) -> str:
@@ -216,7 +216,7 @@ class Store:
         except _ROW_ERRORS as exc:
             if len(rows) == 1:
                 row = rows[0]
-                result.rejected.append(DeadLetter(row.ref, REJECTED, _reason(exc), _fields_of(row)))
+                result.rejected.append(RefusedEntry(row.ref, REJECTED, _reason(exc), _fields_of(row)))
                 return 0
             mid = len(rows) // 2
             return self._isolate(rows[:mid], insert, result) + self._isolate(rows[mid:], insert, result)
