@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO))
 from contracts.topics import RECORD, TopicEntry  # noqa: E402
 from services.broker.connect import async_client  # noqa: E402
 from services.broker.embedded import start_redis  # noqa: E402
-from services.broker.groups import ensure_groups  # noqa: E402
 from services.sequencer import Entry  # noqa: E402
 from services.settings import Settings  # noqa: E402
+from services.streams.groups import ensure_groups  # noqa: E402
 from services.worker.commit import encode_held  # noqa: E402
 from services.worker.processor import BatchProcessor  # noqa: E402
 from tests.fixtures import TRANSCRIPTS, transcript_lines  # noqa: E402

@@ -35,9 +35,9 @@ sys.path.insert(0, str(REPO))
 
 from services.broker.connect import async_client  # noqa: E402
 from services.broker.embedded import start_redis  # noqa: E402
-from services.broker.groups import ensure_groups  # noqa: E402
 from services.sequencer import Entry  # noqa: E402
 from services.settings import Settings  # noqa: E402
+from services.streams.groups import ensure_groups  # noqa: E402
 from services.worker.commit import CALL_PREFIX  # noqa: E402
 from services.worker.processor import BatchProcessor  # noqa: E402
 

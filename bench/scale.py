@@ -309,7 +309,7 @@ def batch_costs(url: str, spreads: tuple[int, ...] = (25, 500), batches: int = 2
     import asyncio
 
     from services.broker.connect import async_client
-    from services.broker.groups import ensure_groups
+    from services.streams.groups import ensure_groups
     from services.worker.processor import BatchProcessor
 
     def timed(steps: dict[str, float], name: str, fn: Any) -> Any:

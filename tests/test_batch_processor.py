@@ -14,10 +14,10 @@ import redis
 
 from contracts.raw import stream_id_ms
 from services.broker.connect import async_client
-from services.broker.groups import ensure_groups
 from services.normalizer import RunNormalizer
 from services.sequencer import Entry
 from services.settings import Settings
+from services.streams.groups import ensure_groups
 from services.worker.commit import HELD_PREFIX
 from services.worker.processor import BatchProcessor, BatchResult
 from tests.support.fakes import RaisingRedactor

@@ -14,8 +14,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from services.broker.connect import async_client
-from services.broker.groups import ensure_groups
 from services.replay.command import compare
+from services.streams.groups import ensure_groups
 from services.tap.publisher import Publisher
 from services.worker.processor import BatchProcessor
 from tests.fixtures import TRANSCRIPTS

@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.broker.connect import async_client, sync_client
-from services.broker.groups import ensure_groups
 from services.metrics import Metrics
 from services.settings import Settings
+from services.streams.groups import ensure_groups
 from services.worker.commit import LeaseLost
 from services.worker.housekeeping import Housekeeper
 from services.worker.leases import KeepAlive, ShardLeases, fair_share, plan

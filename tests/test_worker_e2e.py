@@ -99,7 +99,7 @@ def test_three_workers_one_killed_one_restarted_nothing_lost_nothing_doubled(set
 def test_entries_read_by_a_worker_that_died_before_acknowledging_are_reclaimed(settings, tmp_path):
     import redis as _redis
 
-    from services.broker.groups import ensure_groups  # noqa: F401  (the worker creates them too)
+    from services.streams.groups import ensure_groups  # noqa: F401  (the worker creates them too)
 
     r = _redis.Redis.from_url(settings.redis_url)
     for stream in settings.raw_streams():

@@ -13,10 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +25,14 @@ from redis.exceptions import RedisError
 
 from services.broker.cluster import BrokerGate, make_broker
 from services.broker.connect import async_client
-from services.broker.groups import ensure_groups, guard_missing_group
 from services.metrics import Metrics, serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
+from services.streams.groups import ensure_groups, guard_missing_group
+from services.streams.names import unique_consumer
+from services.streams.readiness import READY, Readiness, not_ready
 from services.worker.commit import LeaseLost
-from services.worker.housekeeping import Housekeeper, Readiness
+from services.worker.housekeeping import Housekeeper
 from services.worker.leases import ShardLeases, gate_reads
 from services.worker.processor import BatchProcessor
 from services.worker.reporting import record_result
@@ -45,7 +44,7 @@ WATCH_INTERVAL_S = 0.5  # how often the subscribers' liveness is checked
 
 def consumer_name() -> str:
     # Unique per process so a restarted worker never inherits a dead one's identity by accident.
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    return unique_consumer()
 
 
 @dataclass
@@ -83,10 +82,10 @@ class WorkerRuntime:
         dead = [stream for stream, sub in self.subscribers if not sub.running]
         if self.stopped or (dead and not self.shutting_down):
             names = sorted(set(self.stopped) | set(dead))
-            return Readiness(False, f"subscriber stopped on {', '.join(names)}: exiting with status 1 for a restart")
+            return not_ready(f"subscriber stopped on {', '.join(names)}: exiting with status 1 for a restart")
         if not self.subscribers or dead:
-            return Readiness(False, "subscribers not running")
-        return Readiness(True, "")
+            return not_ready("subscribers not running")
+        return READY
 
 
 def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastStream, WorkerRuntime]:

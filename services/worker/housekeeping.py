@@ -12,17 +12,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
 from contracts.events import EVENT_TYPES
 from contracts.raw import ABANDON, stream_id_ms
-from services.broker.groups import ensure_groups
 from services.metrics import Metrics
 from services.sequencer import Entry, missing_ranges, plan_abandon
 from services.sequencer.entries import STDOUT
 from services.settings import Settings
+from services.streams.groups import ensure_groups
+from services.streams.lag import read_backlog
+from services.streams.readiness import READY, Readiness, fresh, not_ready
 from services.worker.commit import CommitFailed, LeaseLost
 from services.worker.processor import BatchProcessor, CommitConflict
 from services.worker.reporting import record_result
@@ -30,16 +32,6 @@ from services.worker.reporting import record_result
 log = logging.getLogger("goose_ingest.worker")
 
 RETENTION_EVERY_S = 60.0
-
-
-class Readiness(NamedTuple):
-    """/readyz's answer: ok, or one line saying why not."""
-
-    ok: bool
-    reason: str
-
-    def __bool__(self) -> bool:
-        return self.ok
 
 
 class Housekeeper:
@@ -58,7 +50,7 @@ class Housekeeper:
         self.processor = processor
         self.consumer = consumer
         self.metrics = metrics
-        self.subscribers = subscribers or (lambda: Readiness(True, ""))
+        self.subscribers = subscribers or (lambda: READY)
         self.owns = owns or (lambda shard: True)  # the shards whose pending entries and idle runs are ours
         self.last_ok = 0.0
         self._last_retention = 0.0
@@ -68,9 +60,9 @@ class Housekeeper:
         health = self.subscribers()
         if not health.ok:
             return health
-        if time.monotonic() - self.last_ok >= max(3 * self.settings.sweep_interval_s, 15.0):
-            return Readiness(False, "housekeeping has not reached the broker recently")
-        return Readiness(True, "")
+        if not fresh(self.last_ok, time.monotonic(), self.settings.sweep_interval_s):
+            return not_ready("housekeeping has not reached the broker recently")
+        return READY
 
     def is_ready(self) -> bool:
         return self.readiness().ok
@@ -105,22 +97,17 @@ class Housekeeper:
     async def gauge_backlog(self) -> None:
         idle: set[int] = set()
         for shard, stream in enumerate(self.settings.layout.raw_streams()):
-            try:
-                groups = await self.client.xinfo_groups(stream)
-            except ResponseError:
-                groups = []
-            group = next((g for g in groups if g["name"].decode() == self.settings.group), None)
-            if group is None:
+            backlog = await read_backlog(self.client, stream, self.settings.group)  # lag always known
+            if backlog.missing:
                 # The stream or group vanished (Redis restarted without persistence, or a flush).
                 log.warning("consumer group missing on %s: recreating it at 0", stream)
                 await ensure_groups(self.client, self.settings)
                 continue
-            lag = group.get("lag")
-            pending = int(group.get("pending") or 0)
+            lag, pending = backlog.lag, backlog.pending
             if self.metrics is not None:
                 oldest_age_s = await self._oldest_pending_age_s(stream) if pending else 0.0
-                self.metrics.set_backlog(shard, None if lag is None else int(lag), pending, oldest_age_s)
-            if lag is not None and int(lag) == 0 and pending == 0:
+                self.metrics.set_backlog(shard, lag, pending, oldest_age_s)
+            if lag == 0 and pending == 0:
                 idle.add(shard)
         self._idle_shards = idle
         if self.metrics is not None:  # `goose-ingest runs` lists them (services/runs/command.py)

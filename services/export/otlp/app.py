@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +22,6 @@ from redis.exceptions import RedisError
 
 from services.broker.cluster import make_broker
 from services.broker.connect import async_client
-from services.broker.groups import guard_missing_group
 from services.export.otlp.mapping import MappingConfig
 from services.export.otlp.metrics import OtlpMetrics
 from services.export.otlp.processor import Stopping, TraceExporter
@@ -33,16 +29,20 @@ from services.export.otlp.sink import SpanSink
 from services.metrics import serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
+from services.streams.groups import guard_missing_group
+from services.streams.names import unique_consumer
+from services.streams.readiness import READY, Readiness, fresh, not_ready
 
 log = logging.getLogger("goose_ingest.export.otlp")
 
 
 def consumer_name() -> str:
-    return f"otlp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    return unique_consumer("otlp")
 
 
-class Readiness:
-    """Ready = subscribers running, housekeeping reaching the broker, collector not failing."""
+class ExporterHealth:
+    """What the exporter's readiness is made of: subscribers running, housekeeping reaching the
+    broker, collector and broker not failing. Called, it answers with the one `Readiness` type."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -50,13 +50,19 @@ class Readiness:
         self.last_ok = 0.0
         self.exporter: TraceExporter | None = None
 
-    def __call__(self) -> bool:
-        fresh = time.monotonic() - self.last_ok < max(3 * self.settings.sweep_interval_s, 15.0)
-        collector = self.exporter is not None and self.exporter.collector_ok and self.exporter.broker_ok
-        return self.subscribers_running and fresh and collector
+    def __call__(self) -> Readiness:
+        if not self.subscribers_running:
+            return not_ready("subscribers not running")
+        if not fresh(self.last_ok, time.monotonic(), self.settings.sweep_interval_s):
+            return not_ready("housekeeping has not reached the broker recently")
+        if self.exporter is None or not self.exporter.broker_ok:
+            return not_ready("the broker refuses the exporter's writes")
+        if not self.exporter.collector_ok:
+            return not_ready("the collector is unavailable")
+        return READY
 
 
-async def housekeeping(exporter: TraceExporter, readiness: Readiness, settings: Settings) -> None:
+async def housekeeping(exporter: TraceExporter, readiness: ExporterHealth, settings: Settings) -> None:
     adopted = False
     while True:
         try:
@@ -88,7 +94,7 @@ class ExporterRuntime:
     """The live parts of one exporter process (created at startup)."""
 
     consumer: str
-    readiness: Readiness
+    readiness: ExporterHealth
     metrics: OtlpMetrics
     client: Any = None
     exporter: TraceExporter | None = None
@@ -101,7 +107,7 @@ def build_app(
 ) -> tuple[FastStream, ExporterRuntime]:
     broker = make_broker(settings, log_level=logging.DEBUG)
     app = FastStream(broker, logger=log)
-    runtime = ExporterRuntime(consumer_name(), Readiness(settings), metrics if metrics is not None else OtlpMetrics())
+    runtime = ExporterRuntime(consumer_name(), ExporterHealth(settings), metrics if metrics is not None else OtlpMetrics())
     consumer, readiness, metrics = runtime.consumer, runtime.readiness, runtime.metrics
 
     async def parse(raw: Any) -> RedisBatchStreamMessage:

@@ -63,6 +63,9 @@ from services.export.otlp.mapping import (
 from services.export.otlp.metrics import OtlpMetrics
 from services.export.otlp.sink import SendOutcome, SpanSink, encode_request
 from services.settings import Settings
+from services.streams.groups import create_groups
+from services.streams.lag import read_backlog
+from services.streams.pending import max_deliveries_detail, pending_entries, plan_reclaim
 
 log = logging.getLogger("goose_ingest.export.otlp")
 
@@ -317,27 +320,8 @@ class TraceExporter:
         A broker that refuses the write for its own state (OOM at maxmemory, LOADING, READONLY, a
         topology change) is waited for, with one warning line, not a traceback: nothing is lost
         by starting later (issue 20, finding 3)."""
-        delay = RETRY_INITIAL_S
-        warned = False
-        for stream in self.streams():
-            while True:
-                try:
-                    await self.client.xgroup_create(stream, self.group, id="0", mkstream=True)
-                    break
-                except ResponseError as exc:
-                    if "BUSYGROUP" in str(exc):
-                        break
-                    if reply_code(exc) not in TRANSIENT_CODES:
-                        raise
-                    if not warned:
-                        log.warning("broker refuses to create the consumer groups (%s); waiting for it", describe(exc))
-                        warned = True
-                    if self.stopping.is_set():
-                        raise Stopping() from None
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.settings.otlp_retry_max_s)
-        if warned:
-            log.info("consumer groups created; the broker accepts writes again")
+        await create_groups(self.client, self.streams(), self.group, self.settings.otlp_retry_max_s, self.stopping,
+                            Stopping)
 
     async def adopt_legacy_state(self, chunk: int = 500) -> int:
         """Runs left open by an exporter of before (one state shared by every group) move into
@@ -744,18 +728,16 @@ class TraceExporter:
 
     # ------------------------------------------------------------------ housekeeping
     async def gauge(self) -> int:
-        """Lag and pending gauges; returns the total lag (unknown lag counts as 1)."""
+        """Lag and pending gauges; returns the total lag (services/streams/lag.py: an unknown lag is counted)."""
         total = 0
         for topic, streams in (("events", self.layout.events_partitions()), ("runs", self.layout.runs_partitions())):
             lag = pending = 0
             for stream in streams:
-                for group in await self.client.xinfo_groups(stream):
-                    name = _text(group.get("name"))
-                    if name != self.group:
-                        continue
-                    pending += int(group.get("pending") or 0)
-                    value = group.get("lag")
-                    lag += int(value) if value is not None else 1
+                backlog = await read_backlog(self.client, stream, self.group)  # unknown lag: counted
+                if backlog.missing:
+                    continue
+                pending += backlog.pending
+                lag += backlog.lag or 0
             self.metrics.lag.labels(topic=topic).set(lag)
             self.metrics.pending.labels(topic=topic).set(pending)
             total += lag
@@ -769,18 +751,13 @@ class TraceExporter:
         """Take over entries another consumer left pending too long; dead-letter poison ones."""
         idle = self.settings.claim_idle_ms
         rows = await self.client.xpending_range(stream, self.group, min="-", max="+", count=self.settings.batch_size, idle=idle)
-        held = self.in_flight.get(stream, set())
-        rows = [r for r in rows or [] if (_text(r["message_id"]) or "") not in held]  # ours, in progress
-        if not rows:
-            return 0
-        poison = [r for r in rows if int(r["times_delivered"]) > self.settings.max_deliveries]
-        for r in poison:
-            sid = _text(r["message_id"]) or ""
-            await self.dead_letter(stream, None, sid, MAX_DELIVERIES, f"delivered {r['times_delivered']} times")
-            await self._ack(stream, [sid])
-        ids = [i for i in (_text(r["message_id"]) for r in rows if r not in poison) if i]
+        plan = plan_reclaim(pending_entries(rows), self.settings.max_deliveries, self.in_flight.get(stream, set()))
+        for row in plan.poison:
+            await self.dead_letter(stream, None, row.entry_id, MAX_DELIVERIES, max_deliveries_detail(row))
+            await self._ack(stream, [row.entry_id])
+        ids = [row.entry_id for row in plan.claim]
         if not ids:
-            return len(poison)
+            return len(plan.poison)
         claimed = await self.client.xclaim(stream, self.group, self.consumer, idle, ids)
         entries = [(eid, fmap) for eid, fmap in claimed if fmap is not None]
         gone = [i for i in ids if i not in {(_text(e) or "") for e, _ in entries}]
@@ -788,7 +765,7 @@ class TraceExporter:
             await self._ack(stream, gone)
         if entries:
             await handler(stream, [e for e, _ in entries], [f for _, f in entries])
-        return len(entries) + len(poison)
+        return len(entries) + len(plan.poison)
 
     def handler_for(self, stream: str) -> Callable[[str, Sequence[Any], Sequence[dict[Any, Any]]], Awaitable[None]]:
         return self.handle_runs if stream in self.layout.runs_partitions() else self.handle_events

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import socket
 import sys
 from datetime import timedelta
 from typing import Any, cast
@@ -119,10 +118,11 @@ def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None)
     from services.export.postgres.sink import DEFAULT_GROUP, Sink, SinkOptions, redact_dsn
     from services.export.postgres.store import Store
     from services.metrics.server import serve as serve_metrics
+    from services.streams.names import stable_consumer
 
     options = SinkOptions(
         group=group or DEFAULT_GROUP,
-        consumer=consumer or f"postgres-{socket.gethostname()}",
+        consumer=consumer or stable_consumer("postgres"),
         retention=timedelta(days=settings.postgres_retention_days),
         batch_size=settings.batch_size,
         block_ms=settings.block_ms,

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 TABLES = ("events", "run_records")
 OUTCOMES = ("inserted", "duplicate", "dead_lettered", "expired")
-ERROR_KINDS = ("database", "broker", "rejected_row", "invalid_entry")
+ERROR_KINDS = ("database", "broker", "rejected_row", "invalid_entry", "max_deliveries")
 TOPICS = ("events", "runs")
 BATCH_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

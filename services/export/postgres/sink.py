@@ -32,7 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from contracts.deadletters import DeadLetter
+from contracts.deadletters import MAX_DELIVERIES, DeadLetter
 from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.postgres.metrics import SinkMetrics
 from services.export.postgres.rows import (
@@ -45,8 +45,11 @@ from services.export.postgres.rows import (
     rfc3339,
 )
 from services.export.postgres.store import Store, WriteResult, utcnow
-from services.metrics.server import NotReady
 from services.settings import Settings
+from services.streams.groups import create_group_sync
+from services.streams.lag import read_backlog_sync
+from services.streams.pending import PendingEntry, max_deliveries_detail, pending_entries, plan_reclaim
+from services.streams.readiness import READY, Readiness, not_ready
 
 log = logging.getLogger("goose_ingest.export.postgres")
 
@@ -55,6 +58,7 @@ EXPORTER = "postgres"  # its key names (services/broker/keys.py) and ACL role (s
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 MAINTENANCE_INTERVAL_S = 3600.0  # partitions ahead and retention
+OWN_PENDING_PAGES = 10  # own pending entries checked at start: a few batches at most (queue of one + writer)
 _BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 class TopicRow(NamedTuple):
@@ -119,21 +123,22 @@ class Sink:
         self._db_why = f"connecting to the database {redact_dsn(store.dsn)}"
         self._broker_why = "connecting to the broker"
         self._groups_ok = False
+        self._own_poison_checked = False
         self._setup_done = False
         self._last_sweep = 0.0
         self._last_maintenance = 0.0
         self._last_ping = 0.0
 
     # ------------------------------------------------------------------ state
-    def is_ready(self) -> bool | NotReady:
-        """True, or a falsy NotReady whose reason /readyz shows."""
+    def is_ready(self) -> Readiness:
+        """Ready, or not with the reason /readyz shows (services/streams/readiness.py)."""
         if self.stopping.is_set():
-            return NotReady("stopping")
+            return not_ready("stopping")
         if not self._db_ok:
-            return NotReady(self._db_why)
+            return not_ready(self._db_why)
         if not self._broker_ok:
-            return NotReady(self._broker_why)
-        return True
+            return not_ready(self._broker_why)
+        return READY
 
     def _set(self, db: bool | None = None, broker: bool | None = None, why: str = "") -> None:
         if db is not None:
@@ -156,12 +161,7 @@ class Sink:
     # ------------------------------------------------------------------ setup
     def ensure_groups(self) -> None:
         for stream in self.topic:
-            try:
-                # At id 0, not `$`: whatever the topics still retain is exported.
-                self.client.xgroup_create(stream, self.opts.group, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+            create_group_sync(self.client, stream, self.opts.group)  # at 0: export what the topics retain
 
     def _setup(self) -> None:
         applied = self.store.migrate()
@@ -266,7 +266,37 @@ class Sink:
                 return
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
+    def _drop_own_poison(self) -> None:
+        """At start, before re-reading this consumer's own pending entries (a predecessor of the
+        same name read them and died): those delivered more than MAX_DELIVERIES times (each
+        restart's re-read is one) are dead-lettered, so an entry that kills the sink cannot stop
+        it for good. Only at start: a re-read after a broker outage is not checked here (an outage
+        is not an attempt on the entry; services/streams/pending.py)."""
+        for stream in self.topic:
+            rows = self.client.xpending_range(stream, self.opts.group, min="-", max="+",
+                                              count=OWN_PENDING_PAGES * self.opts.batch_size,
+                                              consumername=self.opts.consumer)
+            self._dead_letter_poison(stream, plan_reclaim(pending_entries(rows), self.settings.max_deliveries).poison)
+        self._own_poison_checked = True
+
+    def _dead_letter_poison(self, stream: str, poison: list[PendingEntry]) -> None:
+        if not poison:
+            return
+        rows, letters = [], []
+        for row in poison:
+            found = self.client.xrange(stream, min=row.entry_id, max=row.entry_id)
+            fields = found[0][1] if found else {}
+            rows.append(TopicRow(stream, row.entry_id, fields))
+            letters.append(RefusedEntry(EntryRef(stream, row.entry_id), MAX_DELIVERIES, max_deliveries_detail(row),
+                                        {k.decode("utf-8", "replace"): v for k, v in fields.items()}))
+        self._acknowledge(rows, letters)
+        table = "events" if self.topic[stream] == "events" else "run_records"
+        self.metrics.rows.labels(table, "dead_lettered").inc(len(poison))
+        self.metrics.errors.labels("max_deliveries").inc(len(poison))
+
     def _read(self) -> list[TopicRow]:
+        if not self._own_poison_checked:
+            self._drop_own_poison()
         out: list[TopicRow] = []
         catching_up = any(v == "0" for v in self.next_id.values())
         single = len(self.shards) == 1
@@ -292,7 +322,8 @@ class Sink:
 
     def _sweep(self) -> list[TopicRow]:
         """Every sweep interval: lag gauges, and entries another consumer read but did not
-        acknowledge for CLAIM_IDLE_MS (it died) are claimed and processed here."""
+        acknowledge for CLAIM_IDLE_MS (it died) are claimed and processed here; those delivered
+        more than MAX_DELIVERIES times are dead-lettered `max-deliveries` instead (services/streams)."""
         if time.monotonic() - self._last_sweep < self.opts.sweep_interval_s:
             return []
         self._last_sweep = time.monotonic()
@@ -300,17 +331,17 @@ class Sink:
         lag = {"events": 0, "runs": 0}
         pending = {"events": 0, "runs": 0}
         for stream, topic in self.topic.items():
-            reply = self.client.xautoclaim(
-                stream, self.opts.group, self.opts.consumer, self.opts.claim_idle_ms, start_id="0-0",
-                count=self.opts.batch_size,
-            )
-            for entry_id, fields in reply[1]:
-                if fields is not None:
-                    claimed.append(TopicRow(stream, _s(entry_id), fields))
-            for info in self.client.xinfo_groups(stream):
-                if _s(info.get("name", b"")) == self.opts.group:
-                    lag[topic] += int(info.get("lag") or 0)
-                    pending[topic] += int(info.get("pending") or 0)
+            rows = self.client.xpending_range(stream, self.opts.group, min="-", max="+", count=self.opts.batch_size,
+                                              idle=self.opts.claim_idle_ms)
+            plan = plan_reclaim(pending_entries(rows), self.settings.max_deliveries)
+            self._dead_letter_poison(stream, plan.poison)
+            if plan.claim:
+                reply = self.client.xclaim(stream, self.opts.group, self.opts.consumer, self.opts.claim_idle_ms,
+                                           [row.entry_id for row in plan.claim])
+                claimed += [TopicRow(stream, _s(entry_id), fields) for entry_id, fields in reply or [] if fields is not None]
+            backlog = read_backlog_sync(self.client, stream, self.opts.group)  # unknown lag: counted
+            lag[topic] += backlog.lag or 0
+            pending[topic] += backlog.pending
         for topic in lag:
             self.metrics.lag.labels(topic).set(lag[topic])
             self.metrics.pending.labels(topic).set(pending[topic])
