@@ -468,3 +468,46 @@ def test_broker_restart_without_persistence_recreates_the_group_and_goes_on(sett
         assert "broker unreachable" in log.read_text()
     finally:
         stop(sink)
+
+
+def _deliver(r: redis.Redis, stream: str, group: str, consumer: str, entry_id: str, times: int) -> None:
+    """Deliver one entry `times` times to `consumer` (XREADGROUP of its own history counts each)."""
+    r.xgroup_create(stream, group, id="0", mkstream=True)
+    r.xreadgroup(group, consumer, {stream: ">"}, count=1)
+    for _ in range(times - 1):
+        r.xreadgroup(group, consumer, {stream: "0"}, count=1)
+    [row] = r.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
+    assert row["times_delivered"] == times
+
+
+@pytest.mark.parametrize("holder", ["a-dead-sink", "postgres-restarted"])
+def test_an_entry_past_max_deliveries_is_dead_lettered_and_the_rest_written(settings, pg_dsn, tmp_path, holder):
+    """`export postgres` honours MAX_DELIVERIES (services/streams/pending.py): an entry delivered more
+    often than that - held by a dead sink (claimed by the sweep) or by this sink's own name before a
+    restart (its pending entries re-read at start) - is dead-lettered `max-deliveries` with its fields,
+    acknowledged, and everything else is written. Default settings but the claim idle time."""
+    r = redis.Redis.from_url(settings.redis_url)
+    run = "poison/0"
+    add_run(r, settings, run, 4)
+    stream = settings.layout.events_partition(settings.layout.shard_of(run))
+    first_id = r.xrange(stream, count=1)[0][0].decode()
+    _deliver(r, stream, DEFAULT_GROUP, holder, first_id, settings.max_deliveries + 1)
+    log = tmp_path / "sink.log"
+    sink = subprocess.Popen(sink_cmd("--consumer", "postgres-restarted"), cwd=REPO, stdout=log.open("ab"),
+                            stderr=subprocess.STDOUT,
+                            env=cli_env(settings, GOOSE_INGEST_POSTGRES_DSN=pg_dsn, GOOSE_INGEST_METRICS_PORT="0",
+                                        GOOSE_INGEST_CLAIM_IDLE_MS="1000", GOOSE_INGEST_SWEEP_INTERVAL_S="0.5"))
+    try:
+        wait_for(lambda: group_state(settings) == (0, 0) and db_count(pg_dsn) == 3, timeout=90)
+        dead = [f for s in settings.layout.export_deadletter_partitions("postgres") for _, f in r.xrange(s)]
+        assert len(dead) == 1
+        [letter] = dead
+        assert letter[b"reason"] == b"max-deliveries" and letter[b"sourceId"] == first_id.encode()
+        assert letter[b"detail"] == f"delivered {settings.max_deliveries + 1} times".encode()
+        assert letter[b"exporter"] == b"postgres" and letter[b"raw.eventId"] == f"{run}:0".encode()
+        assert set(db_events(pg_dsn)) == {f"{run}:{n}" for n in (1, 2, 3)}
+        assert db_count(pg_dsn, "runs") == 1
+        assert sink.poll() is None
+    finally:
+        stop(sink)
+    assert "Traceback" not in log.read_text(errors="replace")

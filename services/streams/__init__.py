@@ -11,8 +11,8 @@ every later one) keeps only its handler and its target; the jobs below are writt
   attempts because every consumer retries an outage refusal (OOM, LOADING, READONLY, CLUSTERDOWN,
   MOVED/ASK, connection errors: `services.broker.errors.is_outage`) IN PLACE, holding its claim
   fresh, instead of letting the entry go back to the pending list to be claimed again;
-- `lag`: backlog and lag with one rule for "unknown" (Redis answers nil after a trim or XDEL in the
-  group's window; the skeleton then counts what is left after the group's position, so the lag
+- `lag`: backlog and lag with one rule for "unknown" (Redis answers nil after an XDEL in the group's
+  window or a group set at an arbitrary id; the skeleton then counts what is left after the group's position, so the lag
   never reads 0 for a backlog it cannot see, and a backlog the trim deleted is 0 plus a count in
   goose_ingest_topic_trimmed_unread_total);
 - `readiness`: one `Readiness` (ok + one line of reason) that /readyz shows;

@@ -1,13 +1,15 @@
 """Backlog and lag of a consumer group, with ONE rule for "unknown".
 
 Redis 7 reports a group's `lag` (entries added to the stream after the group's last-delivered id)
-from counters; it answers nil when it cannot (entries were deleted inside the group's window: a
-capped topic trim of unread data, XDEL, a group created at an arbitrary id). Before, the worker
-exported NaN, `export otlp` counted 1 and `export postgres` counted 0 - so a deleted backlog could
-read 0 and no alert saw it. The one rule now: an unknown lag is COUNTED, the entries still in the
-stream after the group's last-delivered id (XRANGE, at most LAG_COUNT_CAP of them: past that the
-gauge reads the cap, still far above every alert threshold). What the trim deleted unread is not
-lag any more (nobody can read it): goose_ingest_topic_trimmed_unread_total{group} counts it.
+from counters; it answers nil when it cannot (an entry deleted inside the group's window by XDEL,
+a group created or moved with XGROUP SETID at an arbitrary id; measured on Redis 7.0: a trim by
+XTRIM MINID keeps a number, which still counts the deleted entries). Before, the worker exported
+NaN, `export otlp` counted 1 and `export postgres` counted 0 - so an unknown backlog could read 0
+and no alert saw it. The one rule now: an unknown lag is COUNTED, the entries still in the stream
+after the group's last-delivered id (XRANGE, at most LAG_COUNT_CAP of them: past that the gauge
+reads the cap, still far above every alert threshold). What a capped trim deleted unread is not lag
+any more (nobody can read it): goose_ingest_topic_trimmed_unread_total{group} counts it, and its
+alert fires (services/worker/housekeeping.py `trim_topic`).
 """
 
 from __future__ import annotations
