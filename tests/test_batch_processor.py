@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from contracts.raw import stream_id_ms
+from contracts.topics import TopicEntry
 from services.broker.connect import async_client
 from services.normalizer import RunNormalizer
 from services.sequencer import Entry
@@ -65,13 +66,13 @@ class Harness:
     def events(self, run: str) -> list[dict[str, Any]]:
         out = []
         for stream in self.layout.events_partitions():
-            out += [orjson.loads(f[b"data"]) for f in self.topic(stream) if f[b"runId"] == run.encode()]
+            out += [e.document() for e in map(TopicEntry.from_fields, self.topic(stream)) if e.run == run]
         return out
 
     def records(self, run: str) -> list[dict[str, Any]]:
         out = []
         for stream in self.layout.runs_partitions():
-            out += [orjson.loads(f[b"data"]) for f in self.topic(stream) if f[b"runId"] == run.encode()]
+            out += [e.document() for e in map(TopicEntry.from_fields, self.topic(stream)) if e.run == run]
         return out
 
     def dead(self) -> list[dict[str, bytes]]:

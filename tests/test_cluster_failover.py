@@ -22,6 +22,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from contracts.topics import TopicEntry
 from services.broker.connect import sync_client
 from services.settings import Settings
 from tests.fixtures import TRANSCRIPTS
@@ -62,7 +63,7 @@ class FollowingConsumer(threading.Thread):
                     continue
                 for _stream, entries in reply:
                     for sid, fields in entries:
-                        self.seen.append(orjson.loads(fields[b"data"]))
+                        self.seen.append(TopicEntry.from_fields(fields).document())
                         last[partition] = sid.decode()
             time.sleep(0.1)
 

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 import redis
 
+from contracts.topics import TopicEntry
 from services.export.postgres.sink import DEFAULT_GROUP
 from services.settings import Settings
 from tests.fixtures import TRANSCRIPTS
@@ -84,7 +85,7 @@ def topic_events(settings: Settings) -> dict[str, dict]:
     out = {}
     for stream in settings.layout.events_partitions():
         for _, fields in r.xrange(stream):
-            event = orjson.loads(fields[b"data"])
+            event = TopicEntry.from_fields(fields).document()
             out[event["eventId"]] = event
     return out
 
@@ -94,7 +95,7 @@ def topic_last_records(settings: Settings) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for stream in settings.layout.runs_partitions():
         for _, fields in r.xrange(stream):
-            rec = orjson.loads(fields[b"data"])
+            rec = TopicEntry.from_fields(fields).document()
             k = int(rec["recordId"].rsplit(":", 1)[1])
             if rec["runId"] not in out or k > int(out[rec["runId"]]["recordId"].rsplit(":", 1)[1]):
                 out[rec["runId"]] = rec

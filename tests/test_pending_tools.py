@@ -19,6 +19,7 @@ from normalizer_helpers import c_answer, c_assistant, c_call, c_text, c_use, cla
 from test_normalizer_properties_formats import T0, formats, labels, lines, streams
 
 from contracts.raw import DEFAULT_MAX_PENDING_TOOL_BYTES
+from contracts.topics import TopicEntry
 from services.broker.connect import async_client
 from services.normalizer import Limits, RunNormalizer
 from services.normalizer.run_normalizer import INPUT_BESIDE, PENDING_CALL_OVERHEAD
@@ -247,7 +248,7 @@ def test_the_issue_case_through_a_worker_writes_each_call_once_and_little_per_sm
     assert evictions == {"bytes": CALLS - kept} and call_fields == kept
     assert max(state_sizes) < 8_000  # was 73.7 MB
     assert max(sent) < 50_000  # a small line's commit (its events, the small state, acks); was 73.7 MB
-    events = [orjson.loads(f[b"data"]) for _, f in sync.xrange(layout.events_partition(0))]
+    events = [TopicEntry.from_fields(f).document() for _, f in sync.xrange(layout.events_partition(0))]
     assert unknown_calls(events) == [f"toolu_{i:02d}" for i in range(CALLS)]
     assert sum(e["type"] == "agent" for e in events) == SMALL
     assert not [f for f in sync.hkeys(key) if f.startswith(CALL_PREFIX)]  # the end deleted them
@@ -366,7 +367,7 @@ def test_a_worker_takes_over_a_state_written_with_its_calls_inline(settings):
     fields, state_size, call_size = asyncio.run(go())
     assert sorted(fields) == [b"c:0", b"s", b"v"] and state_size < 1000 and 5000 < call_size < 5200  # input once
     assert not sync.exists(key) or b"c:0" not in sync.hkeys(key)
-    events = [orjson.loads(f[b"data"]) for _, f in sync.xrange(layout.events_partition(0))]
+    events = [TopicEntry.from_fields(f).document() for _, f in sync.xrange(layout.events_partition(0))]
     assert [e["type"] for e in events] == ["agent", "write"] and events[1]["path"] == "/w/a.txt"
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
-import orjson
 import pytest
 import redis
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from contracts.topics import TopicEntry
 from services.broker.connect import async_client
 from services.replay.command import compare
 from services.streams.groups import ensure_groups
@@ -135,5 +135,5 @@ def test_arbitrary_field_maps_through_the_real_batch_path_never_raise(settings, 
 
     run = asyncio.run(go())
     assert int(sync.xpending(stream, settings.group)["pending"]) == 0
-    runs = [orjson.loads(f[b"data"]) for _, f in sync.xrange(layout.runs_partition(0))]
+    runs = [TopicEntry.from_fields(f).document() for _, f in sync.xrange(layout.runs_partition(0))]
     assert [rec["state"] for rec in runs if rec["runId"] == run] == ["started", "ended"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from contracts.topics import RECORD, TopicEntry
 from services.settings import ConfigError, Settings
 
 DEFAULT_LIMIT = 50
@@ -114,9 +115,9 @@ def _find_starts(client: Any, settings: Settings, runs: list[ActiveRun]) -> None
 def _record_ms(fields: dict[bytes, bytes]) -> int | None:
     """The record's own time (its first entry's), not when the worker committed it."""
     try:
-        ts = orjson.loads(fields[b"data"]).get("timestamp")
+        ts = TopicEntry.from_fields(fields, RECORD).document().get("timestamp")
         return int(datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp() * 1000)
-    except (KeyError, ValueError, TypeError, AttributeError, orjson.JSONDecodeError):
+    except (ValueError, TypeError):  # TopicEntryError is a ValueError
         return None
 
 
