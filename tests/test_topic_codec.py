@@ -138,3 +138,27 @@ def test_an_entry_survives_a_real_redis_stream(redis_url: str) -> None:
     got = TopicEntry.from_fields(rec_fields)
     assert got.kind == RECORD and got.label == "started" and orjson.loads(got.data or b"") == record
     client.delete(stream)
+
+
+def test_tail_skips_an_entry_it_cannot_decode_with_one_line_and_prints_the_rest(settings) -> None:
+    """`tail` decodes with the codec: a malformed entry (not what a worker writes) is skipped with a
+    line on stderr instead of a traceback, and what follows it is printed."""
+    import subprocess
+    import sys
+
+    import redis
+
+    from tests.fixtures import REPO
+    from tests.support.redis_server import cli_env
+
+    r = redis.Redis.from_url(settings.redis_url)
+    stream = settings.layout.events_partitions()[0]
+    good = {"eventId": "t/1:0", "runId": "t/1", "seq": 0, "type": "agent", "timestamp": "2026-12-03T10:00:00.000Z",
+            "lines": [0, 0], "message": "after the junk"}
+    bad_id = r.xadd(stream, {"eventId": "t/1:x", "runId": "t/1", "data": b"{truncated"}).decode()
+    r.xadd(stream, TopicEntry.of_event(good).to_fields())
+    out = subprocess.run([sys.executable, "-m", "services.cli", "tail", "--from-start", "--no-follow", "--no-runs",
+                          "--json"], cwd=REPO, env=cli_env(settings), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert [orjson.loads(line) for line in out.stdout.splitlines()] == [good]
+    assert f"skipped {stream} {bad_id}: data is not JSON" in out.stderr and "Traceback" not in out.stderr
