@@ -124,6 +124,12 @@ class Sink:
         self._broker_why = "connecting to the broker"
         self._groups_ok = False
         self._own_poison_checked = False
+        # Entry ids read and not yet acknowledged by this process (the writer's batch, the one
+        # queued): the sweep never claims them back from ourselves. A batch held through a database
+        # outage longer than CLAIM_IDLE_MS would otherwise be claimed again, each claim a delivery,
+        # and the outage would push good entries toward MAX_DELIVERIES (services/streams/pending.py).
+        self._held: dict[str, set[str]] = {s: set() for s in self.topic}
+        self._held_lock = threading.Lock()
         self._setup_done = False
         self._last_sweep = 0.0
         self._last_maintenance = 0.0
@@ -240,6 +246,7 @@ class Sink:
                 backoff = BACKOFF_START_S
                 if entries:
                     batch = self.prepare(entries)
+                    self._hold(entries)
                     while not self.stopping.is_set():
                         try:
                             self._batches.put(batch, timeout=0.2)
@@ -265,6 +272,16 @@ class Sink:
             if self._sleep(backoff):
                 return
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _hold(self, entries: list[TopicRow]) -> None:
+        with self._held_lock:
+            for row in entries:
+                self._held[row.stream].add(row.entry_id)
+
+    def _release(self, entries: list[TopicRow]) -> None:
+        with self._held_lock:
+            for row in entries:
+                self._held[row.stream].discard(row.entry_id)
 
     def _drop_own_poison(self) -> None:
         """At start, before re-reading this consumer's own pending entries (a predecessor of the
@@ -333,7 +350,9 @@ class Sink:
         for stream, topic in self.topic.items():
             rows = self.client.xpending_range(stream, self.opts.group, min="-", max="+", count=self.opts.batch_size,
                                               idle=self.opts.claim_idle_ms)
-            plan = plan_reclaim(pending_entries(rows), self.settings.max_deliveries)
+            with self._held_lock:
+                held = set(self._held[stream])
+            plan = plan_reclaim(pending_entries(rows), self.settings.max_deliveries, held)
             self._dead_letter_poison(stream, plan.poison)
             if plan.claim:
                 reply = self.client.xclaim(stream, self.opts.group, self.opts.consumer, self.opts.claim_idle_ms,
@@ -390,6 +409,7 @@ class Sink:
             if self._sleep(backoff):
                 return False
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+        self._release(entries)
         self._count(parsed, result)
         self.metrics.batches.inc()
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
