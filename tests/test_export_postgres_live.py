@@ -512,3 +512,33 @@ def test_an_entry_past_max_deliveries_is_dead_lettered_and_the_rest_written(sett
     finally:
         stop(sink)
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+def test_a_database_outage_longer_than_claim_idle_times_max_deliveries_dead_letters_nothing(settings, private_postgres,
+                                                                                             tmp_path):
+    """The batches the sink holds through a database outage are never claimed back by its own sweep
+    (each claim would be a delivery): past CLAIM_IDLE_MS x MAX_DELIVERIES of outage, nothing is
+    dead-lettered, and every row arrives once the database is back."""
+    r = redis.Redis.from_url(settings.redis_url)
+    dsn = private_postgres.dsn
+    log = tmp_path / "sink.log"
+    sink = start_sink(settings, dsn, log, GOOSE_INGEST_BATCH_SIZE="5", GOOSE_INGEST_CLAIM_IDLE_MS="200",
+                      GOOSE_INGEST_SWEEP_INTERVAL_S="0.1")
+    try:
+        port = metrics_port(log)
+        wait_for(lambda: readyz(port) == 200, timeout=60)
+        private_postgres.stop("fast")
+        add_run(r, settings, "pg-out/0", 3)  # one batch: the reader idles and sweeps while the writer waits
+        wait_for(lambda: group_state(settings) == (0, 5), timeout=30)  # read and held
+        time.sleep(200 / 1000 * (settings.max_deliveries + 2) * 3)  # far past CLAIM_IDLE_MS x MAX_DELIVERIES
+        assert readyz(port) == 503
+        stream = settings.layout.events_partition(0)
+        rows = [row for s in settings.layout.events_partitions() + settings.layout.runs_partitions()
+                for row in r.xpending_range(s, DEFAULT_GROUP, min="-", max="+", count=100)]
+        assert len(rows) == 5 and {row["times_delivered"] for row in rows} == {1}, (stream, rows)
+        private_postgres.start()
+        wait_for(lambda: group_state(settings) == (0, 0) and db_count(dsn) == 3, timeout=120)
+        assert db_count(dsn, "runs") == 1
+        assert all(r.xlen(s) == 0 for s in settings.layout.export_deadletter_partitions("postgres"))
+    finally:
+        stop(sink)
