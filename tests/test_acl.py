@@ -269,6 +269,67 @@ def test_each_exporter_runs_under_its_own_role(acl_broker: AclBroker, tmp_path, 
     assert denied == [], f"normal work was refused: {denied}"
 
 
+def test_each_exporter_dead_letters_an_entry_past_max_deliveries_under_its_own_role(acl_broker: AclBroker, tmp_path,
+                                                                                      pg_dsn):
+    """The consumer skeleton's reclaim (services/streams/pending.py) under least privilege: an entry
+    delivered more than MAX_DELIVERIES times is dead-lettered `max-deliveries` into each exporter's
+    own stream by its own user - `export postgres` at start (its own pending entries, stable name),
+    `export otlp` by its sweep (another consumer's) - and nothing is refused."""
+    from contracts.topics import TopicEntry
+    from services.export.postgres.sink import DEFAULT_GROUP
+    from tests.support.otlp_receiver import RunningReceiver
+
+    b = acl_broker
+    admin = b.client("admin")
+    layout, s = b.settings.layout, b.settings
+    run = "acl/max"
+    event = {"eventId": f"{run}:0", "runId": run, "seq": 0, "type": "agent", "timestamp": "2026-11-30T10:00:00.000Z",
+             "lines": [0, 0], "message": "m"}
+    stream = layout.events_partition(layout.shard_of(run))
+    entry_id = admin.xadd(stream, TopicEntry.of_event(event).to_fields()).decode()
+    for group, consumer in ((DEFAULT_GROUP, "pg-fixed"), (s.otlp_group, "otlp-gone")):
+        admin.xgroup_create(stream, group, id="0")
+        admin.xreadgroup(group, consumer, {stream: ">"}, count=1)
+        for _ in range(s.max_deliveries):
+            admin.xreadgroup(group, consumer, {stream: "0"}, count=1)
+    logs = {name: tmp_path / f"{name}.log" for name in ("postgres", "otlp")}
+
+    def start(role: str, args: list[str], log: Path, **env: str) -> subprocess.Popen:
+        full = {k: v for k, v in b.env(role, GOOSE_INGEST_METRICS_PORT="0", **env).items()
+                if not (k.startswith("OTEL_") and k not in env)}
+        return subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=full,
+                                stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+    def letters(exporter: str) -> list[dict]:
+        return [f for p in layout.export_deadletter_partitions(exporter) for _, f in admin.xrange(p)]
+
+    with RunningReceiver() as receiver:
+        procs = [
+            start("postgres-exporter", ["export", "postgres", "--consumer", "pg-fixed"], logs["postgres"],
+                  GOOSE_INGEST_POSTGRES_DSN=pg_dsn),
+            start("otlp-exporter", ["export", "otlp"], logs["otlp"], OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.endpoint,
+                  GOOSE_INGEST_SWEEP_INTERVAL_S="0.5", GOOSE_INGEST_CLAIM_IDLE_MS="500"),
+        ]
+        try:
+            wait_until(lambda: letters("postgres") and letters("otlp"), timeout=60)
+            for exporter in ("postgres", "otlp"):
+                [letter] = letters(exporter)
+                assert (letter[b"reason"], letter[b"sourceId"], letter[b"exporter"]) == (
+                    b"max-deliveries", entry_id.encode(), exporter.encode())
+            assert letters("postgres")[0][b"raw.eventId"] == f"{run}:0".encode()
+            wait_until(lambda: all(g["pending"] == 0 for g in admin.xinfo_groups(stream)
+                                   if g["name"].decode() in (DEFAULT_GROUP, s.otlp_group)), timeout=30)
+            assert all(admin.xlen(p) == 0 for p in layout.deadletter_partitions())  # never the workers' stream
+            assert all(proc.poll() is None for proc in procs)
+        finally:
+            for proc in procs:
+                stop(proc)
+    text = {name: log.read_text(errors="replace") for name, log in logs.items()}
+    assert not any("NOPERM" in t or "Traceback" in t for t in text.values()), {k: v[-2000:] for k, v in text.items()}
+    denied = [(d.get("username"), d.get("object")) for d in b.denials()]
+    assert denied == [], f"normal work was refused: {denied}"
+
+
 # --- what each role must not do ------------------------------------------------------------------
 def _forbidden(ns: str) -> list[tuple[str, tuple]]:
     layout = KeyLayout(namespace=ns, shards=2)
