@@ -180,7 +180,7 @@ def requests_mode(args: argparse.Namespace) -> None:
                 return (b"POST /v1/raw HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer " + token.encode()
                         + b"\r\nContent-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
-            stacks = {"uvloop+httptools": (), "asyncio+h11": ("uvloop", "httptools")}
+            stacks = {"uvloop+h11": ("httptools",), "asyncio+h11": ("uvloop", "httptools"), "uvloop+httptools": ()}
             print(f"{args.connections} connections, {args.entries} entries a request, {args.seconds:.0f} s per stack and round")
             for rnd in range(args.rounds):
                 for name, without in stacks.items():

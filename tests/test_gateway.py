@@ -416,6 +416,37 @@ def test_malformed_and_deep_json_get_400_with_the_reason(deployment):
     assert d.gateway.proc.poll() is None  # still serving
 
 
+def test_an_endless_request_head_gets_431_and_costs_bounded_memory(deployment):
+    """httptools (the gateway's parser when installed) has no bound of its own on a head: a URL or header
+    that never ends is cut at 64 KiB (services/gateway/http.py); a large body is not mistaken for one."""
+    d = deployment
+    host, port = d.gateway.url.removeprefix("http://").split(":")
+    rss_before = d.gateway.rss_hwm_kib()
+    for start in (b"POST /v1/raw HTTP/1.1\r\nHost: x\r\nX-Pad: ", b"GET /healthz?" ):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(start)
+            answer = b""
+            try:
+                for _ in range(64 * 1024):  # up to 64 MiB, 1 KiB a send, until the gateway answers or closes
+                    if select.select([sock], [], [], 0)[0]:
+                        break
+                    sock.sendall(b"a" * 1024)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            try:
+                answer = sock.recv(4096)
+            except ConnectionResetError:
+                pass
+        assert answer.startswith((b"HTTP/1.1 431", b"HTTP/1.1 400")), answer[:100]
+    assert d.gateway.rss_hwm_kib() - rss_before < 20 * 1024
+    # a body far larger than the head bound, in the same reads as its head, is a normal request
+    run = f"team-a/big/{uuid4().hex[:8]}"
+    big = ndjson([{"run": run, "seq": i, "line": "y" * 1000} for i in range(200)])
+    status, reply, _ = d.gateway.post(big, d.token_a)
+    assert status == 200 and reply["stored"] == 200, reply
+    assert d.gateway.get("/healthz")[0] == 200
+
+
 def test_metrics_health_readiness_and_the_openapi_reply_model(deployment):
     d = deployment
     status, reply, _ = d.gateway.post(ndjson([{"run": "team-a/m/1", "seq": 0, "line": "x"}, {"run": "team-a/m/1"}]),
