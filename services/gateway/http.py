@@ -27,7 +27,7 @@ def protocol_class() -> Any:
     except ImportError:
         return "h11"
 
-    class BoundedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc]
+    class BoundedHttpToolsProtocol(HttpToolsProtocol):
         _head_open = True  # bytes now belong to a request head not yet complete
         _head_bytes = 0
 
