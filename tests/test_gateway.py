@@ -679,6 +679,62 @@ def test_the_tap_verifies_a_tls_gateway_with_its_ca_file(deployment, tmp_path):
         stop(proc)
 
 
+PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
+
+
+def test_the_tap_goes_through_the_proxy_of_the_standard_variables_and_honours_no_proxy(deployment, tmp_path):
+    """A real proxy on loopback (tests/support/http_proxy.py): http:// through it with absolute-form requests
+    (and the proxy URL's credentials as Proxy-Authorization), https:// through a CONNECT tunnel with TLS
+    end to end, and NO_PROXY naming the gateway's host goes around it."""
+    from tests.support.http_proxy import HttpProxy
+    from tests.support.tls import make_tls_files
+
+    d = deployment
+    token_file = tmp_path / "token"
+    token_file.write_text(d.token_a)
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    files = make_tls_files(tmp_path / "tls")
+    port = free_port()
+    creds = {"GOOSE_INGEST_REDIS_USERNAME": user_name("gateway", d.settings.namespace),
+             "GOOSE_INGEST_REDIS_PASSWORD": d.passwords["gateway"]}
+    log = tmp_path / "gw-tls.log"
+    tls_gw = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)],
+                              cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                              env=cli_env(d.settings, GOOSE_INGEST_GATEWAY_TLS_CERT_FILE=str(files.server_cert),
+                                          GOOSE_INGEST_GATEWAY_TLS_KEY_FILE=str(files.server_key), **creds))
+
+    def publish(endpoint: str, **proxy_env: str) -> str:
+        run = f"team-a/proxy/{uuid4().hex[:8]}"
+        env = _tap_env(d, endpoint, token_file, GOOSE_INGEST_ENDPOINT_CA_FILE=str(files.ca))
+        for k in PROXY_VARS:
+            env.pop(k, None)
+        env.update(proxy_env)
+        out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--drain-timeout", "20", "--run", run,
+                              str(src)], cwd=REPO, env=env, capture_output=True, timeout=60)
+        assert out.returncode == 0, out.stderr.decode()
+        assert b"proxy-pw" not in out.stderr
+        assert [f.get(b"line") for _, f in d.raw() if f.get(b"run") == run.encode()] == [b"one", b"two", None]  # + eof
+        return run
+
+    try:
+        wait_until(lambda: "listening on https://" in log.read_text(), timeout=30)
+        gw_host = d.gateway.url.removeprefix("http://")
+        with HttpProxy() as proxy:
+            publish(d.gateway.url, http_proxy=proxy.url.replace("http://", "http://tap:proxy-pw@"))
+            assert proxy.passed and all(p.method == "POST" and p.target == f"http://{gw_host}/v1/raw" and p.authorized
+                                        for p in proxy.passed), proxy.passed
+            proxy.passed.clear()
+            publish(f"https://localhost:{port}", HTTPS_PROXY=proxy.url)
+            assert [(p.method, p.target) for p in proxy.passed] == [("CONNECT", f"localhost:{port}")]
+            proxy.passed.clear()
+            publish(d.gateway.url, HTTP_PROXY=proxy.url, NO_PROXY="localhost,127.0.0.1")
+            publish(f"https://localhost:{port}", https_proxy=proxy.url, no_proxy="localhost")
+            assert proxy.passed == []
+    finally:
+        stop(tls_gw)
+
+
 @pytest.mark.parametrize("env, says", [
     ({"GOOSE_INGEST_ENDPOINT": "https://gw.example"}, "GOOSE_INGEST_TOKEN"),
     ({"GOOSE_INGEST_ENDPOINT": "ftp://gw.example", "GOOSE_INGEST_TOKEN": "gik_x"}, "must be an https://"),
