@@ -53,13 +53,14 @@ from services.tap.publisher import Publisher  # noqa: E402
 PAD = "x" * 300
 
 
-def start_gateway(settings: Settings, tmp: Path, name: str, without: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+def start_gateway(settings: Settings, tmp: Path, name: str, without: tuple[str, ...] = (),
+                  **extra: str) -> tuple[subprocess.Popen, str]:
     """A `goose-ingest gateway` process; ``without`` hides installed modules from it (e.g. uvloop, httptools:
     the same code on the stack uvicorn falls back to, for a same-run comparison)."""
     port = free_port()
     env = {"PATH": "/usr/bin:/bin", "GOOSE_INGEST_REDIS_URL": settings.redis_url or "",
            "GOOSE_INGEST_NAMESPACE": settings.namespace, "GOOSE_INGEST_SHARDS": str(settings.shards),
-           "GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S": "0", "GOOSE_INGEST_GATEWAY_RATE_BYTES_PER_S": "0"}
+           "GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S": "0", "GOOSE_INGEST_GATEWAY_RATE_BYTES_PER_S": "0", **extra}
     hide = "".join(f"sys.modules[{m!r}] = None; " for m in without)
     code = f"import sys; {hide}from services.cli import main; sys.exit(main())"
     proc = subprocess.Popen([sys.executable, "-c", code, "gateway", "--host", "127.0.0.1", "--port", str(port)],

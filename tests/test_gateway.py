@@ -679,6 +679,76 @@ def test_the_tap_verifies_a_tls_gateway_with_its_ca_file(deployment, tmp_path):
         stop(proc)
 
 
+def _raise_fd_limit(wanted: int) -> int:
+    """Raise this process's soft open-files limit towards ``wanted`` (a child inherits it): the limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_ten_thousand_idle_connections_cost_bounded_memory_and_one_more_than_the_limit_gets_503(deployment, tmp_path):
+    """10,000 idle connections (fewer, but at least 2,000, where the fd limit does not allow it): /healthz
+    answers and a real batch is stored meanwhile, at a few KiB of RSS per connection; beyond
+    GATEWAY_MAX_CONNECTIONS a request gets a clear 503 and is written nowhere."""
+    d = deployment
+    limit = _raise_fd_limit(10_000 + 500)  # this process holds the client ends; the gateway inherits the limit
+    n = min(10_000, limit - 500)
+    if n < 2_000:
+        pytest.skip(f"the open-files limit ({limit}) cannot be raised to 2,500 here")
+    creds = {"GOOSE_INGEST_REDIS_USERNAME": user_name("gateway", d.settings.namespace),
+             "GOOSE_INGEST_REDIS_PASSWORD": d.passwords["gateway"]}
+    gw = start_gateway(d.settings, tmp_path / "gw.log", GOOSE_INGEST_GATEWAY_MAX_CONNECTIONS=str(n + 20), **creds)
+    host, port = gw.url.removeprefix("http://").split(":")
+    socks: list[socket.socket] = []
+    try:
+        rss_before = _rss_kib(gw.proc.pid)
+        for _ in range(n):
+            socks.append(socket.create_connection((host, int(port)), timeout=10))
+        wait_until(lambda: _rss_kib(gw.proc.pid) - rss_before > n, timeout=30)  # accepted (>= 1 KiB each)
+        started = time.monotonic()
+        assert gw.get("/healthz")[0] == 200
+        assert time.monotonic() - started < 5
+        run = f"team-a/conns/{uuid4().hex[:8]}"
+        status, reply, _ = gw.post(ndjson([{"run": run, "seq": i, "line": f"l{i}"} for i in range(50)]), d.token_a)
+        assert status == 200 and reply["stored"] == 50, reply
+        grown = _rss_kib(gw.proc.pid) - rss_before
+        assert grown < 20 * n, f"{grown} KiB for {n} idle connections"
+        for _ in range(30):  # past GATEWAY_MAX_CONNECTIONS
+            socks.append(socket.create_connection((host, int(port)), timeout=10))
+        time.sleep(0.5)
+        late = f"team-a/conns/{uuid4().hex[:8]}"
+        status, _, _ = _post_no_json(gw, ndjson([{"run": late, "seq": 0, "line": "x"}]), d.token_a)
+        assert status == 503
+        assert not [f for _, f in d.raw() if f.get(b"run") == late.encode()]
+        assert gw.proc.poll() is None
+    finally:
+        for s in socks:
+            s.close()
+        stop(gw.proc)
+
+
+def _post_no_json(gw: Gateway, body: bytes, token: str) -> tuple[int, bytes, dict[str, str]]:
+    """POST whose reply may not be JSON (uvicorn's own 503 is text): (status, body, headers)."""
+    req = urllib.request.Request(gw.url + "/v1/raw", data=body, method="POST",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/x-ndjson"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
 PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
 
 
