@@ -749,6 +749,89 @@ def _post_no_json(gw: Gateway, body: bytes, token: str) -> tuple[int, bytes, dic
         return exc.code, exc.read(), dict(exc.headers)
 
 
+def test_the_host_checkpoint_file_replays_appends_and_survives_a_torn_last_line(tmp_path):
+    from services.backfill.importer import Checkpoint, CheckpointFileError, FileCheckpoints
+    from services.backfill.sessions_db import SessionInfo
+
+    path = tmp_path / "state" / "ns.jsonl"
+    session = SessionInfo("s1", None, None, None, None, None)
+    store = FileCheckpoints(path)
+    assert store.load("ns/s1") == Checkpoint()
+    store.save("ns/s1", Checkpoint("ns/s1", 1, 3, False, 1000, {}, {"a", "b", "c"}), ["a", "b", "c"], session)
+    store.save("ns/s1", Checkpoint("ns/s1", 1, 5, True, 2000, {"total_tokens": 7}, {"a", "b", "c", "d"}), ["d"], session)
+    store.close()
+    with path.open("ab") as f:
+        f.write(b'{"base":"ns/s1","run":"ns/s1","part":1,"next_')  # a crash in the middle of an append
+    store = FileCheckpoints(path)
+    cp = store.load("ns/s1")
+    assert (cp.run, cp.next_seq, cp.ended, cp.reported, cp.ids) == ("ns/s1", 5, True, {"total_tokens": 7}, set("abcd"))
+    assert path.read_bytes().endswith(b"\n")  # the torn line was cut off: the next append starts a line
+    with pytest.raises(CheckpointFileError, match="in use"):
+        FileCheckpoints(path)
+    store.close()
+    path.write_bytes(b"not json\n" + path.read_bytes())
+    with pytest.raises(CheckpointFileError, match="line 1 is damaged"):
+        FileCheckpoints(path)
+
+
+def test_import_sessions_through_the_gateway_keeps_its_checkpoints_in_a_host_file(deployment, fixture_db, tmp_path):
+    """gateway process + worker process + import-sessions process without any broker credential: the
+    session's events are exactly those of a direct import; the checkpoints live in the host's state
+    file, so a second import publishes nothing; the importer needs no Redis user at all."""
+    from tests.test_import_sessions import LATER, NS, SID, db_expected, strip
+
+    d = deployment
+    admin = redis.Redis(port=d.server.port, username=user_name("admin", d.settings.namespace),
+                        password=d.passwords["admin"], socket_timeout=10)
+    token, _ = tokens.create(admin, d.settings.layout, f"{NS}/", {})
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    spool = tmp_path / "host-spool"
+    env = _tap_env(d, d.gateway.url, token_file, GOOSE_INGEST_SPOOL_DIR=str(spool))
+    for k in PROXY_VARS:
+        env.pop(k, None)
+    run = f"{NS}/{SID}"
+    # another deployment's run of the same key may be in the shared Redis from an earlier test: none here
+    assert not [f for _, f in d.raw() if f.get(b"run") == run.encode()]
+
+    def import_sessions() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "services.cli", "import-sessions", str(fixture_db), "--namespace",
+                               NS, "--no-progress", "--now", LATER], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    first = import_sessions()
+    assert first.returncode == 0 and "published 19 message(s)" in first.stderr, first.stderr
+    state = spool / "import-sessions" / f"{NS}.jsonl"
+    records = [orjson.loads(line) for line in state.read_bytes().splitlines()]
+    assert [(r["base"], r["run"], r["ended"], len(r["ids"])) for r in records] == [(run, run, True, 19)]
+    again = import_sessions()
+    assert again.returncode == 0 and "published 0 message(s)" in again.stderr, again.stderr
+    assert len([f for _, f in d.raw() if f.get(b"run") == run.encode()]) == 21  # 19 messages, complete, eof
+    worker = start_worker(d.settings, tmp_path / "worker.log", **d.creds("worker"))
+    try:
+        def ended() -> bool:
+            r = d.root()
+            return any(f[b"runId"] == run.encode() and f[b"state"] == b"ended"
+                       for s in d.settings.layout.runs_partitions() for _, f in r.xrange(s))
+
+        wait_until(ended, timeout=60)
+    finally:
+        stop(worker)
+    r = d.root()
+    got = [e for e in (orjson.loads(f[b"data"]) for s in d.settings.layout.events_partitions() for _, f in r.xrange(s))
+           if e["runId"] == run]
+    assert strip(got) == strip(db_expected(fixture_db, SID, run)) and got
+    # a second import at once on the same state file is refused with one line (exit 2), nothing sent
+    from services.backfill.importer import FileCheckpoints
+
+    held = FileCheckpoints(state)
+    try:
+        busy = import_sessions()
+        assert busy.returncode == 2 and "in use by another import-sessions" in busy.stderr, busy.stderr
+    finally:
+        held.close()
+
+
 PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
 
 
