@@ -54,7 +54,7 @@ PAD = "x" * 300
 
 
 def start_gateway(settings: Settings, tmp: Path, name: str, without: tuple[str, ...] = (),
-                  **extra: str) -> tuple[subprocess.Popen, str]:
+                  root: Path = ROOT, **extra: str) -> tuple[subprocess.Popen, str]:
     """A `goose-ingest gateway` process; ``without`` hides installed modules from it (e.g. uvloop, httptools:
     the same code on the stack uvicorn falls back to, for a same-run comparison)."""
     port = free_port()
@@ -64,7 +64,7 @@ def start_gateway(settings: Settings, tmp: Path, name: str, without: tuple[str, 
     hide = "".join(f"sys.modules[{m!r}] = None; " for m in without)
     code = f"import sys; {hide}from services.cli import main; sys.exit(main())"
     proc = subprocess.Popen([sys.executable, "-c", code, "gateway", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=(tmp / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
+                            cwd=root, env=env, stdout=(tmp / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -181,11 +181,15 @@ def requests_mode(args: argparse.Namespace) -> None:
                 return (b"POST /v1/raw HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer " + token.encode()
                         + b"\r\nContent-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
-            stacks = {"uvloop+h11": ("httptools",), "asyncio+h11": ("uvloop", "httptools"), "uvloop+httptools": ()}
+            stacks: dict[str, tuple[tuple[str, ...], Path]] = {
+                "uvloop+h11": (("httptools",), ROOT), "asyncio+h11": (("uvloop", "httptools"), ROOT),
+                "uvloop+httptools": ((), ROOT)}
+            if args.compare:  # another tree's gateway (e.g. `git archive` of an older commit) on asyncio+h11
+                stacks["--compare tree"] = (("uvloop", "httptools"), Path(args.compare))
             print(f"{args.connections} connections, {args.entries} entries a request, {args.seconds:.0f} s per stack and round")
             for rnd in range(args.rounds):
-                for name, without in stacks.items():
-                    proc, url = start_gateway(base, tmp, f"gw-{rnd}", without)
+                for name, (without, root) in stacks.items():
+                    proc, url = start_gateway(base, tmp, f"gw-{rnd}", without, root)
                     host, port = url.removeprefix("http://").split(":")
                     asyncio.run(_closed_loop(host, int(port), request_for, args.connections, 1.0))  # warm-up
                     done, lat = asyncio.run(_closed_loop(host, int(port), request_for, args.connections, args.seconds))
@@ -214,6 +218,8 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--without", default="", help="modules hidden from the gateways, e.g. uvloop,httptools")
+    ap.add_argument("--compare", default="", metavar="DIR",
+                    help="also measure the gateway of another source tree (asyncio+h11), e.g. `git archive` of a commit")
     args = ap.parse_args()
     if args.requests:
         requests_mode(args)
@@ -233,18 +239,22 @@ def main() -> None:
                 procs.append(proc)
                 gws.append(url)
             modes = {"direct": [], "1 gateway": gws[:1], "2 gateways": gws}
+            if args.compare:  # the same taps through another tree's gateway, same run
+                proc, url = start_gateway(base, tmp, "gw-compare", ("uvloop", "httptools"), Path(args.compare))
+                procs.append(proc)
+                modes["1 gw, --compare"] = [url]
             token, _ = tokens.create(client, base.layout, "bench/", {})
             print(f"{args.taps} taps, {args.seconds:.0f} s per rate and mode, ~445-byte lines")
-            print(f"{'rate':>7} {'mode':>11} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6} {'taps cpu':>8} {'gw cpu':>6}")
+            print(f"{'rate':>7} {'mode':>15} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6} {'taps cpu':>8} {'gw cpu':>6}")
             for rate in (float(r) for r in args.rates.split(",")):
                 results = {}
                 for mode, endpoints in modes.items():
-                    pids = [p.pid for p in procs[:len(endpoints)]]
+                    pids = [procs[gws.index(e)].pid if e in gws else procs[-1].pid for e in endpoints]
                     results[mode] = run_mode(base, client, tmp, mode, endpoints, token, args.taps, rate, args.seconds, pids)
                 direct = results["direct"]
                 for mode, r in results.items():
                     ratio = r["lines_per_s"] / direct["lines_per_s"]
-                    print(f"{rate:>7.0f} {mode:>11} {r['lines_per_s']:>9.0f} {ratio:>6.2f} {r['p50']:>7.0f} "
+                    print(f"{rate:>7.0f} {mode:>15} {r['lines_per_s']:>9.0f} {ratio:>6.2f} {r['p50']:>7.0f} "
                           f"{r['p99']:>7.0f} {r['p50'] - direct['p50']:>6.0f} {r['p99'] - direct['p99']:>6.0f} {r['copies']:>6} {r['taps_cpu']:>8.2f} {r['gw_cpu']:>6.2f}")
         finally:
             for p in procs:

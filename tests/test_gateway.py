@@ -482,6 +482,16 @@ def test_redis_down_gives_503_with_retry_after_and_a_token_over_its_rate_gets_42
             answer = sock.recv(4096)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
         assert time.monotonic() - started < 5
+        # ... and a head that never completes, or never starts: 408 and closed after the same timeout
+        # (else each would hold a slot of GATEWAY_MAX_CONNECTIONS for ever)
+        for opening in (b"POST /v1/raw HTTP/1.1\r\nHost: x\r\nAuthor", b""):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(opening)
+                started = time.monotonic()
+                answer = sock.recv(4096)
+                assert sock.recv(4096) == b""  # closed
+            assert answer.startswith(b"HTTP/1.1 408"), (opening, answer[:100])
+            assert 0.5 < time.monotonic() - started < 5
         batch = ndjson([{"run": "team-a/r", "seq": i, "line": "x"} for i in range(150)])
         assert gw.post(batch, token)[0] == 200
         status, reply, headers = gw.post(batch, token)

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         # httptools when installed (about twice h11's requests/s here), its heads bounded (http.py);
         # uvloop when installed ("auto"). The request line and headers of one request: a client that
         # sends more is cut off (h11's own bound when httptools is absent)
-        http=protocol_class(), loop="auto", h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        http=protocol_class(settings.gateway_body_timeout_s), loop="auto", h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         **tls,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
