@@ -242,7 +242,7 @@ def main() -> None:
             if args.compare:  # the same taps through another tree's gateway, same run
                 proc, url = start_gateway(base, tmp, "gw-compare", ("uvloop", "httptools"), Path(args.compare))
                 procs.append(proc)
-                modes["1 gw, --compare"] = [url]
+                modes["1 gw --compare"] = [url]
             token, _ = tokens.create(client, base.layout, "bench/", {})
             print(f"{args.taps} taps, {args.seconds:.0f} s per rate and mode, ~445-byte lines")
             print(f"{'rate':>7} {'mode':>15} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6} {'taps cpu':>8} {'gw cpu':>6}")
