@@ -17,7 +17,10 @@ delivered lines/s; "added" is the gateway's percentile minus direct's.
 
 ``--requests`` measures one gateway process alone: requests/s it serves for one-entry POSTs (or
 ``--entries`` per POST) from a closed loop of kept-alive connections (a raw-socket asyncio client with
-pre-built requests, so the client costs little of the shared cores), and their p50/p99 latency.
+pre-built requests, so the client costs little of the shared cores), and their p50/p99 latency,
+on uvloop+httptools, uvloop+h11 and asyncio+h11 (modules hidden from the gateway process).
+``--compare DIR`` adds another source tree's gateway (e.g. ``git archive <commit> | tar -x -C DIR``)
+to either mode, in the same run: before/after ratios that share the machine's load.
 
 Targets (issue 21): >= 0.5 of direct with one gateway process; p99 added < 20 ms at 1,000 lines/s.
 Everything (taps, gateways, Redis) shares this machine's cores: on 2 cores the taps' own CPU is part

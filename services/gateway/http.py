@@ -1,7 +1,7 @@
 """The gateway's HTTP/1.1 protocol for uvicorn: httptools (llhttp, C) when installed, else h11.
 
 Why httptools: with group commit (writer.py) the gateway's own cost per request is mostly HTTP
-parsing and framing; uvicorn on httptools served about twice the one-entry requests/s of h11 in the
+parsing and framing; uvicorn on httptools served 1.5-2x the one-entry requests/s of h11 in the
 same run here (``python bench/gateway.py --requests``, docs/gateway.md).
 
 What httptools lacks is a bound on a request's head: uvicorn's ``h11_max_incomplete_event_size``
