@@ -200,6 +200,59 @@ def test_body_functions_are_total_and_bounded():
         assert not hasattr(check_entry(obj, "team-a/", {}, 1024), "fields"), name
 
 
+def test_group_commit_fails_only_the_request_whose_command_failed_and_all_on_a_lost_connection(tmp_path):
+    """services/gateway/writer.py on a real redis-server: requests queued while a pipeline is in flight
+    go out together; an error reply fails its own request only; a WAIT short of replicas fails the
+    group; a broker that went away fails every request (the gateway's 503), and the writer recovers."""
+    import asyncio
+
+    from redis import asyncio as aioredis
+
+    from services.gateway.writer import GroupWriter, WriteFailed
+    from services.tap.resp import command, xadd
+
+    server = start_redis(dir=str(tmp_path / "redis"))
+    sync = redis.Redis(port=server.port)
+    sync.set("not-a-stream", "x")
+
+    def writer(wait: int = 0) -> GroupWriter:
+        pool = aioredis.ConnectionPool.from_url(server.url, socket_timeout=5)
+        return GroupWriter(pool.make_connection, connections=1, wait_replicas=wait, wait_timeout_ms=50,
+                           on_error=lambda exc: f"failed: {type(exc).__name__}")
+
+    ok = [xadd(b"s", [(b"run", b"r"), (b"seq", b"%d" % i)]) for i in range(3)]
+
+    async def scenario() -> None:
+        w = writer()
+        await w.write(ok[:1])  # the connection is made
+        slow = asyncio.ensure_future(w.write([command(b"BLPOP", b"nothing", b"0.3")]))  # in flight for 0.3 s
+        await asyncio.sleep(0.1)
+        outcomes = await asyncio.gather(
+            w.write(ok[1:2]), w.write([xadd(b"not-a-stream", [(b"a", b"b")])]), w.write(ok[2:]),
+            return_exceptions=True)
+        await slow
+        assert outcomes[0] is None and outcomes[2] is None
+        assert isinstance(outcomes[1], WriteFailed) and "ResponseError" in str(outcomes[1])
+        assert w.groups == 3  # the first write, the slow one, then the three queued meanwhile as one
+        assert sync.xlen(b"s") == 3
+        with pytest.raises(WriteFailed, match="0 of 1 replicas"):
+            await writer(wait=1).write(ok[:1])  # stored, but not known to be replicated: 503, resent
+        server.close()
+        outcomes = await asyncio.gather(w.write(ok[:1]), w.write(ok[1:2]), return_exceptions=True)
+        assert all(isinstance(o, WriteFailed) and "ConnectionError" in str(o) for o in outcomes), outcomes
+        restarted.append(start_redis(port=server.port, dir=str(tmp_path / "redis2")))
+        await w.write(ok[:1])  # the same writer reconnects
+        assert redis.Redis(port=server.port).xlen(b"s") == 1
+
+    restarted: list[EmbeddedRedis] = []
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.close()
+        for r in restarted:
+            r.close()
+
+
 def test_rate_limiter_refuses_over_the_rate_and_says_when_to_retry():
     now = [0.0]
     rl = RateLimiter(100, 1000, clock=lambda: now[0])
