@@ -24,11 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from contracts.gateway import INGEST_PATH
@@ -187,7 +188,8 @@ class Gateway:
     # ------------------------------------------------------------------ HTTP
     def _reply(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
         self.metrics.requests.labels(str(status)).inc()
-        return JSONResponse(body, status_code=status, headers=headers)
+        # orjson, not Starlette's JSONResponse (stdlib json): a reply holds one result per entry
+        return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
     def _unavailable(self, reason: str) -> Response:
         return self._reply(503, {"error": "unavailable", "reason": reason},
