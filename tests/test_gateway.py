@@ -895,6 +895,28 @@ def test_import_sessions_through_the_gateway_keeps_its_checkpoints_in_a_host_fil
         held.close()
 
 
+def test_import_sessions_through_the_gateway_with_a_wrong_token_or_no_gateway_is_one_line_exit_2(
+        deployment, fixture_db, tmp_path):
+    from tests.test_import_sessions import LATER, NS
+
+    d = deployment
+    token_file = tmp_path / "token"
+    fake = "gik_0123456789ab_" + "S" * 43
+    token_file.write_text(fake)
+    before = d.raw_count()
+    for endpoint, says in ((d.gateway.url, "gateway answered 401"), (f"http://127.0.0.1:{free_port()}", "unreachable")):
+        env = _tap_env(d, endpoint, token_file, GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
+        for k in PROXY_VARS:
+            env.pop(k, None)
+        out = subprocess.run([sys.executable, "-m", "services.cli", "import-sessions", str(fixture_db), "--namespace",
+                              NS, "--no-progress", "--now", LATER], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and says in out.stderr, out.stderr
+        assert "SSSS" not in out.stderr
+    assert d.raw_count() == before
+    assert not (tmp_path / "spool" / "import-sessions").exists()  # nothing recorded, nothing spooled
+
+
 PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
 
 

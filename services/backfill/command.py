@@ -73,6 +73,25 @@ def _progress(total: int, enabled: bool) -> tqdm | None:
     return tqdm(total=total, unit="msg", unit_scale=True, file=sys.stderr, desc="import-sessions", leave=False)
 
 
+def _probe_gateway(settings: Settings) -> str:
+    """An empty batch to the gateway: '' when it takes the token, else why not (one line, exit 2).
+
+    Like the broker's PING and role check in direct mode: a wrong or revoked token, or a gateway out
+    of reach, is said at once instead of every session's entries waiting in the spool for a retry
+    that cannot succeed. (A token whose prefix does not cover NS/ shows only on the first batch:
+    403, logged, kept spooled.)"""
+    from services.tap.http_transport import GatewayError, HttpTransport
+
+    transport = HttpTransport(settings)  # a malformed endpoint or token: ConfigError, one line (services/cli.py)
+    try:
+        transport.send([])
+    except GatewayError as exc:
+        return f"{redact_url(transport.url)}: {exc}"
+    finally:
+        transport.close()
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         ns = validate_namespace(args.namespace)
@@ -105,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
             # through an ingest gateway: the host has no broker, so the checkpoints are a file it owns
             state = (Path(args.state_file).expanduser() if args.state_file else
                      Path(settings.spool_dir).expanduser() / "import-sessions" / f"{ns}.jsonl")
+            if not args.dry_run:
+                refused = _probe_gateway(settings)
+                if refused:
+                    return _fail(refused)
             try:
                 checkpoints = FileCheckpoints(state)
             except ImportError_ as exc:
