@@ -13,6 +13,14 @@ the delay each line saw (Redis stream id ms - written ms: p50, p99). The ratio i
 delivered lines/s; "added" is the gateway's percentile minus direct's.
 
     python bench/gateway.py [--taps 200] [--rates 1000,10000] [--seconds 5]
+    python bench/gateway.py --requests [--connections 50] [--seconds 5] [--entries 1]
+
+``--requests`` measures one gateway process alone: requests/s it serves for one-entry POSTs (or
+``--entries`` per POST) from a closed loop of kept-alive connections (a raw-socket asyncio client with
+pre-built requests, so the client costs little of the shared cores), and their p50/p99 latency,
+on uvloop+httptools, uvloop+h11 and asyncio+h11 (modules hidden from the gateway process).
+``--compare DIR`` adds another source tree's gateway (e.g. ``git archive <commit> | tar -x -C DIR``)
+to either mode, in the same run: before/after ratios that share the machine's load.
 
 Targets (issue 21): >= 0.5 of direct with one gateway process; p99 added < 20 ms at 1,000 lines/s.
 Everything (taps, gateways, Redis) shares this machine's cores: on 2 cores the taps' own CPU is part
@@ -22,7 +30,10 @@ of every figure, alike for all modes.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,13 +56,18 @@ from services.tap.publisher import Publisher  # noqa: E402
 PAD = "x" * 300
 
 
-def start_gateway(settings: Settings, tmp: Path, name: str) -> tuple[subprocess.Popen, str]:
+def start_gateway(settings: Settings, tmp: Path, name: str, without: tuple[str, ...] = (),
+                  root: Path = ROOT, **extra: str) -> tuple[subprocess.Popen, str]:
+    """A `goose-ingest gateway` process; ``without`` hides installed modules from it (e.g. uvloop, httptools:
+    the same code on the stack uvicorn falls back to, for a same-run comparison)."""
     port = free_port()
     env = {"PATH": "/usr/bin:/bin", "GOOSE_INGEST_REDIS_URL": settings.redis_url or "",
            "GOOSE_INGEST_NAMESPACE": settings.namespace, "GOOSE_INGEST_SHARDS": str(settings.shards),
-           "GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S": "0", "GOOSE_INGEST_GATEWAY_RATE_BYTES_PER_S": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=(tmp / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
+           "GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S": "0", "GOOSE_INGEST_GATEWAY_RATE_BYTES_PER_S": "0", **extra}
+    hide = "".join(f"sys.modules[{m!r}] = None; " for m in without)
+    code = f"import sys; {hide}from services.cli import main; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", code, "gateway", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=root, env=env, stdout=(tmp / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -63,8 +79,18 @@ def start_gateway(settings: Settings, tmp: Path, name: str) -> tuple[subprocess.
     raise RuntimeError(f"gateway {name} did not start: {(tmp / f'{name}.log').read_text()}")
 
 
+def cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of this process (None) or of a child process."""
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoints: list[str], token: str,
-             taps: int, rate: float, seconds: float) -> dict:
+             taps: int, rate: float, seconds: float, gateway_pids: list[int] = ()) -> dict:
+    cpu_before = cpu_s(), sum(cpu_s(p) for p in gateway_pids)
     tag = f"{mode.replace(' ', '-')}-{int(rate)}"
     pubs = []
     for i in range(taps):
@@ -86,6 +112,7 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
     for p in pubs:
         p.flush(timeout=120)
     elapsed = time.monotonic() - start
+    taps_cpu, gw_cpu = cpu_s() - cpu_before[0], sum(cpu_s(p) for p in gateway_pids) - cpu_before[1]
     for p in pubs:
         p.close(timeout=5)
     delays = []
@@ -103,7 +130,79 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
     assert len(delays) == total, (mode, len(delays), total)
     delays.sort()
     return {"lines_per_s": total / elapsed, "p50": statistics.median(delays), "copies": copies,
+            "taps_cpu": taps_cpu / elapsed, "gw_cpu": gw_cpu / elapsed,
             "p99": delays[min(len(delays) - 1, int(len(delays) * 0.99))]}
+
+
+async def _closed_loop(host: str, port: int, request_for, connections: int, seconds: float) -> tuple[int, list[float]]:
+    """``connections`` kept-alive connections, each sending its next request when the last is answered."""
+    latencies: list[float] = []
+    done = 0
+    stop_at = time.monotonic() + seconds
+
+    async def one(c: int) -> None:
+        nonlocal done
+        reader, writer = await asyncio.open_connection(host, port)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(__import__("socket").IPPROTO_TCP, __import__("socket").TCP_NODELAY, 1)
+        n = 0
+        while time.monotonic() < stop_at:
+            req = request_for(c, n)
+            started = time.perf_counter()
+            writer.write(req)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            await reader.readexactly(length)
+            assert head.startswith(b"HTTP/1.1 200"), head[:200]
+            latencies.append(time.perf_counter() - started)
+            done += 1
+            n += 1
+        writer.close()
+
+    await asyncio.gather(*(one(c) for c in range(connections)))
+    return done, latencies
+
+
+def requests_mode(args: argparse.Namespace) -> None:
+    """Requests/s of one gateway process: how much a request costs, apart from the taps."""
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        server = start_redis(dir=str(tmp / "redis"))
+        try:
+            base = Settings(redis_url=server.url, shards=4, spool_dir=str(tmp / "spool"))
+            client = redis.Redis(port=server.port)
+            token, _ = tokens.create(client, base.layout, "bench/", {})
+            line = orjson.dumps({"type": "message", "pad": PAD}).decode()
+
+            def request_for(c: int, n: int) -> bytes:
+                body = b"".join(orjson.dumps({"run": f"bench/c{c}", "seq": n * args.entries + k, "ts": 1767225600000,
+                                              "kind": "line", "stream": "stdout", "line": line}) + b"\n"
+                                for k in range(args.entries))
+                return (b"POST /v1/raw HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer " + token.encode()
+                        + b"\r\nContent-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+            stacks: dict[str, tuple[tuple[str, ...], Path]] = {
+                "uvloop+h11": (("httptools",), ROOT), "asyncio+h11": (("uvloop", "httptools"), ROOT),
+                "uvloop+httptools": ((), ROOT)}
+            if args.compare:  # another tree's gateway (e.g. `git archive` of an older commit) on asyncio+h11
+                stacks["--compare tree"] = (("uvloop", "httptools"), Path(args.compare))
+            print(f"{args.connections} connections, {args.entries} entries a request, {args.seconds:.0f} s per stack and round")
+            for rnd in range(args.rounds):
+                for name, (without, root) in stacks.items():
+                    proc, url = start_gateway(base, tmp, f"gw-{rnd}", without, root)
+                    host, port = url.removeprefix("http://").split(":")
+                    asyncio.run(_closed_loop(host, int(port), request_for, args.connections, 1.0))  # warm-up
+                    done, lat = asyncio.run(_closed_loop(host, int(port), request_for, args.connections, args.seconds))
+                    proc.terminate()
+                    proc.wait(timeout=10)
+                    lat.sort()
+                    print(f"  {name:>17}: {done / args.seconds:6.0f} requests/s, {done * args.entries / args.seconds:7.0f} "
+                          f"entries/s, p50 {statistics.median(lat) * 1000:5.1f} ms, p99 {lat[int(len(lat) * 0.99)] * 1000:6.1f} ms")
+        finally:
+            server.close()
 
 
 def tokens_secret(token: str):  # a SecretStr for the settings, as the environment would give it
@@ -117,7 +216,17 @@ def main() -> None:
     ap.add_argument("--taps", type=int, default=200)
     ap.add_argument("--rates", default="1000,10000")
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--requests", action="store_true", help="requests/s of one gateway process (see above)")
+    ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--entries", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--without", default="", help="modules hidden from the gateways, e.g. uvloop,httptools")
+    ap.add_argument("--compare", default="", metavar="DIR",
+                    help="also measure the gateway of another source tree (asyncio+h11), e.g. `git archive` of a commit")
     args = ap.parse_args()
+    if args.requests:
+        requests_mode(args)
+        return
     # the taps' "unreachable, spooling" lines (timeouts, 503 at saturation) would bury the table: counted as resent
     logging.getLogger("goose_ingest").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as d:
@@ -129,22 +238,27 @@ def main() -> None:
             client = redis.Redis(port=server.port)
             gws = []
             for name in ("gw1", "gw2"):
-                proc, url = start_gateway(base, tmp, name)
+                proc, url = start_gateway(base, tmp, name, tuple(m for m in args.without.split(",") if m))
                 procs.append(proc)
                 gws.append(url)
             modes = {"direct": [], "1 gateway": gws[:1], "2 gateways": gws}
+            if args.compare:  # the same taps through another tree's gateway, same run
+                proc, url = start_gateway(base, tmp, "gw-compare", ("uvloop", "httptools"), Path(args.compare))
+                procs.append(proc)
+                modes["1 gw --compare"] = [url]
             token, _ = tokens.create(client, base.layout, "bench/", {})
             print(f"{args.taps} taps, {args.seconds:.0f} s per rate and mode, ~445-byte lines")
-            print(f"{'rate':>7} {'mode':>11} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6}")
+            print(f"{'rate':>7} {'mode':>15} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6} {'taps cpu':>8} {'gw cpu':>6}")
             for rate in (float(r) for r in args.rates.split(",")):
                 results = {}
                 for mode, endpoints in modes.items():
-                    results[mode] = run_mode(base, client, tmp, mode, endpoints, token, args.taps, rate, args.seconds)
+                    pids = [procs[gws.index(e)].pid if e in gws else procs[-1].pid for e in endpoints]
+                    results[mode] = run_mode(base, client, tmp, mode, endpoints, token, args.taps, rate, args.seconds, pids)
                 direct = results["direct"]
                 for mode, r in results.items():
                     ratio = r["lines_per_s"] / direct["lines_per_s"]
-                    print(f"{rate:>7.0f} {mode:>11} {r['lines_per_s']:>9.0f} {ratio:>6.2f} {r['p50']:>7.0f} "
-                          f"{r['p99']:>7.0f} {r['p50'] - direct['p50']:>6.0f} {r['p99'] - direct['p99']:>6.0f} {r['copies']:>6}")
+                    print(f"{rate:>7.0f} {mode:>15} {r['lines_per_s']:>9.0f} {ratio:>6.2f} {r['p50']:>7.0f} "
+                          f"{r['p99']:>7.0f} {r['p50'] - direct['p50']:>6.0f} {r['p99'] - direct['p99']:>6.0f} {r['copies']:>6} {r['taps_cpu']:>8.2f} {r['gw_cpu']:>6.2f}")
         finally:
             for p in procs:
                 p.terminate()

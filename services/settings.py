@@ -221,7 +221,7 @@ class Settings(BaseSettings):
         default=32 * 1024 * 1024, ge=0, description="Decoded body bytes per second per token and replica (429 beyond); 0: no limit."
     )
     gateway_token_cache_s: float = Field(default=5.0, ge=0, description="How long a replica trusts a token lookup (a revocation takes effect within this).")
-    gateway_body_timeout_s: float = Field(default=30.0, gt=0, description="A request body not received within this is refused (408).")
+    gateway_body_timeout_s: float = Field(default=30.0, gt=0, description="A request head or body not received within this is refused (408; a late head also closes its connection).")
     gateway_max_connections: int = Field(default=2048, ge=1, description="Concurrent connections per replica (503 beyond).")
     gateway_retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 503 while Redis is unavailable.")
     gateway_tls_cert_file: str | None = Field(default=None, description="Serve HTTPS with this certificate (chain) file; unset: plain HTTP.")

@@ -200,6 +200,59 @@ def test_body_functions_are_total_and_bounded():
         assert not hasattr(check_entry(obj, "team-a/", {}, 1024), "fields"), name
 
 
+def test_group_commit_fails_only_the_request_whose_command_failed_and_all_on_a_lost_connection(tmp_path):
+    """services/gateway/writer.py on a real redis-server: requests queued while a pipeline is in flight
+    go out together; an error reply fails its own request only; a WAIT short of replicas fails the
+    group; a broker that went away fails every request (the gateway's 503), and the writer recovers."""
+    import asyncio
+
+    from redis import asyncio as aioredis
+
+    from services.gateway.writer import GroupWriter, WriteFailed
+    from services.tap.resp import command, xadd
+
+    server = start_redis(dir=str(tmp_path / "redis"))
+    sync = redis.Redis(port=server.port)
+    sync.set("not-a-stream", "x")
+
+    def writer(wait: int = 0) -> GroupWriter:
+        pool = aioredis.ConnectionPool.from_url(server.url, socket_timeout=5)
+        return GroupWriter(pool.make_connection, connections=1, wait_replicas=wait, wait_timeout_ms=50,
+                           on_error=lambda exc: f"failed: {type(exc).__name__}")
+
+    ok = [xadd(b"s", [(b"run", b"r"), (b"seq", b"%d" % i)]) for i in range(3)]
+
+    async def scenario() -> None:
+        w = writer()
+        await w.write(ok[:1])  # the connection is made
+        slow = asyncio.ensure_future(w.write([command(b"BLPOP", b"nothing", b"0.3")]))  # in flight for 0.3 s
+        await asyncio.sleep(0.1)
+        outcomes = await asyncio.gather(
+            w.write(ok[1:2]), w.write([xadd(b"not-a-stream", [(b"a", b"b")])]), w.write(ok[2:]),
+            return_exceptions=True)
+        await slow
+        assert outcomes[0] is None and outcomes[2] is None
+        assert isinstance(outcomes[1], WriteFailed) and "ResponseError" in str(outcomes[1])
+        assert w.groups == 3  # the first write, the slow one, then the three queued meanwhile as one
+        assert sync.xlen(b"s") == 3
+        with pytest.raises(WriteFailed, match="0 of 1 replicas"):
+            await writer(wait=1).write(ok[:1])  # stored, but not known to be replicated: 503, resent
+        server.close()
+        outcomes = await asyncio.gather(w.write(ok[:1]), w.write(ok[1:2]), return_exceptions=True)
+        assert all(isinstance(o, WriteFailed) and "ConnectionError" in str(o) for o in outcomes), outcomes
+        restarted.append(start_redis(port=server.port, dir=str(tmp_path / "redis2")))
+        await w.write(ok[:1])  # the same writer reconnects
+        assert redis.Redis(port=server.port).xlen(b"s") == 1
+
+    restarted: list[EmbeddedRedis] = []
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.close()
+        for r in restarted:
+            r.close()
+
+
 def test_rate_limiter_refuses_over_the_rate_and_says_when_to_retry():
     now = [0.0]
     rl = RateLimiter(100, 1000, clock=lambda: now[0])
@@ -416,6 +469,37 @@ def test_malformed_and_deep_json_get_400_with_the_reason(deployment):
     assert d.gateway.proc.poll() is None  # still serving
 
 
+def test_an_endless_request_head_gets_431_and_costs_bounded_memory(deployment):
+    """httptools (the gateway's parser when installed) has no bound of its own on a head: a URL or header
+    that never ends is cut at 64 KiB (services/gateway/http.py); a large body is not mistaken for one."""
+    d = deployment
+    host, port = d.gateway.url.removeprefix("http://").split(":")
+    rss_before = d.gateway.rss_hwm_kib()
+    for start in (b"POST /v1/raw HTTP/1.1\r\nHost: x\r\nX-Pad: ", b"GET /healthz?" ):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(start)
+            answer = b""
+            try:
+                for _ in range(64 * 1024):  # up to 64 MiB, 1 KiB a send, until the gateway answers or closes
+                    if select.select([sock], [], [], 0)[0]:
+                        break
+                    sock.sendall(b"a" * 1024)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            try:
+                answer = sock.recv(4096)
+            except ConnectionResetError:
+                pass
+        assert answer.startswith((b"HTTP/1.1 431", b"HTTP/1.1 400")), answer[:100]
+    assert d.gateway.rss_hwm_kib() - rss_before < 20 * 1024
+    # a body far larger than the head bound, in the same reads as its head, is a normal request
+    run = f"team-a/big/{uuid4().hex[:8]}"
+    big = ndjson([{"run": run, "seq": i, "line": "y" * 1000} for i in range(200)])
+    status, reply, _ = d.gateway.post(big, d.token_a)
+    assert status == 200 and reply["stored"] == 200, reply
+    assert d.gateway.get("/healthz")[0] == 200
+
+
 def test_metrics_health_readiness_and_the_openapi_reply_model(deployment):
     d = deployment
     status, reply, _ = d.gateway.post(ndjson([{"run": "team-a/m/1", "seq": 0, "line": "x"}, {"run": "team-a/m/1"}]),
@@ -451,6 +535,16 @@ def test_redis_down_gives_503_with_retry_after_and_a_token_over_its_rate_gets_42
             answer = sock.recv(4096)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
         assert time.monotonic() - started < 5
+        # ... and a head that never completes, or never starts: 408 and closed after the same timeout
+        # (else each would hold a slot of GATEWAY_MAX_CONNECTIONS for ever)
+        for opening in (b"POST /v1/raw HTTP/1.1\r\nHost: x\r\nAuthor", b""):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(opening)
+                started = time.monotonic()
+                answer = sock.recv(4096)
+                assert sock.recv(4096) == b""  # closed
+            assert answer.startswith(b"HTTP/1.1 408"), (opening, answer[:100])
+            assert 0.5 < time.monotonic() - started < 5
         batch = ndjson([{"run": "team-a/r", "seq": i, "line": "x"} for i in range(150)])
         assert gw.post(batch, token)[0] == 200
         status, reply, headers = gw.post(batch, token)
@@ -646,6 +740,237 @@ def test_the_tap_verifies_a_tls_gateway_with_its_ca_file(deployment, tmp_path):
         assert runs.count(trusted.encode()) == 3 and untrusted.encode() not in runs
     finally:
         stop(proc)
+
+
+def _raise_fd_limit(wanted: int) -> int:
+    """Raise this process's soft open-files limit towards ``wanted`` (a child inherits it): the limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_ten_thousand_idle_connections_cost_bounded_memory_and_one_more_than_the_limit_gets_503(deployment, tmp_path):
+    """10,000 idle connections (fewer, but at least 2,000, where the fd limit does not allow it): /healthz
+    answers and a real batch is stored meanwhile, at a few KiB of RSS per connection; beyond
+    GATEWAY_MAX_CONNECTIONS a request gets a clear 503 and is written nowhere."""
+    d = deployment
+    limit = _raise_fd_limit(10_000 + 500)  # this process holds the client ends; the gateway inherits the limit
+    n = min(10_000, limit - 500)
+    if n < 2_000:
+        pytest.skip(f"the open-files limit ({limit}) cannot be raised to 2,500 here")
+    creds = {"GOOSE_INGEST_REDIS_USERNAME": user_name("gateway", d.settings.namespace),
+             "GOOSE_INGEST_REDIS_PASSWORD": d.passwords["gateway"]}
+    gw = start_gateway(d.settings, tmp_path / "gw.log", GOOSE_INGEST_GATEWAY_MAX_CONNECTIONS=str(n + 20), **creds)
+    host, port = gw.url.removeprefix("http://").split(":")
+    socks: list[socket.socket] = []
+    try:
+        rss_before = _rss_kib(gw.proc.pid)
+        for _ in range(n):
+            socks.append(socket.create_connection((host, int(port)), timeout=10))
+        wait_until(lambda: _rss_kib(gw.proc.pid) - rss_before > n, timeout=30)  # accepted (>= 1 KiB each)
+        started = time.monotonic()
+        assert gw.get("/healthz")[0] == 200
+        assert time.monotonic() - started < 5
+        run = f"team-a/conns/{uuid4().hex[:8]}"
+        status, reply, _ = gw.post(ndjson([{"run": run, "seq": i, "line": f"l{i}"} for i in range(50)]), d.token_a)
+        assert status == 200 and reply["stored"] == 50, reply
+        grown = _rss_kib(gw.proc.pid) - rss_before
+        assert grown < 20 * n, f"{grown} KiB for {n} idle connections"
+        for _ in range(30):  # past GATEWAY_MAX_CONNECTIONS
+            socks.append(socket.create_connection((host, int(port)), timeout=10))
+        time.sleep(0.5)
+        late = f"team-a/conns/{uuid4().hex[:8]}"
+        status, _, _ = _post_no_json(gw, ndjson([{"run": late, "seq": 0, "line": "x"}]), d.token_a)
+        assert status == 503
+        assert not [f for _, f in d.raw() if f.get(b"run") == late.encode()]
+        assert gw.proc.poll() is None
+    finally:
+        for s in socks:
+            s.close()
+        stop(gw.proc)
+
+
+def _post_no_json(gw: Gateway, body: bytes, token: str) -> tuple[int, bytes, dict[str, str]]:
+    """POST whose reply may not be JSON (uvicorn's own 503 is text): (status, body, headers)."""
+    req = urllib.request.Request(gw.url + "/v1/raw", data=body, method="POST",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/x-ndjson"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def test_the_host_checkpoint_file_replays_appends_and_survives_a_torn_last_line(tmp_path):
+    from services.backfill.importer import Checkpoint, CheckpointFileError, FileCheckpoints
+    from services.backfill.sessions_db import SessionInfo
+
+    path = tmp_path / "state" / "ns.jsonl"
+    session = SessionInfo("s1", None, None, None, None, None)
+    store = FileCheckpoints(path)
+    assert store.load("ns/s1") == Checkpoint()
+    store.save("ns/s1", Checkpoint("ns/s1", 1, 3, False, 1000, {}, {"a", "b", "c"}), ["a", "b", "c"], session)
+    store.save("ns/s1", Checkpoint("ns/s1", 1, 5, True, 2000, {"total_tokens": 7}, {"a", "b", "c", "d"}), ["d"], session)
+    store.close()
+    with path.open("ab") as f:
+        f.write(b'{"base":"ns/s1","run":"ns/s1","part":1,"next_')  # a crash in the middle of an append
+    store = FileCheckpoints(path)
+    cp = store.load("ns/s1")
+    assert (cp.run, cp.next_seq, cp.ended, cp.reported, cp.ids) == ("ns/s1", 5, True, {"total_tokens": 7}, set("abcd"))
+    assert path.read_bytes().endswith(b"\n")  # the torn line was cut off: the next append starts a line
+    with pytest.raises(CheckpointFileError, match="in use"):
+        FileCheckpoints(path)
+    store.close()
+    path.write_bytes(b"not json\n" + path.read_bytes())
+    with pytest.raises(CheckpointFileError, match="line 1 is damaged"):
+        FileCheckpoints(path)
+
+
+def test_import_sessions_through_the_gateway_keeps_its_checkpoints_in_a_host_file(deployment, fixture_db, tmp_path):
+    """gateway process + worker process + import-sessions process without any broker credential: the
+    session's events are exactly those of a direct import; the checkpoints live in the host's state
+    file, so a second import publishes nothing; the importer needs no Redis user at all."""
+    from tests.test_import_sessions import LATER, NS, SID, db_expected, strip
+
+    d = deployment
+    admin = redis.Redis(port=d.server.port, username=user_name("admin", d.settings.namespace),
+                        password=d.passwords["admin"], socket_timeout=10)
+    token, _ = tokens.create(admin, d.settings.layout, f"{NS}/", {})
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    spool = tmp_path / "host-spool"
+    env = _tap_env(d, d.gateway.url, token_file, GOOSE_INGEST_SPOOL_DIR=str(spool))
+    for k in PROXY_VARS:
+        env.pop(k, None)
+    run = f"{NS}/{SID}"
+    # another deployment's run of the same key may be in the shared Redis from an earlier test: none here
+    assert not [f for _, f in d.raw() if f.get(b"run") == run.encode()]
+
+    def import_sessions() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "services.cli", "import-sessions", str(fixture_db), "--namespace",
+                               NS, "--no-progress", "--now", LATER], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    first = import_sessions()
+    assert first.returncode == 0 and "published 19 message(s)" in first.stderr, first.stderr
+    state = spool / "import-sessions" / f"{NS}.jsonl"
+    records = [orjson.loads(line) for line in state.read_bytes().splitlines()]
+    assert [(r["base"], r["run"], r["ended"], len(r["ids"])) for r in records] == [(run, run, True, 19)]
+    again = import_sessions()
+    assert again.returncode == 0 and "published 0 message(s)" in again.stderr, again.stderr
+    assert len([f for _, f in d.raw() if f.get(b"run") == run.encode()]) == 21  # 19 messages, complete, eof
+    worker = start_worker(d.settings, tmp_path / "worker.log", **d.creds("worker"))
+    try:
+        def ended() -> bool:
+            r = d.root()
+            return any(f[b"runId"] == run.encode() and f[b"state"] == b"ended"
+                       for s in d.settings.layout.runs_partitions() for _, f in r.xrange(s))
+
+        wait_until(ended, timeout=60)
+    finally:
+        stop(worker)
+    r = d.root()
+    got = [e for e in (orjson.loads(f[b"data"]) for s in d.settings.layout.events_partitions() for _, f in r.xrange(s))
+           if e["runId"] == run]
+    assert strip(got) == strip(db_expected(fixture_db, SID, run)) and got
+    # a second import at once on the same state file is refused with one line (exit 2), nothing sent
+    from services.backfill.importer import FileCheckpoints
+
+    held = FileCheckpoints(state)
+    try:
+        busy = import_sessions()
+        assert busy.returncode == 2 and "in use by another import-sessions" in busy.stderr, busy.stderr
+    finally:
+        held.close()
+
+
+def test_import_sessions_through_the_gateway_with_a_wrong_token_or_no_gateway_is_one_line_exit_2(
+        deployment, fixture_db, tmp_path):
+    from tests.test_import_sessions import LATER, NS
+
+    d = deployment
+    token_file = tmp_path / "token"
+    fake = "gik_0123456789ab_" + "S" * 43
+    token_file.write_text(fake)
+    before = d.raw_count()
+    for endpoint, says in ((d.gateway.url, "gateway answered 401"), (f"http://127.0.0.1:{free_port()}", "unreachable")):
+        env = _tap_env(d, endpoint, token_file, GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
+        for k in PROXY_VARS:
+            env.pop(k, None)
+        out = subprocess.run([sys.executable, "-m", "services.cli", "import-sessions", str(fixture_db), "--namespace",
+                              NS, "--no-progress", "--now", LATER], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and says in out.stderr, out.stderr
+        assert "SSSS" not in out.stderr
+    assert d.raw_count() == before
+    assert not (tmp_path / "spool" / "import-sessions").exists()  # nothing recorded, nothing spooled
+
+
+PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
+
+
+def test_the_tap_goes_through_the_proxy_of_the_standard_variables_and_honours_no_proxy(deployment, tmp_path):
+    """A real proxy on loopback (tests/support/http_proxy.py): http:// through it with absolute-form requests
+    (and the proxy URL's credentials as Proxy-Authorization), https:// through a CONNECT tunnel with TLS
+    end to end, and NO_PROXY naming the gateway's host goes around it."""
+    from tests.support.http_proxy import HttpProxy
+    from tests.support.tls import make_tls_files
+
+    d = deployment
+    token_file = tmp_path / "token"
+    token_file.write_text(d.token_a)
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    files = make_tls_files(tmp_path / "tls")
+    port = free_port()
+    creds = {"GOOSE_INGEST_REDIS_USERNAME": user_name("gateway", d.settings.namespace),
+             "GOOSE_INGEST_REDIS_PASSWORD": d.passwords["gateway"]}
+    log = tmp_path / "gw-tls.log"
+    tls_gw = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)],
+                              cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                              env=cli_env(d.settings, GOOSE_INGEST_GATEWAY_TLS_CERT_FILE=str(files.server_cert),
+                                          GOOSE_INGEST_GATEWAY_TLS_KEY_FILE=str(files.server_key), **creds))
+
+    def publish(endpoint: str, **proxy_env: str) -> str:
+        run = f"team-a/proxy/{uuid4().hex[:8]}"
+        env = _tap_env(d, endpoint, token_file, GOOSE_INGEST_ENDPOINT_CA_FILE=str(files.ca))
+        for k in PROXY_VARS:
+            env.pop(k, None)
+        env.update(proxy_env)
+        out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--drain-timeout", "20", "--run", run,
+                              str(src)], cwd=REPO, env=env, capture_output=True, timeout=60)
+        assert out.returncode == 0, out.stderr.decode()
+        assert b"proxy-pw" not in out.stderr
+        assert [f.get(b"line") for _, f in d.raw() if f.get(b"run") == run.encode()] == [b"one", b"two", None]  # + eof
+        return run
+
+    try:
+        wait_until(lambda: "listening on https://" in log.read_text(), timeout=30)
+        gw_host = d.gateway.url.removeprefix("http://")
+        with HttpProxy() as proxy:
+            publish(d.gateway.url, http_proxy=proxy.url.replace("http://", "http://tap:proxy-pw@"))
+            assert proxy.passed and all(p.method == "POST" and p.target == f"http://{gw_host}/v1/raw" and p.authorized
+                                        for p in proxy.passed), proxy.passed
+            proxy.passed.clear()
+            publish(f"https://localhost:{port}", HTTPS_PROXY=proxy.url)
+            assert [(p.method, p.target) for p in proxy.passed] == [("CONNECT", f"localhost:{port}")]
+            proxy.passed.clear()
+            publish(d.gateway.url, HTTP_PROXY=proxy.url, NO_PROXY="localhost,127.0.0.1")
+            publish(f"https://localhost:{port}", https_proxy=proxy.url, no_proxy="localhost")
+            assert proxy.passed == []
+    finally:
+        stop(tls_gw)
 
 
 @pytest.mark.parametrize("env, says", [

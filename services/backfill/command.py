@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import redis
 
 from services.backfill.importer import (
     DEFAULT_FINAL_AFTER_S,
+    FileCheckpoints,
     Importer,
     ImportError_,
     parse_since,
@@ -36,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="publish the sessions of a goose sessions.db as runs (incremental, idempotent)",
         description="Read goose's sessions.db (read-only) and publish every session as the run NS/<session id> "
         "through the normal pipeline. Re-running publishes only messages never published before; the "
-        "checkpoint lives in the broker. See docs/backfill.md.",
+        "checkpoint lives in the broker (through a gateway: in --state-file). See docs/backfill.md.",
     )
     p.add_argument("path", help="the sessions.db file")
     p.add_argument("--namespace", required=True, metavar="NS",
@@ -49,6 +51,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="a session idle this long gets its complete + eof (the run ends); a more recent one "
                    f"stays open for later messages (default {DEFAULT_FINAL_AFTER_S:.0f}; keep it below "
                    "GOOSE_INGEST_RUN_IDLE_TIMEOUT_S)")
+    p.add_argument("--state-file", metavar="PATH",
+                   help="through a gateway (GOOSE_INGEST_ENDPOINT, no broker): the file that keeps the checkpoints "
+                   "(default <GOOSE_INGEST_SPOOL_DIR>/import-sessions/<NS>.jsonl); unused in direct mode")
     p.add_argument("--now", metavar="TIME", help=argparse.SUPPRESS)  # reproducible idle rule (tests)
     p.set_defaults(func=run)
 
@@ -68,6 +73,25 @@ def _progress(total: int, enabled: bool) -> tqdm | None:
     return tqdm(total=total, unit="msg", unit_scale=True, file=sys.stderr, desc="import-sessions", leave=False)
 
 
+def _probe_gateway(settings: Settings) -> str:
+    """An empty batch to the gateway: '' when it takes the token, else why not (one line, exit 2).
+
+    Like the broker's PING and role check in direct mode: a wrong or revoked token, or a gateway out
+    of reach, is said at once instead of every session's entries waiting in the spool for a retry
+    that cannot succeed. (A token whose prefix does not cover NS/ shows only on the first batch:
+    403, logged, kept spooled.)"""
+    from services.tap.http_transport import GatewayError, HttpTransport
+
+    transport = HttpTransport(settings)  # a malformed endpoint or token: ConfigError, one line (services/cli.py)
+    try:
+        transport.send([])
+    except GatewayError as exc:
+        return f"{redact_url(transport.url)}: {exc}"
+    finally:
+        transport.close()
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         ns = validate_namespace(args.namespace)
@@ -83,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     except SessionsDbError as exc:
         return _fail(str(exc))
     client = None
+    checkpoints: FileCheckpoints | None = None
     try:
         if settings.redis_url:
             client = sync_client_with_timeouts(settings, socket_timeout=30.0, connect_timeout=5.0)
@@ -95,8 +120,21 @@ def run(args: argparse.Namespace) -> int:
                 raise  # credentials or role: services/cli.py reports it as one line, exit 2
             except (redis.RedisError, OSError) as exc:
                 return _fail(f"broker unreachable at {redact_url(settings.redis_url)}: {exc}")
+        elif settings.endpoint:
+            # through an ingest gateway: the host has no broker, so the checkpoints are a file it owns
+            state = (Path(args.state_file).expanduser() if args.state_file else
+                     Path(settings.spool_dir).expanduser() / "import-sessions" / f"{ns}.jsonl")
+            if not args.dry_run:
+                refused = _probe_gateway(settings)
+                if refused:
+                    return _fail(refused)
+            try:
+                checkpoints = FileCheckpoints(state)
+            except ImportError_ as exc:
+                return _fail(str(exc))
         elif not args.dry_run:
-            return _fail("no broker configured: set GOOSE_INGEST_REDIS_URL (or use --dry-run)")
+            return _fail("no broker configured: set GOOSE_INGEST_REDIS_URL, or GOOSE_INGEST_ENDPOINT and a token "
+                         "(or use --dry-run)")
         if args.final_after >= settings.run_idle_timeout_s:
             print(f"{PROG}: warning: --final-after {args.final_after:g}s >= the worker's run idle timeout "
                   f"{settings.run_idle_timeout_s:g}s: open runs will be abandoned and continued as new parts",
@@ -112,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
         if args.session and not sessions:
             return _fail(f"no session {args.session!r} in {args.path}")
         importer = Importer(settings, conn, ns, client, final_after_s=args.final_after, now_s=now_s,
-                            dry_run=args.dry_run)
-        if args.dry_run and client is None:
+                            dry_run=args.dry_run, checkpoints=checkpoints)
+        if args.dry_run and client is None and checkpoints is None:
             print("no broker configured: nothing is known to be published yet, every message counts as new")
         bar = _progress(sum(counts.get(s.id, 0) for s in sessions), not args.no_progress)
         totals = {"sessions": 0, "published": 0, "ended": 0, "skipped": 0, "odd": 0}
@@ -162,3 +200,5 @@ def run(args: argparse.Namespace) -> int:
         conn.close()
         if client is not None:
             client.close()
+        if checkpoints is not None:
+            checkpoints.close()

@@ -9,7 +9,9 @@ Per session ``S`` of namespace ``NS``:
   ``final_after_s``), a ``complete`` line and an ``eof`` without exit code;
 - the checkpoint lives in the broker: hash ``<ns>:goose-ingest:import:NS/S`` (``run``, ``part``,
   ``next_seq``, ``ended``, ``last_ms``, ``reported``) and set ``...:ids`` (message keys published);
-  it is written only after the Publisher confirmed delivery of what it covers.
+  it is written only after the Publisher confirmed delivery of what it covers. Through an ingest
+  gateway (``GOOSE_INGEST_ENDPOINT``, no broker credential on the host) the same records go to a
+  file the agent host owns instead (``FileCheckpoints``, below; docs/backfill.md).
 
 A session is read and parsed whole (``prepare``) before anything of it is published: a value that
 does not parse is either replaced (and published as native evidence, a ``goose-ingest.native``
@@ -19,6 +21,7 @@ the column; either way the other sessions go on (docs/backfill.md, "Odd values")
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -28,7 +31,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import redis
 
@@ -203,6 +207,95 @@ def save_checkpoint(client: redis.Redis, settings: Settings, base: str, cp: Chec
     pipe.execute()
 
 
+def _copy(cp: Checkpoint) -> Checkpoint:
+    return Checkpoint(cp.run, cp.part, cp.next_seq, cp.ended, cp.last_ms, dict(cp.reported), set(cp.ids))
+
+
+class CheckpointStore(Protocol):
+    def load(self, base: str) -> Checkpoint: ...
+
+    def save(self, base: str, cp: Checkpoint, new_ids: list[str], session: SessionInfo) -> None: ...
+
+
+@dataclass
+class RedisCheckpoints:
+    """Checkpoints in the broker (direct mode): what the importer role may read and write."""
+
+    client: redis.Redis
+    settings: Settings
+
+    def load(self, base: str) -> Checkpoint:
+        return load_checkpoint(self.client, self.settings, base)
+
+    def save(self, base: str, cp: Checkpoint, new_ids: list[str], session: SessionInfo) -> None:
+        save_checkpoint(self.client, self.settings, base, cp, new_ids, session)
+
+
+class CheckpointFileError(ImportError_):
+    """The state file cannot be used (locked by another import, unreadable, damaged)."""
+
+
+class FileCheckpoints:
+    """Checkpoints in a file the agent host owns: an import through a gateway has no broker to keep them.
+
+    An append-only log of JSON lines, one per saved checkpoint (its fields and the message keys it
+    newly covers), fsync'ed before ``save`` returns; opening replays it (the latest fields win, the
+    keys add up). Appending costs what one session adds, never a rewrite of the whole state; a crash
+    mid-append leaves a torn last line, which replay ignores: that checkpoint was not recorded, and
+    the run's spool delivers what it covered (as when the broker's checkpoint write is lost).
+
+    The worker's active-run index is out of reach too: an open run counts as "not known closed"
+    (``worker_state`` None), so it is continued only within the idle horizon of this host's
+    GOOSE_INGEST_RUN_IDLE_TIMEOUT_S (set it to the cluster's). One import at a time per file (flock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise CheckpointFileError(f"cannot open the import state file {path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise CheckpointFileError(f"{path} is in use by another import-sessions") from None
+        self._state: dict[str, Checkpoint] = {}
+        with open(self._fd, "rb", closefd=False) as f:
+            data = f.read()
+        complete = data.rfind(b"\n") + 1
+        if complete < len(data):  # a torn last line (no newline): that save never completed; cut it off
+            os.ftruncate(self._fd, complete)
+        for number, line in enumerate(data[:complete].split(b"\n")[:-1], 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                cp = self._state.setdefault(rec["base"], Checkpoint())
+                cp.run, cp.part, cp.next_seq = rec["run"] or None, int(rec["part"]), int(rec["next_seq"])
+                cp.ended, cp.last_ms, cp.reported = bool(rec["ended"]), int(rec["last_ms"]), dict(rec["reported"])
+                cp.ids.update(rec["ids"])
+            except (ValueError, KeyError, TypeError):
+                os.close(self._fd)
+                raise CheckpointFileError(f"{path}: line {number} is damaged (not a checkpoint record)") from None
+
+    def load(self, base: str) -> Checkpoint:
+        cp = self._state.get(base)
+        return Checkpoint() if cp is None else _copy(cp)
+
+    def save(self, base: str, cp: Checkpoint, new_ids: list[str], session: SessionInfo) -> None:
+        rec = {"base": base, "run": cp.run or "", "part": cp.part, "next_seq": cp.next_seq, "ended": cp.ended,
+               "last_ms": cp.last_ms, "reported": cp.reported, "session": session.id,
+               "parent": session.parent_session_id or "", "ids": new_ids}
+        data = json.dumps(rec, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
+        os.write(self._fd, data)
+        os.fsync(self._fd)
+        self._state[base] = _copy(cp)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 # --- plan ---------------------------------------------------------------------------------------
 
 
@@ -241,6 +334,8 @@ class Importer:
     final_after_s: float = DEFAULT_FINAL_AFTER_S
     now_s: float | None = None  # "now" for the idle rule (default: the broker's clock)
     dry_run: bool = False
+    # where checkpoints live: the broker's (default, from ``client``) or a FileCheckpoints (gateway mode)
+    checkpoints: CheckpointStore | None = None
     _crash_after: int | None = None
     _flushed_sessions: int = 0
     _now_s: float = field(init=False, default=0.0)  # now_s, or the broker's clock when it was None
@@ -250,6 +345,8 @@ class Importer:
         env = os.environ.get(CRASH_ENV)
         self._crash_after = int(env) if env else None
         self._now_s = self.now_s if self.now_s is not None else _now_ms_of(self.client) / 1000
+        if self.checkpoints is None and self.client is not None:
+            self.checkpoints = RedisCheckpoints(self.client, self.settings)
 
     # ---------------------------------------------------------------- helpers
     def base(self, session_id: str) -> str:
@@ -341,7 +438,8 @@ class Importer:
         sid = session.id
         base = self.base(sid)
         messages, keys, final = prep.messages, prep.keys, prep.final
-        cp = load_checkpoint(self.client, self.settings, base) if self.client is not None else Checkpoint()
+        store = self.checkpoints
+        cp = store.load(base) if store is not None else Checkpoint()
 
         force = ""  # set when the open run turned out not to be continuable
         recovered, recovered_eof = 0, False  # delivered from the spool of an interrupted import
@@ -364,7 +462,7 @@ class Importer:
                 continuation, note = True, f"continues ended {cp.run}"
             else:
                 ok, why = (False, force) if force else (
-                    self._open_run_usable(cp.run, cp) if self.client is not None else (True, ""))
+                    self._open_run_usable(cp.run, cp) if store is not None else (True, ""))
                 if ok:
                     run, part, seq0, continues = cp.run, cp.part, cp.next_seq, None
                 else:
@@ -376,8 +474,8 @@ class Importer:
                     note = "; ".join(x for x in (note, "session active: run stays open") if x)
                 return SessionResult(sid, run, len(new), final, note=note, continuation=continuation,
                                      odd=_odd_of(prep, new))
-            client = self.client
-            if client is None:
+            client = self.client  # None through a gateway: the Publisher sends to GOOSE_INGEST_ENDPOINT
+            if store is None:
                 raise ImportError_("no broker configured: set GOOSE_INGEST_REDIS_URL (or use --dry-run)")
             if ends_open_run is not None:
                 self._drop_spool(ends_open_run)  # that run is over; its unconfirmed entries go to the new part
@@ -398,7 +496,7 @@ class Importer:
                                     ids=cp.ids | set(covered))
                     if pub.lines_from(COMPLETE_TAG):
                         cp.reported = prep.usage.record
-                    save_checkpoint(client, self.settings, base, cp, covered, session)
+                    store.save(base, cp, covered, session)
                     pub.close()
                     recovered, recovered_eof = len(covered), True
                     continue
@@ -411,7 +509,7 @@ class Importer:
                 cp = Checkpoint(run=run, part=part, next_seq=pub.next_seq, ended=final,
                                 last_ms=_now_ms_of(client),
                                 reported=published if final else cp.reported, ids=cp.ids | set(new_keys))
-                save_checkpoint(client, self.settings, base, cp, new_keys, session)
+                store.save(base, cp, new_keys, session)
             finally:
                 pub.close()
             return SessionResult(sid, run, len(new) + recovered, final or recovered_eof, note=note,

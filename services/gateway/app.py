@@ -6,8 +6,10 @@ the token cache (``GATEWAY_TOKEN_CACHE_S``) and the rate buckets, which are per 
 A request is, in order: authenticated (401), bounded (413 on Content-Length, then while reading,
 then while decompressing), parsed (400), rate-limited (429), checked entry by entry (per-entry
 refusals; any entry outside the token's prefix refuses the whole request, 403, nothing written),
-then written -- always ``XADD <shard> * <fields>``, through the shared ``xadd_batch`` (one pipeline
-per shard, WAIT when ``REDIS_WAIT_REPLICAS`` is set) -- and answered 200 only after that. Any Redis
+then written -- always ``XADD <shard> * <fields>``: on a single node through the group-commit writer
+(writer.py: concurrent requests share one pipeline and one WAIT), on a cluster through the shared
+``xadd_batch`` (one pipeline per shard, WAIT when ``REDIS_WAIT_REPLICAS`` is set) -- and answered 200
+only after that. Any Redis
 failure answers 503 with Retry-After: the client resends the batch, and the workers drop entries
 already stored by (run, seq), exactly as for a tap that retries after a broker outage.
 """
@@ -22,11 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from contracts.gateway import INGEST_PATH
@@ -34,11 +37,15 @@ from services.broker.errors import describe, reply_code
 from services.gateway.body import OUTSIDE_PREFIX, Accepted, BodyError, Refused, check_entry, decompress, parse
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.tokens import TokenRecord, TokenStore
+from services.gateway.writer import GroupWriter, WriteFailed
 from services.settings import Settings
+from services.tap.resp import xadd
 
 log = logging.getLogger("goose_ingest.gateway")
 
-REDIS_CONNECTIONS = 64  # per replica: one pipeline per request in flight
+# Pipelines in flight per replica (group commit: each carries every request queued when it starts, so
+# a few suffice; more than one lets a group go out while another waits for its WAIT).
+REDIS_CONNECTIONS = 4
 # Redis replies that mean a misconfigured gateway, not a passing state of the broker.
 CONFIG_CODES = frozenset({"NOPERM", "NOAUTH", "WRONGPASS"})
 
@@ -101,7 +108,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self._ready_at = 0.0
         self._ready: tuple[bool, str] = (False, "not checked yet")
-        self._aclient: Any = None  # redis.asyncio client of write_async (made on the server's loop)
+        self._writer: GroupWriter | None = None  # write_async's (made on the server's loop, at the first write)
 
     # ------------------------------------------------------------------ Redis (in worker threads)
     def _redis(self, fn: Callable[[], Any]) -> Any:
@@ -122,38 +129,36 @@ class Gateway:
         return Unavailable(describe(exc))
 
     async def write_async(self, accepted: list[Accepted]) -> None:
-        """``write`` on a single node without a thread: one asyncio pipeline of ``XADD <shard> *`` (plus
-        WAIT on the same connection when configured). A cluster goes through ``write`` in a thread."""
+        """``write`` on a single node without a thread: the request's ``XADD <shard> *`` commands go into the
+        group-commit writer (services/gateway/writer.py: one pipeline and one WAIT for every request
+        queued meanwhile). A cluster goes through ``write`` in a thread (slot routing is redis-py's)."""
         if self.settings.redis_cluster:
             await run_in_threadpool(self.write, accepted)
             return
-        import redis
-
-        if self._aclient is None:
-            from redis import asyncio as aioredis
-
-            from services.broker.connect import _credentials, _kwargs, target
-
-            t = target(self.settings)
-            # Blocking: more concurrent requests than connections wait for one (up to its timeout)
-            # instead of failing with MaxConnectionsError (measured under 200 taps).
-            pool = aioredis.BlockingConnectionPool.from_url(t.url_without_credentials, **{
-                **_kwargs(self.settings), **_credentials(t), "socket_timeout": 5.0, "socket_connect_timeout": 2.0,
-                "max_connections": REDIS_CONNECTIONS, "timeout": 5.0})
-            self._aclient = aioredis.Redis(connection_pool=pool)
-        wait = self.settings.redis_wait_replicas
-        pipe = self._aclient.pipeline(transaction=False)
-        for a in accepted:
-            pipe.xadd(self.layout.raw_stream(self.layout.shard_of(a.run)), a.fields)
-        if wait:
-            pipe.execute_command("WAIT", wait, self.settings.redis_wait_timeout_ms)
+        if self._writer is None:
+            self._writer = self._group_writer()
+        layout = self.layout
+        commands = [xadd(layout.raw_stream(layout.shard_of(a.run)).encode(), a.fields.items()) for a in accepted]
         try:
-            replies = await pipe.execute()
-        except redis.RedisError as exc:
-            raise self._unavailable_error(exc) from None
-        if wait and int(replies[-1]) < wait:
-            raise Unavailable(f"{replies[-1]} of {wait} replicas acknowledged within "
-                              f"{self.settings.redis_wait_timeout_ms} ms")
+            await self._writer.write(commands)
+        except WriteFailed as exc:
+            raise Unavailable(str(exc)) from None
+
+    def _group_writer(self) -> GroupWriter:
+        from redis import asyncio as aioredis
+
+        from services.broker.connect import pool_url, single_node_kwargs, target
+
+        t = target(self.settings)
+        # The socket timeout bounds a hung broker (then 503); it must outlast a WAIT's own timeout.
+        timeout = max(5.0, self.settings.redis_wait_timeout_ms / 1000 + 2.0)
+        pool = aioredis.ConnectionPool.from_url(pool_url(t), **{
+            **single_node_kwargs(self.settings, t, asyncio=True), "socket_timeout": timeout, "socket_connect_timeout": 2.0})
+        # the pool only makes the connections (with the settings' credentials and TLS); the writer keeps them
+        return GroupWriter(pool.make_connection, connections=REDIS_CONNECTIONS,
+                           wait_replicas=self.settings.redis_wait_replicas,
+                           wait_timeout_ms=self.settings.redis_wait_timeout_ms,
+                           on_error=lambda exc: str(self._unavailable_error(exc)))
 
     def write(self, accepted: list[Accepted]) -> None:
         """XADD every accepted entry to its shard (``*`` ids, no option), one pipeline per shard."""
@@ -183,7 +188,8 @@ class Gateway:
     # ------------------------------------------------------------------ HTTP
     def _reply(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
         self.metrics.requests.labels(str(status)).inc()
-        return JSONResponse(body, status_code=status, headers=headers)
+        # orjson, not Starlette's JSONResponse (stdlib json): a reply holds one result per entry
+        return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
     def _unavailable(self, reason: str) -> Response:
         return self._reply(503, {"error": "unavailable", "reason": reason},
