@@ -29,6 +29,7 @@ strategy so two never overlap; docs/archive.md says why a lease was not worth it
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -54,6 +55,9 @@ BACKOFF_MAX_S = 30.0
 IDLE_SLEEP_S = 0.2  # nothing read in a whole round: the next round after this (segments are minutes long anyway)
 ACK_CHUNK = 10_000  # ids per XACK inside the one MULTI of a segment
 _BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+# Tests only (GOOSE_INGEST_TEST_* is never a setting): hold this long between writing a segment and
+# acknowledging it, so a test can SIGKILL the process exactly there (tests/test_archive.py).
+_HOLD_BEFORE_ACK = "GOOSE_INGEST_TEST_ARCHIVE_HOLD_BEFORE_ACK_S"
 
 
 @dataclass
@@ -127,6 +131,7 @@ class Archiver:
         self._behind_why: str | None = None
         self._last_gauge = 0.0
         self._last_store_log = ""
+        self._hold_before_ack = float(os.environ.get(_HOLD_BEFORE_ACK) or 0)
 
     # ------------------------------------------------------------------ state
     def is_ready(self) -> bool | NotReady:
@@ -281,6 +286,10 @@ class Archiver:
             log.info("archive store writing again")
         self._store_why = None
         self._last_store_log = ""
+        if self._hold_before_ack:
+            log.info("segment of %s written (%d objects); holding %.1fs before acknowledging", src.stream,
+                     len(objects), self._hold_before_ack)
+            time.sleep(self._hold_before_ack)
         self._ack(src.stream, [entry_id for entry_id, _ in entries])
         if rejected:
             self.metrics.lake_rejected.inc(rejected)
