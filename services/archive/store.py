@@ -164,6 +164,14 @@ class ArchiveStore:
         except Exception as exc:
             raise _classify(exc, "deleting", self._where(key)) from None
 
+    def probe(self) -> None:
+        """One cheap request (a LIST of at most one key): StoreError when the store does not answer."""
+        try:
+            for _ in obstore.list(self._store, None, chunk_size=1):
+                break
+        except Exception as exc:
+            raise _classify(exc, "listing", self.describe()) from None
+
     def check(self) -> None:
         """Start-up check: the store answers as an object store and lets us list. ConfigError (one
         line) for what a restart cannot fix: a bucket that does not exist, credentials refused, an
