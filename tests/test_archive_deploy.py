@@ -13,7 +13,7 @@ from tests.test_helm_chart import env_of, helm, kubeconfig, render, validate_cor
 
 REPO = Path(__file__).resolve().parent.parent
 ON = {"archive": {"enabled": True, "redisSecret": "archive-redis", "existingSecret": "archive-s3"},
-      "settings": {"archive_url": "s3://fleet-archive/goose", "archive_s3_region": "eu-west-1"}}
+      "settings": {"archive_url": "s3://fleet-archive/goose", "archive_region": "eu-west-1"}}
 
 
 def _archive(objs: list[dict]) -> list[dict]:
