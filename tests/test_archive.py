@@ -320,3 +320,38 @@ def test_slow_store_still_archives_everything_once(acl_broker: AclBroker, s3: S3
     assert_exactly_once(Objects(s3=s3), r, b, events=60, records=12)
     # the latency histogram saw the slow writes: none of the raw segments took under 0.25 s
     assert 'goose_ingest_archive_segment_write_seconds_bucket{dataset="raw",le="0.25"} 0.0' in metrics
+
+
+def test_up_archives_to_a_local_folder_beside_the_spool(settings, tmp_path: Path):
+    """`goose-ingest up` runs the archive beside its worker (docs/archive.md "Locally"): a run's raw
+    entries and events land under <state>/archive, and the process still stops cleanly."""
+    import re
+
+    from tests.pipeline_helpers import ended_runs
+    from tests.test_commands_live import TRANSCRIPTS, _publish
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    env.update(GOOSE_INGEST_METRICS_PORT="0", GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "state" / "spool"),
+               GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S="0.5")
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up"], cwd=REPO, env=env, stderr=subprocess.PIPE,
+                            text=True)
+    root = tmp_path / "state" / "archive"
+    try:
+        url = None
+        deadline = time.monotonic() + 30
+        while url is None and time.monotonic() < deadline:
+            match = re.search(r"export GOOSE_INGEST_REDIS_URL=(\S+)", proc.stderr.readline() if proc.stderr else "")
+            url = match.group(1) if match else None
+        assert url, "`up` did not print the broker URL"
+        local = settings.model_copy(update={"redis_url": url, "namespace": ""})
+        _publish(local, "up/archived", TRANSCRIPTS[0])
+        wait_until(lambda: "up/archived" in ended_runs(local), timeout=60)
+        objects = Objects(root=root)
+        wait_until(lambda: any(e.fields.get(b"run") == b"up/archived" for e in objects.raw_entries())
+                   and objects.keys("events") and objects.keys("runs"), timeout=60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    lines = [e for e in Objects(root=root).raw_entries() if e.fields.get(b"run") == b"up/archived"]
+    assert len(lines) == len({e.id for e in lines}) > 0
