@@ -355,3 +355,38 @@ def test_up_archives_to_a_local_folder_beside_the_spool(settings, tmp_path: Path
     assert proc.returncode == 0
     lines = [e for e in Objects(root=root).raw_entries() if e.fields.get(b"run") == b"up/archived"]
     assert len(lines) == len({e.id for e in lines}) > 0
+
+
+def test_archive_on_a_redis_cluster_reads_each_shard_in_its_slot(cluster_settings, tmp_path: Path):
+    """On a cluster the streams of a shard share a slot ({s<i>}): one XREADGROUP per shard and one
+    MULTI per acknowledgement work there. In-process (the loop is the same code the command runs)."""
+    from services.archive.consumer import Archiver
+    from services.archive.metrics import ArchiveMetrics
+    from services.archive.store import open_store
+    from services.broker.connect import sync_client
+
+    settings = cluster_settings.model_copy(update={"archive_url": f"file://{tmp_path / 'archive'}",
+                                                   "archive_segment_max_age_s": 0.2, "shards": 4})
+    layout = settings.layout
+    client = sync_client(settings)
+    want = []
+    for shard in range(settings.shards):
+        for i in range(30):
+            sid = client.xadd(layout.raw_stream(shard), {"run": f"r{shard}", "seq": str(i), "line": bytes([i, 255])})
+            want.append((shard, "raw", sid.decode()))
+        for dataset, stream in (("events", layout.events_partition(shard)), ("runs", layout.runs_partition(shard))):
+            client.xadd(stream, {"junk": "not a topic entry"})  # no lake row, still acknowledged
+    store = open_store(settings)
+    assert store is not None
+    archiver = Archiver(settings, client, store, ArchiveMetrics())
+    archiver.ensure_groups()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        archiver.step()
+        if all(not info["pending"] and not info["lag"] for src in archiver.all
+               for info in client.xinfo_groups(src.stream) if info["name"].decode() == settings.archive_group):
+            break
+        time.sleep(0.1)
+    got = Objects(root=tmp_path / "archive").raw_entries()
+    assert sorted((e.shard, e.stream, e.id) for e in got) == sorted(want)
+    assert archiver.metrics.lake_rejected._value.get() == 2 * settings.shards
