@@ -374,7 +374,7 @@ def test_archive_on_a_redis_cluster_reads_each_shard_in_its_slot(cluster_setting
         for i in range(30):
             sid = client.xadd(layout.raw_stream(shard), {"run": f"r{shard}", "seq": str(i), "line": bytes([i, 255])})
             want.append((shard, "raw", sid.decode()))
-        for dataset, stream in (("events", layout.events_partition(shard)), ("runs", layout.runs_partition(shard))):
+        for stream in (layout.events_partition(shard), layout.runs_partition(shard)):
             client.xadd(stream, {"junk": "not a topic entry"})  # no lake row, still acknowledged
     store = open_store(settings)
     assert store is not None
