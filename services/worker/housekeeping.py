@@ -231,7 +231,7 @@ class Housekeeper:
         raw_cutoff = now_ms - int(s.raw_retention_hours * 3_600_000)
         layout = s.layout
         for shard, stream in enumerate(layout.raw_streams()):
-            frontier = await self._committed_ms(stream, s.group, now_ms)
+            frontier = await self._committed_ms(stream, s.group)
             if frontier is None:
                 continue
             # Entries not yet delivered (lag) sit above last-delivered-id, so they are never below it.
@@ -253,11 +253,12 @@ class Housekeeper:
         for stream in topics:
             await self.trim_topic(stream, now_ms)
 
-    async def _committed_ms(self, stream: str, group: str, now_ms: int) -> int | None:
+    async def _committed_ms(self, stream: str, group: str, now_ms: int | None = None) -> int | None:
         """The ms below which `group` has committed everything on `stream` (its oldest pending
-        entry, else its last-delivered id); `now_ms` (Redis time, taken before) when it has read and
-        acknowledged everything: an idle stream (a control stream without news for hours) must not
-        hold back the trim of its raw shard. None when the stream or the group does not exist."""
+        entry, else its last-delivered id). With `now_ms` (Redis time, taken before): that, when the
+        group has read and acknowledged everything, so an idle stream (the archive's position on a
+        control stream without news for hours) does not hold back the trim of its raw shard.
+        None when the stream or the group does not exist."""
         try:
             groups = await self.client.xinfo_groups(stream)
         except ResponseError:
@@ -265,7 +266,7 @@ class Housekeeper:
         info = next((g for g in groups if _text(g["name"]) == group), None)
         if info is None:
             return None
-        if info.get("lag") == 0 and not int(info.get("pending") or 0):
+        if now_ms is not None and info.get("lag") == 0 and not int(info.get("pending") or 0):
             return now_ms  # entries added since have ids of at least now_ms: minid now_ms keeps them
         frontier = stream_id_ms(info["last-delivered-id"])
         if int(info.get("pending") or 0):
