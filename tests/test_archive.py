@@ -91,8 +91,14 @@ class Objects:
             full = self.s3.keys(BUCKET, f"{self.prefix}/{under}" if self.prefix else under)
             return [k[len(self.prefix) + 1:] if self.prefix else k for k in full]
         assert self.root is not None
-        return sorted(str(p.relative_to(self.root)) for p in (self.root / under).rglob("*") if p.is_file()
-                      ) if (self.root / under).exists() else []
+        # obstore's listing, as every reader of the archive sees it: it skips the staging files
+        # (`<name>#<n>`) a write killed halfway leaves behind.
+        from services.archive.store import open_store
+        from services.settings import Settings
+
+        store = open_store(Settings(archive_url=self.root.as_uri()))
+        assert store is not None
+        return store.list(under)
 
     def get(self, key: str) -> bytes:
         if self.s3 is not None:
