@@ -289,16 +289,17 @@ def test_permission_refused_while_running_is_one_line_not_ready_and_no_crash_loo
     b = acl_broker
     r = b.root()
     proxy = S3Proxy(s3.port)
-    proxy.deny_writes = True
-    publish(r, b, 30)
     proc, port_file = start_archive(b, tmp_path, f"s3://{BUCKET}", **s3.env(AWS_ENDPOINT_URL=proxy.endpoint))
     try:
+        wait_until(lambda: http(port_file, "/readyz")[0] == 200, timeout=60)  # started: it could write then
+        proxy.deny_writes = True  # the policy changes under it
+        publish(r, b, 30)
         wait_until(lambda: "credentials refused or not allowed" in http(port_file, "/readyz")[1], timeout=60)
         status, body = http(port_file, "/readyz")
         assert status == 503 and "AccessDenied" in body
         time.sleep(3)  # several retries
         assert proc.poll() is None, "the archive exited instead of waiting for the permission"
-        assert not archive_done(r, b) and s3.keys(BUCKET) == []
+        assert not archive_done(r, b) and [k for k in s3.keys(BUCKET) if not k.startswith("_goose-ingest/")] == []
         log = (tmp_path / "archive.log").read_text()
         assert log.count("AccessDenied") == 1, log  # one line, not one per retry
         assert 'goose_ingest_archive_write_failures_total{kind="store"}' in http(port_file, "/metrics")[1]
@@ -309,6 +310,21 @@ def test_permission_refused_while_running_is_one_line_not_ready_and_no_crash_loo
         assert stop(proc) == 0
         proxy.close()
     assert_exactly_once(Objects(s3=s3), r, b, events=30, records=6)
+
+
+def test_writes_refused_at_start_exit_2_with_one_line(acl_broker: AclBroker, s3: S3Server, tmp_path: Path):  # noqa: F811
+    """A credential that may list but not write (read-only key, a policy without s3:PutObject):
+    found at start by the write check, not minutes later at the first cut."""
+    proxy = S3Proxy(s3.port)
+    proxy.deny_writes = True
+    try:
+        done = acl_broker.cli("archive", "archive", GOOSE_INGEST_ARCHIVE_URL=f"s3://{BUCKET}/x", GOOSE_INGEST_METRICS_PORT="0",
+                              **s3.env(AWS_ENDPOINT_URL=proxy.endpoint))
+    finally:
+        proxy.close()
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "writing refused (AccessDenied" in lines[0], done.stderr
 
 
 def test_slow_store_still_archives_everything_once(acl_broker: AclBroker, s3: S3Server, tmp_path: Path):  # noqa: F811

@@ -28,10 +28,12 @@ import obstore
 from obstore import exceptions as obx
 from obstore.store import LocalStore, S3Store
 
+from services.settings import ConfigError, Settings
+
 if TYPE_CHECKING:
     from obstore.store import S3Config
 
-from services.settings import ConfigError, Settings
+WRITE_CHECK_KEY = "_goose-ingest/write-check"  # outside raw/, events/, runs/: no reader takes it for data
 
 
 class StoreError(Exception):
@@ -173,9 +175,10 @@ class ArchiveStore:
             raise _classify(exc, "listing", self.describe()) from None
 
     def check(self) -> None:
-        """Start-up check: the store answers as an object store and lets us list. ConfigError (one
-        line) for what a restart cannot fix: a bucket that does not exist, credentials refused, an
-        endpoint that does not speak S3; StoreError for the rest (unreachable: worth retrying)."""
+        """Start-up check: the store answers as an object store, lets us list and write (one small
+        object, WRITE_CHECK_KEY). ConfigError (one line) for what a restart cannot fix: a bucket that
+        does not exist, credentials refused for listing or writing, an endpoint that does not speak
+        S3; StoreError for the rest (unreachable: worth retrying)."""
         try:
             for _ in obstore.list(self._store, None, chunk_size=1):
                 break
@@ -189,6 +192,15 @@ class ArchiveStore:
             if text.startswith("connection failed") or isinstance(exc, OSError | TimeoutError):
                 raise StoreError(f"archive store {self.describe()}: unreachable ({text})") from None
             raise ConfigError(f"archive store {self.describe()}: not an S3 endpoint or refused the listing ({text})") from None
+        # Listing is not writing: a read-only credential or a policy without s3:PutObject would
+        # otherwise only show at the first cut, minutes later. One small object, rewritten each start.
+        try:
+            obstore.put(self._store, WRITE_CHECK_KEY, b"goose-ingest archive write check\n", use_multipart=False)
+        except Exception as exc:
+            code = _code(exc)
+            if code in REFUSED or isinstance(exc, obx.PermissionDeniedError | obx.UnauthenticatedError):
+                raise ConfigError(f"archive store {self.describe()}: writing refused ({_one_line(exc)})") from None
+            raise _classify(exc, "writing", self._where(WRITE_CHECK_KEY)) from None
 
     def _where(self, key: str) -> str:
         return f"{self.describe()}/{key}" if key else self.describe()
