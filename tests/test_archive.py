@@ -453,3 +453,19 @@ def test_repeated_sigkill_at_random_moments_while_entries_arrive(acl_broker: Acl
         assert stop(proc) == 0, (tmp_path / "archive.log").read_text()[-3000:]
     assert rounds[0] > 5
     assert_exactly_once(Objects(root=root), r, b, events=20 * rounds[0], records=4 * rounds[0])
+
+
+@pytest.mark.parametrize("role", ["consumer", "worker"])
+def test_the_wrong_redis_user_exits_2_with_one_line(acl_broker: AclBroker, tmp_path: Path, role: str):  # noqa: F811
+    """Under a user without the archive's permissions (the read-only consumer may not create a group)
+    or with a wrong password: one line naming the problem, exit 2."""
+    b = acl_broker
+    env = b.env(role, GOOSE_INGEST_ARCHIVE_URL=f"file://{tmp_path / 'a'}", GOOSE_INGEST_METRICS_PORT="0")
+    if role == "worker":
+        env["GOOSE_INGEST_REDIS_PASSWORD"] = "wrong"
+    done = subprocess.run([sys.executable, "-m", "services.cli", "archive"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.strip().splitlines() if "goose-ingest archive:" in line]
+    assert len(lines) == 1 and ("NOPERM" in lines[0] or "refused the credentials" in lines[0]), done.stderr
+    assert "Traceback" not in done.stderr and "wrong" not in lines[0]

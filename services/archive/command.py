@@ -55,8 +55,19 @@ def run(args: argparse.Namespace) -> int:
 
     store = open_store(settings)
     assert store is not None  # archive_url is set
+    from redis.exceptions import AuthenticationError, NoPermissionError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
     metrics = ArchiveMetrics()
     archiver = Archiver(settings, sync_client(settings), store, metrics, args.consumer or DEFAULT_CONSUMER)
+    try:
+        # Refused credentials or a user without the archive's permissions: one line, exit 2 (the
+        # CLI reports them). An unreachable broker is waited for by the loop, readiness says so.
+        archiver.ensure_groups()
+    except (AuthenticationError, NoPermissionError):
+        raise
+    except (RedisConnectionError, OSError) as exc:
+        log.warning("broker unreachable at start (%s); will keep trying", type(exc).__name__)
     try:
         store.check()  # ConfigError: the CLI prints it as one line and exits 2
     except StoreError as exc:  # unreachable: maybe starting; keep trying, readiness says so
