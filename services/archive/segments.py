@@ -240,7 +240,7 @@ def _as_int(column: pa.Array) -> pa.Array:
 def decode_raw_segment(data: bytes) -> list[ArchivedEntry]:
     """The entries of a raw segment, in their order. SegmentError if it is not one (corrupt,
     truncated, another schema): the caller names the object and goes on with the others."""
-    table = _read(data)
+    table = _read(data, ["shard", "stream", "id", "fields"])
     missing = {"shard", "stream", "id", "fields"} - set(table.column_names)
     if missing:
         raise SegmentError(f"not a raw segment (no column {sorted(missing)[0]})")
@@ -271,9 +271,15 @@ def _write(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def _read(data: bytes) -> pa.Table:
+def _read(data: bytes, columns: Sequence[str] | None = None) -> pa.Table:
+    """The table of a Parquet object, only `columns` when given (those it has): a raw segment is
+    decoded from shard, stream, id and fields, without the convenience columns (`line` again)."""
     try:
-        return pq.read_table(pa.BufferReader(data))
+        source = pa.BufferReader(data)
+        if columns is not None:
+            present = set(pq.read_schema(source).names)
+            columns = [c for c in columns if c in present]
+        return pq.read_table(pa.BufferReader(data), columns=columns)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise SegmentError(f"not a Parquet file ({str(exc)[:200]})") from None
 
