@@ -25,7 +25,9 @@ Ids are zero-padded to 20 digits (a uint64's width) so object names sort like th
 
 from __future__ import annotations
 
+import array
 import io
+import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -197,7 +199,7 @@ def encode_raw_segment(records: Sequence[ArchivedEntry]) -> bytes:
     ids = pa.array([rec.id for rec in records], pa.string())
     id_ms, id_seq = _id_columns(ids)
     offsets_arr = pa.array(offsets, pa.int32())
-    name_arr, value_arr = pa.array(names, pa.binary()), pa.array(values, pa.binary())
+    name_arr, value_arr = _binary(names), _binary(values)
     pairs = pa.StructArray.from_arrays([name_arr, value_arr], fields=list(_FIELD_STRUCT))
     fields = pa.ListArray.from_arrays(offsets_arr, pairs, type=RAW_SCHEMA.field("fields").type)
 
@@ -209,6 +211,18 @@ def encode_raw_segment(records: Sequence[ArchivedEntry]) -> bytes:
         _as_text(binary(run)), _as_int(binary(seq)), _as_text(binary(kind)), _as_text(binary(ts)), binary(line), fields,
     ]  # fmt: skip
     return _write(pa.Table.from_arrays(columns, schema=RAW_SCHEMA))
+
+
+def _binary(items: list[bytes]) -> pa.Array:
+    """A non-null binary array from its two buffers (offsets, the joined bytes): measured ~2x faster
+    than pa.array on a list of bytes. ValueError past the 2 GiB an int32 offset can address (the
+    segment limits keep a segment far below: ARCHIVE_SEGMENT_MAX_BYTES <= 512 MiB)."""
+    offsets = array.array("i", [0])
+    try:
+        offsets.extend(itertools.accumulate(map(len, items)))
+    except OverflowError:
+        raise ValueError("a segment's fields exceed 2 GiB") from None
+    return pa.Array.from_buffers(pa.binary(), len(items), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(items))])
 
 
 def _id_columns(ids: pa.Array) -> tuple[pa.Array, pa.Array]:
