@@ -260,6 +260,10 @@ class Settings(BaseSettings):
     archive_segment_max_age_s: float = Field(
         default=300.0, gt=0, description="A segment is cut when its first entry was read this long ago (bounds the archive's lag at low rates)."
     )
+    archive_buffer_max_bytes: int = Field(
+        default=128 * 1024 * 1024, ge=1024 * 1024,
+        description="Field bytes the archive holds across all its open segments; past it the largest is cut early (bounds its memory).",
+    )
     archive_store_timeout_s: float = Field(default=30.0, gt=0, description="One request to the object store fails after this long.")
 
     @model_validator(mode="before")

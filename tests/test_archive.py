@@ -469,3 +469,34 @@ def test_the_wrong_redis_user_exits_2_with_one_line(acl_broker: AclBroker, tmp_p
     lines = [line for line in done.stderr.strip().splitlines() if "goose-ingest archive:" in line]
     assert len(lines) == 1 and ("NOPERM" in lines[0] or "refused the credentials" in lines[0]), done.stderr
     assert "Traceback" not in done.stderr and "wrong" not in lines[0]
+
+
+def test_memory_budget_cuts_the_largest_segment_early(settings, tmp_path: Path):
+    """ARCHIVE_BUFFER_MAX_BYTES bounds what the open segments hold together: with an hour's age cut
+    and a 1 MiB budget, 4 MiB of lines are still archived (in more, smaller segments), each once."""
+    from services.archive.consumer import Archiver
+    from services.archive.metrics import ArchiveMetrics
+    from services.archive.store import open_store
+    from services.broker.connect import sync_client
+
+    settings = settings.model_copy(update={"archive_url": f"file://{tmp_path / 'archive'}", "archive_segment_max_age_s": 3600,
+                                           "archive_buffer_max_bytes": 1024 * 1024, "batch_size": 50})
+    client = sync_client(settings)
+    line = b"x" * 4000
+    pipe = client.pipeline(transaction=False)
+    for i in range(1000):
+        pipe.xadd(settings.layout.raw_stream(i % settings.shards), {"run": "big", "seq": str(i), "line": line})
+    pipe.execute()
+    archiver = Archiver(settings, client, open_store(settings), ArchiveMetrics())  # type: ignore[arg-type]
+    archiver.ensure_groups()
+    peak = 0
+    for _ in range(200):
+        archiver.step()
+        peak = max(peak, sum(src.size for src in archiver.all))
+    cut_early = len(Objects(root=tmp_path / "archive").keys("raw"))
+    archiver.flush_on_stop()  # the rest (below the budget, far from the hour), as on SIGTERM
+    objects = Objects(root=tmp_path / "archive")
+    entries = objects.raw_entries()
+    assert sorted(int(e.fields[b"seq"]) for e in entries) == list(range(1000))
+    assert cut_early >= 4  # cut by the budget, not by the hour
+    assert peak <= 1024 * 1024 + settings.shards * settings.batch_size * 4100  # the budget plus one read per stream

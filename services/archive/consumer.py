@@ -231,7 +231,21 @@ class Archiver:
             readable = {src.stream: src.next_id for src in group if not src.sealed}
             if readable:
                 busy |= self._read(group, readable)
+            self._bound_memory()
         return busy
+
+    def _bound_memory(self) -> None:
+        """Past ARCHIVE_BUFFER_MAX_BYTES held in open segments, cut the largest now: the archive's
+        memory is bounded whatever the rate x cut interval (at a fleet's rate, 5 minutes of every
+        shard would be gigabytes); such segments are smaller, never wrong."""
+        held = sum(src.size for src in self.all)
+        while held > self.settings.archive_buffer_max_bytes:
+            open_ = [src for src in self.all if not src.sealed and src.entries and src.next_id == ">"]
+            if not open_:
+                return
+            largest = max(open_, key=lambda src: src.size)
+            largest.sealed = len(largest.entries)
+            held -= largest.size
 
     def _due(self, src: Source) -> bool:
         s = self.settings
