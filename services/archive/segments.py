@@ -170,7 +170,34 @@ _FIELD_STRUCT = pa.struct([pa.field("name", pa.binary(), nullable=False), pa.fie
 
 def encode_raw_segment(records: Sequence[ArchivedEntry]) -> bytes:
     """A raw segment (Parquet bytes) of `records`, in the order given (the consumer gives them in
-    stream-id order). ValueError for an empty segment or an id that is not a stream id.
+    stream-id order). ValueError for an empty segment or an id that is not a stream id."""
+    return _write(raw_table(records), **_RAW_WRITE_OPTIONS)
+
+
+class RawSegmentWriter:
+    """A raw segment written row group by row group as entries come (`add`), finished by `finish`:
+    the same file as encode_raw_segment of all of them at once, while what is held in memory is the
+    compressed bytes, not the entries."""
+
+    def __init__(self) -> None:
+        self._sink = pa.BufferOutputStream()
+        self._writer = pq.ParquetWriter(self._sink, RAW_SCHEMA, compression=COMPRESSION, **_RAW_WRITE_OPTIONS)
+        self.rows = 0
+
+    def add(self, records: Sequence[ArchivedEntry]) -> None:
+        if records:
+            self._writer.write_table(raw_table(records))
+            self.rows += len(records)
+
+    def finish(self) -> bytes:
+        if not self.rows:
+            raise ValueError("a segment holds at least one entry")
+        self._writer.close()
+        return bytes(self._sink.getvalue())
+
+
+def raw_table(records: Sequence[ArchivedEntry]) -> pa.Table:
+    """The Arrow table of a raw segment (see encode_raw_segment).
 
     Columnar on purpose (measured: a Python dict per field made it ~3x slower): the `fields` column
     is built from two flat binary arrays and their offsets, Arrow's own layout; the convenience
@@ -210,7 +237,7 @@ def encode_raw_segment(records: Sequence[ArchivedEntry]) -> bytes:
         pa.array([rec.shard for rec in records], pa.int32()), pa.array(kinds, pa.string()), ids, id_ms, id_seq,
         _as_text(binary(run)), _as_int(binary(seq)), _as_text(binary(kind)), _as_text(binary(ts)), binary(line), fields,
     ]  # fmt: skip
-    return _write(pa.Table.from_arrays(columns, schema=RAW_SCHEMA), **_RAW_WRITE_OPTIONS)
+    return pa.Table.from_arrays(columns, schema=RAW_SCHEMA)
 
 
 def _binary(items: list[bytes]) -> pa.Array:
