@@ -262,7 +262,7 @@ class Settings(BaseSettings):
     )
     archive_buffer_max_bytes: int = Field(
         default=128 * 1024 * 1024, ge=1024 * 1024,
-        description="Field bytes the archive holds across all its open segments; past it the largest is cut early (bounds its memory).",
+        description="Field bytes the archive holds as objects across its open segments; past it the largest raw stream becomes a row group, the largest lake segment is cut (bounds its memory).",
     )
     archive_store_timeout_s: float = Field(default=30.0, gt=0, description="One request to the object store fails after this long.")
 

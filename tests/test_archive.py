@@ -473,9 +473,12 @@ def test_the_wrong_redis_user_exits_2_with_one_line(acl_broker: AclBroker, tmp_p
     assert "Traceback" not in done.stderr and "wrong" not in lines[0]
 
 
-def test_memory_budget_cuts_the_largest_segment_early(settings, tmp_path: Path):
-    """ARCHIVE_BUFFER_MAX_BYTES bounds what the open segments hold together: with an hour's age cut
-    and a 1 MiB budget, 4 MiB of lines are still archived (in more, smaller segments), each once."""
+def test_memory_budget_turns_held_entries_into_row_groups_not_small_segments(settings, tmp_path: Path):
+    """ARCHIVE_BUFFER_MAX_BYTES bounds what the open segments hold as Python objects: with an hour's
+    age cut and a 1 MiB budget, 4 MiB of lines are held as compressed row groups of still-open
+    segments (no early, small segment), then written whole, each entry once."""
+    import pyarrow.parquet as pq
+
     from services.archive.consumer import Archiver
     from services.archive.metrics import ArchiveMetrics
     from services.archive.store import open_store
@@ -492,13 +495,14 @@ def test_memory_budget_cuts_the_largest_segment_early(settings, tmp_path: Path):
     archiver = Archiver(settings, client, open_store(settings), ArchiveMetrics())  # type: ignore[arg-type]
     archiver.ensure_groups()
     peak = 0
-    for _ in range(200):
+    for _ in range(100):
         archiver.step()
         peak = max(peak, sum(src.size for src in archiver.all))
-    cut_early = len(Objects(root=tmp_path / "archive").keys("raw"))
-    archiver.flush_on_stop()  # the rest (below the budget, far from the hour), as on SIGTERM
-    objects = Objects(root=tmp_path / "archive")
-    entries = objects.raw_entries()
-    assert sorted(int(e.fields[b"seq"]) for e in entries) == list(range(1000))
-    assert cut_early >= 4  # cut by the budget, not by the hour
+    assert Objects(root=tmp_path / "archive").keys("raw") == []  # nothing cut early
     assert peak <= 1024 * 1024 + settings.shards * settings.batch_size * 4100  # the budget plus one read per stream
+    archiver.flush_on_stop()  # as on SIGTERM: the open segments, whole
+    objects = Objects(root=tmp_path / "archive")
+    assert sorted(int(e.fields[b"seq"]) for e in objects.raw_entries()) == list(range(1000))
+    keys = objects.keys("raw")
+    assert len(keys) == settings.shards
+    assert all(pq.read_metadata(tmp_path / "archive" / k).num_row_groups > 1 for k in keys)

@@ -54,6 +54,10 @@ BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 IDLE_SLEEP_S = 0.2  # nothing read in a whole round: the next round after this (segments are minutes long anyway)
 ACK_CHUNK = 10_000  # ids per XACK inside the one MULTI of a segment
+# Raw and control entries become a compressed row group every this many, so an open segment holds
+# its bytes compressed, not as Python objects (docs/archive.md "Memory").
+ROW_GROUP_ENTRIES = 10_000
+_ENCODED: dict[bytes, bytes] = {}  # the fields of an entry already in a row group (dropped)
 _BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 # Tests only (GOOSE_INGEST_TEST_* is never a setting): hold this long between writing a segment and
 # acknowledging it, so a test can SIGKILL the process exactly there (tests/test_archive.py).
@@ -69,15 +73,23 @@ class Source:
     shard: int
     next_id: str = "0"  # "0": this consumer's own pending entries first; then ">"
     entries: list[tuple[str, dict[bytes, bytes]]] = field(default_factory=list)
-    size: int = 0
+    size: int = 0  # field bytes held as Python objects (what the memory budget counts)
+    total: int = 0  # field bytes of the open segment, encoded or not (what the size cut counts)
     opened_at: float = 0.0  # monotonic time its first entry was read
     sealed: int = 0  # > 0: the first `sealed` entries are a cut segment waiting to be written
+    # Raw and control: the first `encoded` entries are already row groups in `writer` (their fields
+    # dropped from memory); `objects` caches a cut segment's bytes so a retried write puts the same.
+    encoded: int = 0
+    writer: sg.RawSegmentWriter | None = None
+    objects: list[tuple[str, bytes]] | None = None
+    rejected: int = 0
 
     def reset(self) -> None:
         self.next_id = "0"
         self.entries = []
-        self.size = 0
-        self.sealed = 0
+        self.size = self.total = self.sealed = self.encoded = self.rejected = 0
+        self.writer = None
+        self.objects = None
 
 
 def sources(settings: Settings) -> list[list[Source]]:
@@ -90,22 +102,6 @@ def sources(settings: Settings) -> list[list[Source]]:
         for i, stream in enumerate(partitions):
             groups[i].append(Source(stream, dataset, i))
     return groups
-
-
-@dataclass(frozen=True)
-class Written:
-    objects: int
-    bytes: int
-    rejected: int
-
-
-def encode(src: Source, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> list[tuple[str, bytes]]:
-    """The objects (key, Parquet bytes) of one segment of `src` (pure; the lake's rejects are
-    returned by encode_lake)."""
-    if src.dataset in sg.STREAM_KINDS:
-        records = [sg.ArchivedEntry(src.shard, src.dataset, entry_id, fields) for entry_id, fields in entries]
-        return [(sg.raw_segment_key(src.dataset, src.shard, entries[0][0]), sg.encode_raw_segment(records))]
-    return [(o.key, o.data) for o in encode_lake(src, entries).objects]
 
 
 def encode_lake(src: Source, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> sg.LakeSegment:
@@ -240,18 +236,22 @@ class Archiver:
         shard would be gigabytes); such segments are smaller, never wrong."""
         held = sum(src.size for src in self.all)
         while held > self.settings.archive_buffer_max_bytes:
-            open_ = [src for src in self.all if not src.sealed and src.entries and src.next_id == ">"]
+            open_ = [src for src in self.all if not src.sealed and src.size and src.next_id == ">"]
             if not open_:
                 return
             largest = max(open_, key=lambda src: src.size)
-            largest.sealed = len(largest.entries)
-            held -= largest.size
+            if largest.dataset in sg.STREAM_KINDS:
+                held -= largest.size
+                self._encode(largest)  # a row group now: the segment stays open, its memory goes
+            else:
+                largest.sealed = len(largest.entries)
+                held -= largest.size
 
     def _due(self, src: Source) -> bool:
         s = self.settings
         if src.next_id != ">":
             return False  # still reading our own pending entries: they all go into one segment
-        return (len(src.entries) >= s.archive_segment_max_entries or src.size >= s.archive_segment_max_bytes
+        return (len(src.entries) >= s.archive_segment_max_entries or src.total >= s.archive_segment_max_bytes
                 or time.monotonic() - src.opened_at >= s.archive_segment_max_age_s)
 
     def _read(self, group: list[Source], ids: dict[str, str]) -> bool:
@@ -279,7 +279,9 @@ class Archiver:
                 if not src.entries:
                     src.opened_at = time.monotonic()
                 src.entries.append((entry_id, fields))
-                src.size += sum(map(len, fields.values()))  # the values: names are a few bytes each
+                size = sum(map(len, fields.values()))  # the values: names are a few bytes each
+                src.size += size
+                src.total += size
                 busy = True
             if gone:
                 log.warning("%d pending entries of %s were deleted before they were archived", len(gone), src.stream)
@@ -287,20 +289,40 @@ class Archiver:
                 self._ack(src.stream, gone)
             if src.next_id == ">" and len(src.entries) >= self.settings.archive_segment_max_entries:
                 src.sealed = self.settings.archive_segment_max_entries
+            elif not src.sealed and len(src.entries) - src.encoded >= ROW_GROUP_ENTRIES:
+                self._encode(src)
         return busy
+
+    def _encode(self, src: Source) -> None:
+        """Raw and control: the entries read since the last row group become one (compressed, in
+        memory), and their fields are dropped; the ids stay, for the acknowledgement."""
+        if src.dataset not in sg.STREAM_KINDS or src.sealed or src.encoded >= len(src.entries):
+            return
+        if src.writer is None:
+            src.writer = sg.RawSegmentWriter()
+        chunk = src.entries[src.encoded:]
+        src.writer.add([sg.ArchivedEntry(src.shard, src.dataset, entry_id, fields) for entry_id, fields in chunk])
+        src.entries[src.encoded:] = [(entry_id, _ENCODED) for entry_id, _ in chunk]
+        src.encoded = len(src.entries)
+        src.size = 0
 
     def write(self, src: Source) -> None:
         """Write the sealed segment of `src` whole, then acknowledge it. StoreError leaves it sealed
         (retried), with nothing acknowledged."""
         entries = src.entries[: src.sealed]
         started = time.perf_counter()
-        if src.dataset in sg.STREAM_KINDS:
-            objects = encode(src, entries)
-            rejected = 0
-        else:
-            lake = encode_lake(src, entries)
-            objects = [(o.key, o.data) for o in lake.objects]
-            rejected = len(lake.rejected)
+        if src.objects is None:  # a retry puts the bytes of the first attempt
+            if src.dataset in sg.STREAM_KINDS:
+                writer = src.writer or sg.RawSegmentWriter()
+                writer.add([sg.ArchivedEntry(src.shard, src.dataset, entry_id, fields)
+                            for entry_id, fields in entries[src.encoded:]])
+                src.objects = [(sg.raw_segment_key(src.dataset, src.shard, entries[0][0]), writer.finish())]
+                src.writer = None
+            else:
+                lake = encode_lake(src, entries)
+                src.objects = [(o.key, o.data) for o in lake.objects]
+                src.rejected = len(lake.rejected)
+        objects, rejected = src.objects, src.rejected
         for key, data in objects:
             self.store.put(key, data)
         self.metrics.write_seconds.labels(src.dataset).observe(time.perf_counter() - started)
@@ -320,11 +342,12 @@ class Archiver:
         self.metrics.bytes.labels(src.dataset).inc(size)
         self.metrics.segments.labels(src.dataset).inc()
         self.metrics.last_success.set(time.time())
-        rest = src.entries[src.sealed:]
+        rest = src.entries[src.sealed:]  # never encoded: encoding happens only while not sealed
         src.entries = rest
-        src.size = sum(sum(map(len, fields.values())) for _, fields in rest)
+        src.size = src.total = sum(sum(map(len, fields.values())) for _, fields in rest)
         src.opened_at = time.monotonic()
-        src.sealed = 0
+        src.sealed = src.encoded = src.rejected = 0
+        src.objects = None
         log.debug("archived %d entries of %s as %d objects (%d bytes)", len(entries), src.stream, len(objects), size)
 
     def _ack(self, stream: str, ids: list[str]) -> None:
