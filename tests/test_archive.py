@@ -506,3 +506,31 @@ def test_memory_budget_turns_held_entries_into_row_groups_not_small_segments(set
     keys = objects.keys("raw")
     assert len(keys) == settings.shards
     assert all(pq.read_metadata(tmp_path / "archive" / k).num_row_groups > 1 for k in keys)
+
+
+def test_memory_budget_cuts_the_largest_lake_segment_early(settings, tmp_path: Path):
+    """The event lake is split by (date, type) at the cut, so it is not encoded incrementally: past
+    the budget its largest open segment is cut early. Every event is still in the lake once."""
+    from services.archive.consumer import Archiver
+    from services.archive.metrics import ArchiveMetrics
+    from services.archive.store import open_store
+    from services.broker.connect import sync_client
+
+    settings = settings.model_copy(update={"archive_url": f"file://{tmp_path / 'archive'}", "archive_segment_max_age_s": 3600,
+                                           "archive_buffer_max_bytes": 1024 * 1024, "batch_size": 50})
+    client = sync_client(settings)
+    pipe = client.pipeline(transaction=False)
+    for i in range(600):
+        doc = {"eventId": f"r:{i}", "runId": "r", "seq": i, "type": "agent", "timestamp": "2026-12-03T10:00:00.000Z",
+               "text": "y" * 4000}
+        pipe.xadd(settings.layout.events_partition(0), {"eventId": doc["eventId"], "runId": "r", "seq": str(i),
+                                                        "type": "agent", "data": orjson.dumps(doc)})
+    pipe.execute()
+    archiver = Archiver(settings, client, open_store(settings), ArchiveMetrics())  # type: ignore[arg-type]
+    archiver.ensure_groups()
+    for _ in range(100):
+        archiver.step()
+    assert len(Objects(root=tmp_path / "archive").keys("events")) >= 2  # cut by the budget, not by the hour
+    archiver.flush_on_stop()
+    ids = Objects(root=tmp_path / "archive").event_ids()
+    assert sorted(ids, key=lambda e: int(e.split(":")[1])) == [f"r:{i}" for i in range(600)]
