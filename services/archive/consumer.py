@@ -18,9 +18,12 @@ topics), in stream-id order, with its own consumer group (ARCHIVE_GROUP, created
 3. A cut segment is written whole (every object of it), then its entries are acknowledged in ONE
    MULTI/EXEC: a partial acknowledgement would move the next segment's first id into the middle of
    a written one, and the rewrite would then duplicate entries under another name.
-4. While the store fails, the segment is retried with backoff and nothing is acknowledged or read
-   further on that stream: Redis keeps the entries (the workers' raw trim waits for this group's
-   position, services/worker/housekeeping.py), readiness says why.
+4. While the store fails, the segment is retried with backoff (the same bytes) and nothing is
+   acknowledged or read further on that stream: Redis keeps the entries (the workers' raw trim waits
+   for this group's position, services/worker/housekeeping.py), readiness says why.
+5. Memory: raw and control entries of an open segment become compressed row groups every
+   ROW_GROUP_ENTRIES or when ARCHIVE_BUFFER_MAX_BYTES is exceeded (the segment stays open); the
+   event lake, split by date and type only at the cut, is cut early instead.
 
 Order across replicas: one reader for everything (replicas = 1; the chart uses the Recreate
 strategy so two never overlap; docs/archive.md says why a lease was not worth it here).
