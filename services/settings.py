@@ -38,7 +38,7 @@ ENV_PREFIX = "GOOSE_INGEST_"
 # the chart set the variable explicitly (one process per container, one port for every probe).
 DEFAULT_METRICS_PORT = 9464
 COMMAND_METRICS_PORTS = {"worker": DEFAULT_METRICS_PORT, "up": DEFAULT_METRICS_PORT,
-                         "export otlp": 9465, "export postgres": 9466}
+                         "export otlp": 9465, "export postgres": 9466, "archive": 9467}
 
 
 # GOOSE_INGEST_* variables that are read outside Settings (build, tests, tools): not worth a warning.
@@ -162,7 +162,7 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         default=DEFAULT_METRICS_PORT, ge=0, le=65535,
         description="HTTP port of /metrics, /healthz, /readyz (0: any free port). Unset: 9464 for `worker` and `up`, "
-        "9465 for `export otlp`, 9466 for `export postgres`.",
+        "9465 for `export otlp`, 9466 for `export postgres`, 9467 for `archive`.",
     )
     metrics_host: str = Field(default="0.0.0.0", description="Bind address of the metrics server.")
     metrics_port_file: str = Field(
@@ -241,6 +241,30 @@ class Settings(BaseSettings):
         default=3600.0, gt=0, description="A trace whose run never ends is closed (marked) after this long without news of it."
     )
     otlp_retry_max_s: float = Field(default=30.0, gt=0, description="Longest wait between retries while the collector is unreachable.")
+
+    # --- archive (`goose-ingest archive`, docs/archive.md; S3 credentials from the standard AWS_* variables)
+    archive_url: str | None = Field(
+        default=None,
+        description="Where the archive writes: file:///dir or s3://bucket/prefix; unset: no archive (and no archive bound on raw trim).",
+    )
+    archive_endpoint: str | None = Field(
+        default=None, description="S3 endpoint URL (an S3-compatible store); unset: AWS_ENDPOINT_URL or AWS's own."
+    )
+    archive_region: str | None = Field(default=None, description="S3 region; unset: AWS_REGION / AWS_DEFAULT_REGION.")
+    archive_group: str = Field(default="goose-ingest-archive", description="Consumer group of the archive on the raw, control and topic streams.")
+    archive_segment_max_entries: int = Field(default=100_000, ge=1, description="A segment is cut at this many entries.")
+    archive_segment_max_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024,
+        description="A segment is cut at this many bytes of field values (before compression).",
+    )
+    archive_segment_max_age_s: float = Field(
+        default=300.0, gt=0, description="A segment is cut when its first entry was read this long ago (bounds the archive's lag at low rates)."
+    )
+    archive_buffer_max_bytes: int = Field(
+        default=128 * 1024 * 1024, ge=1024 * 1024,
+        description="Field bytes the archive holds as objects across its open segments; past it the largest raw stream becomes a row group, the largest lake segment is cut (bounds its memory).",
+    )
+    archive_store_timeout_s: float = Field(default=30.0, gt=0, description="One request to the object store fails after this long.")
 
     @model_validator(mode="before")
     @classmethod
