@@ -242,6 +242,25 @@ class Settings(BaseSettings):
     )
     otlp_retry_max_s: float = Field(default=30.0, gt=0, description="Longest wait between retries while the collector is unreachable.")
 
+    # --- archive (`goose-ingest archive`, docs/archive.md; S3 credentials from the standard AWS_* variables)
+    archive_url: str | None = Field(
+        default=None,
+        description="Where the archive writes: file:///dir or s3://bucket/prefix; unset: no archive (and no archive bound on raw trim).",
+    )
+    archive_s3_endpoint: str | None = Field(
+        default=None, description="S3 endpoint URL (an S3-compatible store); unset: AWS_ENDPOINT_URL or AWS's own."
+    )
+    archive_s3_region: str | None = Field(default=None, description="S3 region; unset: AWS_REGION / AWS_DEFAULT_REGION.")
+    archive_group: str = Field(default="goose-ingest-archive", description="Consumer group of the archive on the raw, control and topic streams.")
+    archive_segment_max_entries: int = Field(default=100_000, ge=1, description="A segment is cut at this many entries.")
+    archive_segment_max_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="A segment is cut at this many bytes of fields (before compression)."
+    )
+    archive_segment_max_age_s: float = Field(
+        default=300.0, gt=0, description="A segment is cut when its first entry was read this long ago (bounds the archive's lag at low rates)."
+    )
+    archive_store_timeout_s: float = Field(default=30.0, gt=0, description="One request to the object store fails after this long.")
+
     @model_validator(mode="before")
     @classmethod
     def _default_shards(cls, data: Any) -> Any:

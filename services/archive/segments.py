@@ -1,0 +1,492 @@
+"""The archive's format (pure: bytes in, bytes out; no I/O). See docs/archive.md.
+
+Two datasets, both Parquet (zstd) so DuckDB, Spark, Trino, Athena and ClickHouse read them as they
+are, partitioned Hive-style (`name=value/` path segments) so those engines prune by date and shard:
+
+- **Raw segments** (the log of record): one object per (stream kind, shard, first stream id),
+  ``raw/date=YYYY-MM-DD/shard=NNN/<raw|control>-<ms>-<seq>.parquet``. The `fields` column holds every
+  field of every entry in Redis order, byte-exact; the other columns are conveniences for queries.
+- **Event lake** (analytics-shaped): the topics' events and run records with the columns of the
+  PostgreSQL sink's `events` and `run_records` tables, computed by the sink's own pure row functions
+  (services/export/postgres/rows.py) so the two cannot drift,
+  ``events/date=YYYY-MM-DD/type=<type>/part-<shard>-<ms>-<seq>.parquet`` and
+  ``runs/date=YYYY-MM-DD/part-<shard>-<ms>-<seq>.parquet``.
+
+Why every object's name follows from the FIRST stream id of its segment and nothing else: the
+consumer writes a segment whole and only then acknowledges its entries. A crash between the two
+leaves the entries pending; the restarted consumer reads them again from the same first id (all
+of them, maybe more), so it writes an object of the same name, which replaces the earlier one:
+no gap, no duplicate. An event-lake segment is split by (date, type) into several objects, all
+named after the segment's first id, so the rewrite (a superset of the same entries) replaces
+every object of the earlier attempt.
+
+Ids are zero-padded to 20 digits (a uint64's width) so object names sort like the ids.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from services.export.postgres import rows as pg_rows
+
+FORMAT_VERSION = 1  # in each file's key-value metadata (`goose_ingest_archive`); bump only additively
+COMPRESSION = "zstd"
+RAW_PREFIX = "raw"
+EVENTS_PREFIX = "events"
+RUNS_PREFIX = "runs"
+STREAM_KINDS = ("raw", "control")  # the `stream` column and the object name's first word
+_ID_WIDTH = 20
+_MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z: the last instant a date partition can name
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+
+_ID_TOKEN = rf"(\d{{{_ID_WIDTH}}})-(\d{{{_ID_WIDTH}}})"
+_RAW_KEY = re.compile(rf"^raw/date=(\d{{4}}-\d{{2}}-\d{{2}})/shard=(\d+)/(raw|control)-{_ID_TOKEN}\.parquet$")
+_LAKE_KEY = re.compile(rf"^(events|runs)/date=(\d{{4}}-\d{{2}}-\d{{2}})/(?:type=([^/]+)/)?part-(\d+)-{_ID_TOKEN}\.parquet$")
+
+
+class SegmentError(ValueError):
+    """An object that is not a segment of this format (corrupt, truncated, another schema)."""
+
+
+# ---------------------------------------------------------------------------------- stream ids
+
+
+def id_parts(entry_id: str) -> tuple[int, int]:
+    """`<ms>-<seq>` as two integers (they order like the ids). ValueError if it is not an id."""
+    ms, sep, seq = entry_id.partition("-")
+    if not ms.isdigit() or (sep and not seq.isdigit()):
+        raise ValueError(f"not a stream id: {entry_id[:60]!r}")
+    return int(ms), int(seq or 0)
+
+
+def _id_token(entry_id: str) -> str:
+    ms, seq = id_parts(entry_id)
+    return f"{ms:0{_ID_WIDTH}d}-{seq:0{_ID_WIDTH}d}"
+
+
+def _token_id(ms: str, seq: str) -> str:
+    return f"{int(ms)}-{int(seq)}"
+
+
+def date_of_ms(ms: int) -> str:
+    """`YYYY-MM-DD` (UTC) of a stream id's milliseconds; clamped into year 1970..9999."""
+    return datetime.fromtimestamp(min(max(ms, 0), _MAX_MS) / 1000, UTC).strftime("%Y-%m-%d")
+
+
+# ---------------------------------------------------------------------------------- raw segments
+
+
+@dataclass(frozen=True)
+class ArchivedEntry:
+    """One stream entry as archived: where it was and every field, byte-exact, in Redis order."""
+
+    shard: int
+    stream: str  # "raw" or "control" (STREAM_KINDS)
+    id: str  # the stream id, `<ms>-<seq>`
+    fields: dict[bytes, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RawSegmentKey:
+    date: str
+    shard: int
+    stream: str
+    first_id: str
+
+
+RAW_SCHEMA = pa.schema(
+    [
+        pa.field("shard", pa.int32(), nullable=False),
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("id_ms", pa.uint64(), nullable=False),
+        pa.field("id_seq", pa.uint64(), nullable=False),
+        pa.field("run", pa.string()),
+        pa.field("seq", pa.int64()),
+        pa.field("kind", pa.string()),
+        pa.field("ts", pa.string()),
+        pa.field("line", pa.binary()),
+        pa.field(
+            "fields",
+            pa.list_(pa.struct([pa.field("name", pa.binary(), nullable=False), pa.field("value", pa.binary(), nullable=False)])),
+            nullable=False,
+        ),
+    ],
+    metadata={b"goose_ingest_archive": f"raw/{FORMAT_VERSION}".encode()},
+)
+
+
+def raw_segment_key(stream_kind: str, shard: int, first_id: str) -> str:
+    """The object name of the segment of `stream_kind` ("raw"/"control") on `shard` that starts at
+    stream id `first_id`: a function of these three only (see the module docstring)."""
+    if stream_kind not in STREAM_KINDS:
+        raise ValueError(f"stream kind must be one of {STREAM_KINDS}, not {stream_kind!r}")
+    if shard < 0:
+        raise ValueError(f"shard must be >= 0, not {shard}")
+    ms, _ = id_parts(first_id)
+    return f"{RAW_PREFIX}/date={date_of_ms(ms)}/shard={shard:03d}/{stream_kind}-{_id_token(first_id)}.parquet"
+
+
+def parse_raw_segment_key(key: str) -> RawSegmentKey:
+    """The parts of a raw segment's object name; ValueError for any other name."""
+    m = _RAW_KEY.match(key)
+    if m is None:
+        raise ValueError(f"not a raw segment name: {key[:200]!r}")
+    return RawSegmentKey(date=m.group(1), shard=int(m.group(2)), stream=m.group(3), first_id=_token_id(m.group(4), m.group(5)))
+
+
+def _text(value: bytes | None) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace")
+
+
+def _int_or_none(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        return None
+    return number if _INT64[0] <= number <= _INT64[1] else None
+
+
+def encode_raw_segment(records: Sequence[ArchivedEntry]) -> bytes:
+    """A raw segment (Parquet bytes) of `records`, in the order given (the consumer gives them in
+    stream-id order). ValueError for an empty segment or an id that is not a stream id."""
+    if not records:
+        raise ValueError("a segment holds at least one entry")
+    shards: list[int] = []
+    streams: list[str] = []
+    ids: list[str] = []
+    ms_col: list[int] = []
+    seq_col: list[int] = []
+    run: list[str | None] = []
+    seq: list[int | None] = []
+    kind: list[str | None] = []
+    ts: list[str | None] = []
+    line: list[bytes | None] = []
+    fields: list[list[dict[str, bytes]]] = []
+    for rec in records:
+        if rec.stream not in STREAM_KINDS:
+            raise ValueError(f"stream kind must be one of {STREAM_KINDS}, not {rec.stream!r}")
+        ms, sq = id_parts(rec.id)
+        shards.append(rec.shard)
+        streams.append(rec.stream)
+        ids.append(rec.id)
+        ms_col.append(ms)
+        seq_col.append(sq)
+        f = rec.fields
+        run.append(_text(f.get(b"run")))
+        seq.append(_int_or_none(f.get(b"seq")))
+        kind.append(_text(f.get(b"kind")))
+        ts.append(_text(f.get(b"ts")))
+        line.append(f.get(b"line"))
+        fields.append([{"name": bytes(k), "value": bytes(v)} for k, v in f.items()])
+    table = pa.table(
+        [shards, streams, ids, ms_col, seq_col, run, seq, kind, ts, line, fields], schema=RAW_SCHEMA
+    )
+    return _write(table)
+
+
+def decode_raw_segment(data: bytes) -> list[ArchivedEntry]:
+    """The entries of a raw segment, in their order. SegmentError if it is not one (corrupt,
+    truncated, another schema): the caller names the object and goes on with the others."""
+    table = _read(data)
+    missing = {"shard", "stream", "id", "fields"} - set(table.column_names)
+    if missing:
+        raise SegmentError(f"not a raw segment (no column {sorted(missing)[0]})")
+    try:
+        shards = table.column("shard").to_pylist()
+        streams = table.column("stream").to_pylist()
+        ids = table.column("id").to_pylist()
+        fields = table.column("fields").to_pylist()
+        return [
+            ArchivedEntry(shard=s, stream=k, id=i, fields={p["name"]: p["value"] for p in fl})
+            for s, k, i, fl in zip(shards, streams, ids, fields, strict=True)
+        ]
+    except (TypeError, KeyError, pa.ArrowException) as exc:
+        raise SegmentError(f"not a raw segment ({exc})") from None
+
+
+def _write(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression=COMPRESSION)
+    return sink.getvalue()
+
+
+def _read(data: bytes) -> pa.Table:
+    try:
+        return pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise SegmentError(f"not a Parquet file ({str(exc)[:200]})") from None
+
+
+# ---------------------------------------------------------------------------------- event lake
+
+EVENT_SCHEMA = pa.schema(
+    [
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("event_id", pa.string(), nullable=False),
+        pa.field("run_key", pa.string(), nullable=False),
+        pa.field("seq", pa.int32(), nullable=False),
+        pa.field("type", pa.string(), nullable=False),
+        pa.field("tool", pa.string()),
+        pa.field("tool_call_id", pa.string()),
+        pa.field("success", pa.bool_()),
+        pa.field("exit_code", pa.int32()),
+        pa.field("path", pa.string()),
+        pa.field("command", pa.string()),
+        pa.field("duration_ms", pa.int64()),
+        pa.field("code", pa.string()),
+        pa.field("error_class", pa.string()),
+        pa.field("data", pa.string(), nullable=False),
+    ],
+    metadata={b"goose_ingest_archive": f"events/{FORMAT_VERSION}".encode()},
+)
+
+RUN_SCHEMA = pa.schema(
+    [
+        pa.field("record_id", pa.string(), nullable=False),
+        pa.field("run_key", pa.string(), nullable=False),
+        pa.field("k", pa.int32(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("seq", pa.int32(), nullable=False),
+        pa.field("host", pa.string()),
+        pa.field("agent", pa.string()),
+        pa.field("format", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("parent_run_key", pa.string()),
+        pa.field("continues_run_key", pa.string()),
+        pa.field("exit_code", pa.int32()),
+        pa.field("input_tokens", pa.int64()),
+        pa.field("output_tokens", pa.int64()),
+        pa.field("total_tokens", pa.int64()),
+        pa.field("cache_read_tokens", pa.int64()),
+        pa.field("cache_write_tokens", pa.int64()),
+        pa.field("cost_usd", pa.float64()),
+        pa.field("counts", pa.string(), nullable=False),
+        pa.field("data", pa.string(), nullable=False),
+    ],
+    metadata={b"goose_ingest_archive": f"runs/{FORMAT_VERSION}".encode()},
+)
+
+
+@dataclass(frozen=True)
+class TopicEntry:
+    """One topic entry as read: the partition's shard (0 on a single node), its id and fields."""
+
+    shard: int
+    id: str
+    fields: Mapping[bytes, bytes]
+
+
+@dataclass(frozen=True)
+class LakeObject:
+    """One object of the event lake to write: its name and its Parquet bytes."""
+
+    key: str
+    data: bytes
+    rows: int
+
+
+@dataclass(frozen=True)
+class LakeRejected:
+    """A topic entry the lake has no row for (the sink would dead-letter it too), and why."""
+
+    shard: int
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LakeSegment:
+    objects: list[LakeObject]
+    rejected: list[LakeRejected]
+
+
+def _ts_us(ts: str) -> datetime:
+    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def _json_text(doc: Mapping[str, Any], key: str) -> str | None:
+    """`data ->> 'key'` as PostgreSQL computes it: a string as it is, JSON null or absent as NULL,
+    any other value as its JSON text."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def _json_int(doc: Mapping[str, Any], key: str, bounds: tuple[int, int]) -> int | None:
+    """The generated integer columns: a JSON number becomes the integer or the row is refused (as
+    the server's cast refuses `1.5` or a value beyond the column); anything else is NULL."""
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) or not bounds[0] <= value <= bounds[1]:
+        raise ValueError(f"{key} {value!r} does not fit its column")
+    return value
+
+
+def event_row(row: pg_rows.EventRow) -> dict[str, Any]:
+    """The `events` table's columns of one event (0001_tables.sql's generated columns, in Python)
+    plus `error_class` (0003's `errorClass`). ValueError where the server would refuse the row."""
+    doc = orjson.loads(row.data)
+    seq = doc["seq"]
+    if seq > _INT32[1]:
+        raise ValueError(f"seq {seq} does not fit its column")
+    success = doc.get("isSuccess")
+    return {
+        "ts": _ts_us(row.ts),
+        "event_id": row.event_id,
+        "run_key": doc["runId"],
+        "seq": seq,
+        "type": doc["type"],
+        "tool": _json_text(doc, "tool"),
+        "tool_call_id": _json_text(doc, "toolCallId"),
+        "success": success if isinstance(success, bool) else None,
+        "exit_code": _json_int(doc, "exitCode", _INT32),
+        "path": _json_text(doc, "path"),
+        "command": _json_text(doc, "command"),
+        "duration_ms": _json_int(doc, "durationMs", _INT64),
+        "code": _json_text(doc, "code"),
+        "error_class": _json_text(doc, "errorClass"),
+        "data": row.data.decode("utf-8"),
+    }
+
+
+def record_row(row: pg_rows.RecordRow) -> dict[str, Any]:
+    """The `run_records` table's columns of one lifecycle record (the sink's RecordRow)."""
+    for name, value, bounds in (("k", row.k, _INT32), ("seq", row.seq, _INT32), ("exit_code", row.exit_code, _INT32)):
+        if value is not None and not bounds[0] <= value <= bounds[1]:
+            raise ValueError(f"{name} {value} does not fit its column")
+    for name in ("input_tokens", "output_tokens", "total_tokens", "cache_read_tokens", "cache_write_tokens"):
+        value = getattr(row, name)
+        if value is not None and not _INT64[0] <= value <= _INT64[1]:
+            raise ValueError(f"{name} {value} does not fit its column")
+    values = dict(zip(pg_rows.RECORD_COLUMNS, row.values(), strict=True))
+    values["ts"] = _ts_us(row.ts)
+    return values
+
+
+def _lake_token(shard: int, first_id: str) -> str:
+    return f"part-{shard:03d}-{_id_token(first_id)}.parquet"
+
+
+def events_object_key(date: str, event_type: str, shard: int, first_id: str) -> str:
+    return f"{EVENTS_PREFIX}/date={date}/type={event_type}/{_lake_token(shard, first_id)}"
+
+
+def runs_object_key(date: str, shard: int, first_id: str) -> str:
+    return f"{RUNS_PREFIX}/date={date}/{_lake_token(shard, first_id)}"
+
+
+@dataclass(frozen=True)
+class LakeKey:
+    dataset: str  # "events" or "runs"
+    date: str
+    event_type: str | None
+    shard: int
+    first_id: str
+
+
+def parse_lake_key(key: str) -> LakeKey:
+    m = _LAKE_KEY.match(key)
+    if m is None or (m.group(1) == "events") != (m.group(3) is not None):
+        raise ValueError(f"not an event-lake object name: {key[:200]!r}")
+    return LakeKey(m.group(1), m.group(2), m.group(3), int(m.group(4)), _token_id(m.group(5), m.group(6)))
+
+
+def _ceiling(entry_id: str) -> str:
+    """The latest sane event time for an entry: its own time plus SANE_AHEAD. A function of the
+    entry (not of the archive's clock as in the sink) so that a rewrite gives the same objects."""
+    ms, _ = id_parts(entry_id)
+    ahead = int(pg_rows.SANE_AHEAD.total_seconds() * 1000)
+    return pg_rows.rfc3339(datetime.fromtimestamp(min(ms + ahead, _MAX_MS) / 1000, UTC))
+
+
+def encode_event_rows(events: Sequence[TopicEntry], records: Sequence[TopicEntry]) -> LakeSegment:
+    """The event-lake objects of one segment of topic entries: `events` from the events topic and
+    `records` from the runs topic (each in stream-id order, one partition each). The objects of a
+    dataset are named after that dataset's first entry id (see the module docstring); rows are split
+    by date (of the event's or record's time, made sane as the sink does) and, for events, by type."""
+    rejected: list[LakeRejected] = []
+    objects: list[LakeObject] = []
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for entry in events:
+        ref = pg_rows.EntryRef(str(entry.shard), entry.id)
+        try:
+            row = pg_rows.sane(pg_rows.parse_event(ref, entry.fields), _ceiling(entry.id))
+            values = event_row(row)
+        except ValueError as exc:  # rows._Invalid is a ValueError
+            rejected.append(LakeRejected(entry.shard, entry.id, str(exc)))
+            continue
+        groups.setdefault((row.ts[:10], values["type"]), []).append(values)
+    if events:
+        first = events[0]
+        for (date, event_type), rows in sorted(groups.items()):
+            table = pa.Table.from_pylist(rows, schema=EVENT_SCHEMA)
+            objects.append(LakeObject(events_object_key(date, event_type, first.shard, first.id), _write(table), len(rows)))
+    run_groups: dict[str, list[dict[str, Any]]] = {}
+    for entry in records:
+        ref = pg_rows.EntryRef(str(entry.shard), entry.id)
+        try:
+            rec = pg_rows.parse_record(ref, entry.fields)
+            values = record_row(rec)
+        except ValueError as exc:
+            rejected.append(LakeRejected(entry.shard, entry.id, str(exc)))
+            continue
+        ceiling = _ceiling(entry.id)
+        date = rec.ts[:10] if pg_rows.SANE_FROM <= rec.ts <= ceiling else pg_rows.entry_time(entry.id)[:10]
+        run_groups.setdefault(date, []).append(values)
+    if records:
+        first = records[0]
+        for date, rows in sorted(run_groups.items()):
+            table = pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
+            objects.append(LakeObject(runs_object_key(date, first.shard, first.id), _write(table), len(rows)))
+    return LakeSegment(objects, rejected)
+
+
+def decode_event_rows(data: bytes) -> list[dict[str, Any]]:
+    """The rows of an `events/` object (column name -> value). SegmentError if it is not one."""
+    return _decode_rows(data, EVENT_SCHEMA)
+
+
+def decode_run_rows(data: bytes) -> list[dict[str, Any]]:
+    """The rows of a `runs/` object (column name -> value). SegmentError if it is not one."""
+    return _decode_rows(data, RUN_SCHEMA)
+
+
+def _decode_rows(data: bytes, schema: pa.Schema) -> list[dict[str, Any]]:
+    table = _read(data)
+    missing = set(schema.names) - set(table.column_names)
+    if missing:
+        raise SegmentError(f"not an event-lake object (no column {sorted(missing)[0]})")
+    rows: list[dict[str, Any]] = table.select(schema.names).to_pylist()
+    return rows
+
+
+def entries_size(entries: Iterable[ArchivedEntry]) -> int:
+    """The bytes of field names and values: what the size cut of a segment counts."""
+    return sum(len(k) + len(v) for e in entries for k, v in e.fields.items())
+
+
+__all__ = [
+    "ArchivedEntry", "LakeObject", "LakeRejected", "LakeSegment", "RawSegmentKey", "SegmentError", "TopicEntry",
+    "decode_event_rows", "decode_raw_segment", "decode_run_rows", "encode_event_rows", "encode_raw_segment",
+    "parse_lake_key", "parse_raw_segment_key", "raw_segment_key",
+]  # fmt: skip
