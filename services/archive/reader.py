@@ -46,9 +46,9 @@ from services.archive.segments import (
     parse_raw_segment_key,
 )
 from services.archive.store import ArchiveStore
+from services.archive.window import DAY_MS, Window
 from services.broker.keys import KeyLayout
 from services.replay.rebuild import LogEntry, sid_key
-from services.archive.window import DAY_MS, Window
 
 CONTROL = "control"
 RAW = "raw"

@@ -99,7 +99,7 @@ def publish(client: Any, items: Iterable[Output], batch: int = PIPELINE_ENTRIES)
     pipe = client.pipeline(transaction=False)
     pending = 0
     for item in items:
-        pipe.xadd(item.stream, item.fields)  # type: ignore[arg-type]  # bytes keys and values
+        pipe.xadd(item.stream, item.fields)  # type: ignore[arg-type,unused-ignore]  # bytes keys and values
         pending += 1
         if pending >= batch:
             pipe.execute()

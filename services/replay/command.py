@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
+from services.archive.window import Window, window
 from services.broker.connect import sync_client
 from services.normalizer import Limits
-from services.archive.window import Window, window
 from services.replay.rebuild import LogEntry, merge_log, rebuild
 from services.settings import ConfigError, Settings
 
@@ -147,7 +147,7 @@ def _with_lake(published: dict[str, list[dict[str, Any]]], lake: dict[str, dict[
         if runs is not None and rid not in runs:
             continue
         by_id = dict(lake.get(rid, {}))
-        by_id.update({e.get("eventId"): e for e in published.get(rid, [])})
+        by_id.update({str(e.get("eventId")): e for e in published.get(rid, [])})
         out[rid] = sorted(by_id.values(), key=lambda e: e.get("seq", 0))
     return out
 
