@@ -110,11 +110,11 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
                 break
     for bad in corrupt:
         print(f"replay: corrupt archive object {bad.key}: {bad.reason} (skipped; the rest is replayed)", file=err)
-    diffs += len(corrupt)
     print(f"replay: {len(rebuilt.events)} runs rebuilt from the raw log, {diffs} differ from the published events"
-          + (f" ({rebuilt.invalid} invalid raw entries skipped, as the workers dead-lettered them)" if rebuilt.invalid else ""),
+          + (f" ({rebuilt.invalid} invalid raw entries skipped, as the workers dead-lettered them)" if rebuilt.invalid else "")
+          + (f"; {len(corrupt)} archive objects could not be read" if corrupt else ""),
           file=out)
-    return diffs
+    return diffs + len(corrupt)
 
 
 def _archive_log(settings: Settings, client: Any, source: str, win: Window, run_key: str | None

@@ -1,0 +1,96 @@
+"""Helpers for the tests of replay, reprocessing and the lake over the archive (tests/test_archive_replay*.py,
+tests/test_reprocess*.py, tests/test_lake_analytics.py).
+
+`archive_from_redis` writes what Redis holds as the archive consumer does (the same format
+functions, services/archive/segments.py, through the same store client), in small segments so a
+test has many objects; `goose-ingest archive` itself is tested by tests/test_archive*.py.
+`trim_to` then plays a short Redis retention: what the archive holds is gone from Redis.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from services.archive.segments import (
+    ArchivedEntry,
+    TopicEntry,
+    encode_event_rows,
+    encode_raw_segment,
+    raw_segment_key,
+)
+from services.archive.store import ArchiveStore, open_store
+from services.broker.connect import sync_client
+from services.settings import Settings
+from tests.fixtures import TRANSCRIPTS
+from tests.pipeline_helpers import REPO
+from tests.support.redis_server import cli_env
+
+
+def file_store(settings: Settings, directory: Path) -> tuple[str, ArchiveStore]:
+    url = f"file://{directory}"
+    store = open_store(settings.model_copy(update={"archive_url": url}))
+    assert store is not None
+    return url, store
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def archive_from_redis(settings: Settings, store: ArchiveStore, segment: int = 40) -> list[str]:
+    """Raw and control streams as raw segments, topics as the event lake; the keys written."""
+    r = sync_client(settings)
+    layout = settings.layout
+    keys: list[str] = []
+    for kind, streams in (("raw", layout.raw_streams()), ("control", layout.control_streams())):
+        for shard, stream in enumerate(streams):
+            entries = [ArchivedEntry(shard, kind, sid.decode(), dict(fields)) for sid, fields in r.xrange(stream)]
+            for chunk in _chunks(entries, segment):
+                key = raw_segment_key(kind, shard, chunk[0].id)
+                store.put(key, encode_raw_segment(chunk))
+                keys.append(key)
+    for shard, stream in enumerate(layout.events_partitions()):
+        events = [TopicEntry(shard, sid.decode(), fields) for sid, fields in r.xrange(stream)]
+        for chunk in _chunks(events, segment):
+            for obj in encode_event_rows(chunk, []).objects:
+                store.put(obj.key, obj.data)
+                keys.append(obj.key)
+    for shard, stream in enumerate(layout.runs_partitions()):
+        records = [TopicEntry(shard, sid.decode(), fields) for sid, fields in r.xrange(stream)]
+        for chunk in _chunks(records, segment):
+            for obj in encode_event_rows([], chunk).objects:
+                store.put(obj.key, obj.data)
+                keys.append(obj.key)
+    return keys
+
+
+def trim_to(settings: Settings, min_id: str, topics: bool = True) -> int:
+    """XTRIM MINID every raw and control stream (and the topics): a short retention. Entries removed."""
+    r = sync_client(settings)
+    layout = settings.layout
+    streams = [*layout.raw_streams(), *layout.control_streams()]
+    if topics:
+        streams += [*layout.events_partitions(), *layout.runs_partitions()]
+    return sum(int(r.xtrim(s, minid=min_id)) for s in streams)
+
+
+def publish_runs(settings: Settings, runs: dict[str, Path]) -> None:
+    """Each run through the real `goose-ingest publish` CLI (which ends it with an eof)."""
+    procs = [subprocess.Popen([sys.executable, "-m", "services.cli", "publish", "--run", run, str(path)], cwd=REPO,
+                              env=cli_env(settings), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for run, path in runs.items()]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode(errors="replace")
+
+
+def runs_of(prefix: str) -> dict[str, Path]:
+    return {f"{prefix}/{path.stem}": path for path in TRANSCRIPTS}
+
+
+def cli(settings: Settings, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """`goose-ingest ARGS` as a real process against the test's broker and namespace."""
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=cli_env(settings, **env),
+                          capture_output=True, text=True, timeout=timeout)
