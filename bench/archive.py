@@ -12,7 +12,11 @@ Variants, interleaved over ``--rounds`` rounds in the same process (CPU speed dr
 - ``write only``: ``pq.write_table`` of the same Arrow table built beforehand (not timed): what
   Parquet encoding and zstd alone cost, to show where the rest of the time goes;
 - ``archive``: the archive's write path: ``encode_raw_segment`` (services/archive/segments.py)
-  and ``ArchiveStore.put`` to a ``file://`` store (a whole-object atomic put, as the consumer does).
+  and ``ArchiveStore.put`` to a ``file://`` store (a whole-object atomic put, as the consumer does);
+- ``archive, flat fields``: the same put, the segment encoded by ``encode_flat`` below, a
+  prototype that builds the ``fields`` column from two flat binary arrays and an offsets array
+  instead of one Python dict per field (same schema; the test below decodes the same entries):
+  where the archive's time goes, and what a change to ``encode_raw_segment`` would give.
 
 Then, from what ``archive`` wrote:
 - **bytes per raw line** in the archive (object bytes / entries) against what the same entries
@@ -47,7 +51,13 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from services.archive import reader  # noqa: E402
-from services.archive.segments import RAW_SCHEMA, ArchivedEntry, encode_raw_segment, raw_segment_key  # noqa: E402
+from services.archive.segments import (  # noqa: E402
+    RAW_SCHEMA,
+    ArchivedEntry,
+    decode_raw_segment,
+    encode_raw_segment,
+    raw_segment_key,
+)
 from services.archive.store import open_store  # noqa: E402
 from services.archive.window import Window  # noqa: E402
 from services.normalizer import Limits  # noqa: E402
@@ -136,9 +146,48 @@ def floor_write(table: pa.Table, directory: Path) -> int:
     return table.num_rows
 
 
-def archive_write(store, segment: list[ArchivedEntry]) -> int:  # type: ignore[no-untyped-def]
-    store.put(raw_segment_key("raw", segment[0].shard, segment[0].id), encode_raw_segment(segment))
+def archive_write(store, segment: list[ArchivedEntry], encode=encode_raw_segment) -> int:  # type: ignore[no-untyped-def]
+    store.put(raw_segment_key("raw", segment[0].shard, segment[0].id), encode(segment))
     return len(segment)
+
+
+_FIELDS = RAW_SCHEMA.field("fields").type
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", errors="replace")
+
+
+def _int(value: bytes | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def encode_flat(records: list[ArchivedEntry]) -> bytes:
+    """encode_raw_segment's table, the `fields` column built from flat arrays plus offsets."""
+    cols: list[list[object]] = [[] for _ in range(10)]
+    names: list[bytes] = []
+    values: list[bytes] = []
+    offsets = [0]
+    for rec in records:
+        ms, _, sq = rec.id.partition("-")
+        f = rec.fields
+        for col, value in zip(cols, (rec.shard, rec.stream, rec.id, int(ms), int(sq or 0), _text(f.get(b"run")),
+                                     _int(f.get(b"seq")), _text(f.get(b"kind")), _text(f.get(b"ts")), f.get(b"line")),
+                              strict=True):
+            col.append(value)
+        names.extend(f.keys())
+        values.extend(f.values())
+        offsets.append(len(names))
+    struct = pa.StructArray.from_arrays([pa.array(names, pa.binary()), pa.array(values, pa.binary())],
+                                        fields=list(_FIELDS.value_type))
+    fields = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), struct, type=_FIELDS)
+    arrays = [pa.array(c, t.type) for c, t in zip(cols, RAW_SCHEMA, strict=False)]
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_arrays([*arrays, fields], schema=RAW_SCHEMA), sink, compression="zstd")
+    return sink.getvalue()
 
 
 def timed(fn: Callable[[], int]) -> float:
@@ -204,32 +253,41 @@ def main() -> None:
         f"segments of {args.segment} entries ({len(segs)} segments), {args.rounds} rounds interleaved")
     tables = [floor_table(s) for s in segs]
     rows = [floor_rows(t) for t in tables]
-    results: dict[str, list[float]] = {"floor": [], "write only": [], "archive": []}
+    assert decode_raw_segment(encode_flat(segs[0])) == decode_raw_segment(encode_raw_segment(segs[0]))
+    results: dict[str, list[float]] = {"floor": [], "write only": [], "archive": [], "archive, flat fields": []}
     ratios: list[float] = []
+    flat_ratios: list[float] = []
     store_dir = work / "store"
     try:
         for rnd in range(args.rounds):
             (work / "floor").mkdir(exist_ok=True)
             shutil.rmtree(store_dir, ignore_errors=True)
             store = open_store(Settings(archive_url=f"file://{store_dir}"))  # type: ignore[call-arg]
-            order = ["floor", "write only", "archive"]
-            order = order[rnd % 3:] + order[:rnd % 3]  # rotated: no variant always first
+            order = ["floor", "write only", "archive", "archive, flat fields"]
+            order = order[rnd % 4:] + order[:rnd % 4]  # rotated: no variant always first
             got: dict[str, float] = {}
             for name in order:
                 if name == "floor":
                     got[name] = timed(lambda: sum(rows_write(r, work / "floor") for r in rows))
                 elif name == "write only":
                     got[name] = timed(lambda: sum(floor_write(t, work / "floor") for t in tables))
-                else:
+                elif name == "archive":
                     got[name] = timed(lambda: sum(archive_write(store, s) for s in segs))  # noqa: B023
+                else:
+                    got[name] = timed(lambda: sum(archive_write(store, s, encode_flat) for s in segs))  # noqa: B023
                 results[name].append(got[name])
             ratios.append(got["archive"] / got["floor"])
+            flat_ratios.append(got["archive, flat fields"] / got["floor"])
             say(f"round {rnd + 1}: floor {got['floor']:,.0f} lines/s, write only {got['write only']:,.0f} lines/s, "
-                f"archive {got['archive']:,.0f} lines/s, ratio archive/floor {ratios[-1]:.2f}")
+                f"archive {got['archive']:,.0f} lines/s (ratio {ratios[-1]:.2f}), flat fields "
+                f"{got['archive, flat fields']:,.0f} lines/s (ratio {flat_ratios[-1]:.2f})")
         say(f"write: floor median {statistics.median(results['floor']):,.0f} lines/s, write-only median "
             f"{statistics.median(results['write only']):,.0f} lines/s, archive median "
             f"{statistics.median(results['archive']):,.0f} lines/s, ratio archive/floor median {statistics.median(ratios):.2f} "
             f"(min {min(ratios):.2f}, max {max(ratios):.2f}; target >= 0.5)")
+        say(f"prototype: archive with a flat fields column median {statistics.median(results['archive, flat fields']):,.0f} "
+            f"lines/s, ratio to floor median {statistics.median(flat_ratios):.2f} "
+            f"(min {min(flat_ratios):.2f}, max {max(flat_ratios):.2f})")
 
         archived = sum(p.stat().st_size for p in store_dir.rglob("*.parquet"))
         in_redis = redis_bytes_per_line(shards)

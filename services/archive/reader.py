@@ -16,7 +16,7 @@ last one that starts before it, and drops entries outside the window after decod
 
 Which runs: a window selects RUNS, not entries. A run is in the window when any of its raw
 entries is; it is then rebuilt from all of its entries the reader read (which is everything when
-the run started at most a day before `since`: see docs/archive.md, "Replay"), because a run cut in
+the run started at most a day before `since`: see docs/archive-replay.md, "Replay"), because a run cut in
 half would not give the events the workers published.
 
 A corrupt segment (not Parquet, truncated, another schema) is NAMED in the result and the others

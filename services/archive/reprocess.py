@@ -1,5 +1,5 @@
 """`goose-ingest reprocess`: rebuild the events of a time window from the log of record with the
-CURRENT normalizer and redaction settings, and publish them for the exporters (docs/archive.md,
+CURRENT normalizer and redaction settings, and publish them for the exporters (docs/archive-replay.md,
 "Reprocessing").
 
 Design:

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Read the raw log of the runs with an entry in [--since, --until) from the archive "
         "(GOOSE_INGEST_ARCHIVE_URL) and Redis, rebuild their events and run records with THIS process's "
         "normalizer and redaction settings, and publish them to <EVENTS_TOPIC>.reprocessed and "
-        "<RUNS_TOPIC>.reprocessed; point an exporter at those topics (docs/archive.md, \"Reprocessing\"). "
+        "<RUNS_TOPIC>.reprocessed; point an exporter at those topics (docs/archive-replay.md, \"Reprocessing\"). "
         "Needs the admin role. Exit 1 when a corrupt archive object stopped it (nothing published).",
     )
     p.add_argument("--since", required=True, help="start of the window: 2026-12-01, 2026-12-01T05:00:00Z, or a time ago (24h, 2d)")

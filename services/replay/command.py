@@ -2,7 +2,7 @@
 log and report differences.
 
 The raw log is what Redis holds, plus, when an archive is configured (GOOSE_INGEST_ARCHIVE_URL),
-what the archive holds: services/archive/reader.py reads and merges both (docs/archive.md,
+what the archive holds: services/archive/reader.py reads and merges both (docs/archive-replay.md,
 "Replay"); the published events are then the topics' plus the event lake's.
 """
 

@@ -229,7 +229,7 @@ class Store:
         _copy(conn, "events_stage", b"".join(r.copy_line() for r in rows))
         # An event already stored with the same content is a re-delivery (skipped, counted as a
         # duplicate); with different content it is the same event rebuilt by `goose-ingest reprocess`
-        # with newer settings (docs/archive.md, "Reprocessing"): the newer content replaces it.
+        # with newer settings (docs/archive-replay.md, "Reprocessing"): the newer content replaces it.
         # DISTINCT ON: one statement may not update a row twice (the same event twice in a batch).
         cur = conn.execute("INSERT INTO events AS e (ts, data) SELECT DISTINCT ON (ts, data ->> 'runId', data ->> 'seq') "
                            "ts, data FROM events_stage "
