@@ -34,6 +34,7 @@ _COMMAND_MODULES = [
     "services.export.command",
     "services.broker.acl",
     "services.runs.command",
+    "services.archive.command",
 
     "services.gateway.command",
     "services.archive.reprocess_command",
@@ -55,6 +56,7 @@ _MODULE_OF = {
     "export": "services.export.command",
     "acl": "services.broker.acl",
     "runs": "services.runs.command",
+    "archive": "services.archive.command",
 
     "gateway": "services.gateway.command",
     "tokens": "services.gateway.command",

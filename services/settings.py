@@ -38,7 +38,7 @@ ENV_PREFIX = "GOOSE_INGEST_"
 # the chart set the variable explicitly (one process per container, one port for every probe).
 DEFAULT_METRICS_PORT = 9464
 COMMAND_METRICS_PORTS = {"worker": DEFAULT_METRICS_PORT, "up": DEFAULT_METRICS_PORT,
-                         "export otlp": 9465, "export postgres": 9466}
+                         "export otlp": 9465, "export postgres": 9466, "archive": 9467}
 
 
 # GOOSE_INGEST_* variables that are read outside Settings (build, tests, tools): not worth a warning.
@@ -162,7 +162,7 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         default=DEFAULT_METRICS_PORT, ge=0, le=65535,
         description="HTTP port of /metrics, /healthz, /readyz (0: any free port). Unset: 9464 for `worker` and `up`, "
-        "9465 for `export otlp`, 9466 for `export postgres`.",
+        "9465 for `export otlp`, 9466 for `export postgres`, 9467 for `archive`.",
     )
     metrics_host: str = Field(default="0.0.0.0", description="Bind address of the metrics server.")
     metrics_port_file: str = Field(

@@ -215,6 +215,12 @@ def roles(layout: KeyLayout) -> list[Role]:
              _selector("+xadd", *_keys("%W", *k.export_deadletter["postgres"]))),
         ),
         Role(
+            "archive",
+            "`archive`: its consumer group on the raw shards, control streams and topics (read, acknowledge); "
+            "no XADD, no XTRIM, no state: it cannot change what it archives",
+            (*CONNECTION, *STREAM_CONSUMER, *_keys("", k.raw, k.control, *k.topics)),
+        ),
+        Role(
             "admin",
             "operators: `replay`, inspection and repair of groups and keys of this namespace; nothing that "
             "wipes or reconfigures the server",
@@ -225,7 +231,8 @@ def roles(layout: KeyLayout) -> list[Role]:
     ]
 
 
-ROLE_NAMES = ("tap", "gateway", "importer", "worker", "consumer", exporter_role("otlp"), exporter_role("postgres"), "admin")
+ROLE_NAMES = ("tap", "gateway", "importer", "worker", "consumer", exporter_role("otlp"), exporter_role("postgres"), "archive",
+              "admin")
 
 
 def user_name(role: str, namespace: str = "") -> str:
@@ -256,7 +263,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "acl",
         help="print the Redis ACL users (one per role) for the configured namespace and names",
         description="Print a users.acl for Redis (aclfile) with one user per role -- tap, gateway, importer, worker, "
-        "consumer, otlp-exporter, postgres-exporter, admin -- each limited to the commands and keys it needs (docs/architecture.md). "
+        "consumer, otlp-exporter, postgres-exporter, archive, admin -- each limited to the commands and keys it needs (docs/architecture.md). "
         "Roles given a password are on; the others are off.",
     )
     p.add_argument("--password-file", action="append", default=[], metavar="ROLE=PATH",

@@ -231,19 +231,17 @@ class Housekeeper:
         raw_cutoff = now_ms - int(s.raw_retention_hours * 3_600_000)
         layout = s.layout
         for shard, stream in enumerate(layout.raw_streams()):
-            try:
-                groups = await self.client.xinfo_groups(stream)
-            except ResponseError:
+            frontier = await self._committed_ms(stream, s.group)
+            if frontier is None:
                 continue
-            group = next((g for g in groups if g["name"].decode() == s.group), None)
-            if group is None:
-                continue
-            frontier = stream_id_ms(group["last-delivered-id"])
-            summary = await self.client.xpending(stream, s.group)
-            if summary and summary.get("pending"):
-                frontier = min(frontier, stream_id_ms(summary["min"]))
             # Entries not yet delivered (lag) sit above last-delivered-id, so they are never below it.
             cutoff = min(raw_cutoff, frontier)
+            if s.archive_url:
+                # The archive is the log of record beyond Redis (docs/archive.md): nothing it has not
+                # written may go, on the raw stream or on the control stream. Its group missing (not
+                # started yet, or Redis lost it): keep everything until it is back.
+                archived = [await self._committed_ms(k, s.archive_group) for k in (stream, layout.control_stream(shard))]
+                cutoff = min(cutoff, *(-1 if a is None else a for a in archived))
             if cutoff > 0:
                 await self.client.xtrim(stream, minid=f"{cutoff}-0", approximate=True)
                 # The shard's control entries (abandon markers) are part of the same log: same cutoff,
@@ -253,6 +251,23 @@ class Housekeeper:
                   *(p for t in EVENT_TYPES for p in layout.type_partitions(t))]
         for stream in topics:
             await self.trim_topic(stream, now_ms)
+
+    async def _committed_ms(self, stream: str, group: str) -> int | None:
+        """The ms below which `group` has committed everything on `stream` (its oldest pending
+        entry, else its last-delivered id); None when the stream or the group does not exist."""
+        try:
+            groups = await self.client.xinfo_groups(stream)
+        except ResponseError:
+            return None
+        info = next((g for g in groups if _text(g["name"]) == group), None)
+        if info is None:
+            return None
+        frontier = stream_id_ms(info["last-delivered-id"])
+        if int(info.get("pending") or 0):
+            summary = await self.client.xpending(stream, group)
+            if summary and summary.get("pending"):
+                frontier = min(frontier, stream_id_ms(summary["min"]))
+        return frontier
 
     async def trim_topic(self, stream: str, now_ms: int) -> dict[str, int]:
         """Trim a topic stream by age, but never below what a registered consumer group has not read,

@@ -1,0 +1,79 @@
+"""`goose-ingest archive`: the raw log and the topics into object storage (docs/archive.md).
+
+The shell of the shell: settings, the start-up checks (one line and exit 2 for a bad URL, a bucket
+that does not exist, credentials refused, an endpoint that is not S3), the metrics server, signals.
+The loop itself is services/archive/consumer.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from typing import Any, cast
+
+from services.settings import ConfigError, Settings
+
+log = logging.getLogger("goose_ingest.archive")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "archive",
+        help="archive the raw log and the topics to object storage (file:// or s3://) as Parquet",
+        description="Read every raw shard, control stream and topic partition with a consumer group of its own and "
+        "write them, in stream-id order, as immutable Parquet segments to GOOSE_INGEST_ARCHIVE_URL (file:///dir or "
+        "s3://bucket/prefix; S3 settings from the standard AWS_* variables): the raw log byte-exact, the events and "
+        "run records as an event lake. Run one replica. See docs/archive.md.",
+    )
+    p.add_argument("--url", default=None, help="override GOOSE_INGEST_ARCHIVE_URL")
+    p.add_argument("--consumer", default=None, help="consumer name (default: archive; keep it stable across restarts)")
+    p.add_argument("--metrics-port", type=int, help="override GOOSE_INGEST_METRICS_PORT (0: any free port)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.worker.command import configure_logging
+
+    configure_logging(args.log_level)
+    settings = Settings().for_command("archive")
+    if args.url:
+        settings = settings.model_copy(update={"archive_url": args.url})
+    if args.metrics_port is not None:
+        settings = settings.model_copy(update={"metrics_port": args.metrics_port})
+    if not settings.archive_url:
+        raise ConfigError("no archive configured (GOOSE_INGEST_ARCHIVE_URL or --url: file:///dir or s3://bucket/prefix)")
+    if not settings.redis_url:
+        raise ConfigError("no broker configured (GOOSE_INGEST_REDIS_URL)")
+
+    from services.archive.consumer import DEFAULT_CONSUMER, Archiver
+    from services.archive.metrics import ArchiveMetrics
+    from services.archive.store import StoreError, open_store
+    from services.broker.connect import sync_client
+    from services.metrics.server import serve as serve_metrics
+
+    store = open_store(settings)
+    assert store is not None  # archive_url is set
+    try:
+        store.check()  # ConfigError: the CLI prints it as one line and exits 2
+    except StoreError as exc:  # unreachable: maybe starting; keep trying, readiness says so
+        log.warning("%s; will keep trying", exc)
+    metrics = ArchiveMetrics()
+    archiver = Archiver(settings, sync_client(settings), store, metrics, args.consumer or DEFAULT_CONSUMER)
+    server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, archiver.is_ready,
+                           port_file=settings.metrics_port_file)
+    log.info("archive to %s, group %s, consumer %s; metrics on %s:%d", store.describe(), archiver.group,
+             archiver.consumer, server.host, server.port)
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: writing what was read, then stopping", signum)
+        archiver.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        archiver.run()
+    finally:
+        server.close()
+    return 0

@@ -1,0 +1,374 @@
+"""The archive's consumer loop (the imperative shell around segments.py): read, cut, write, ack.
+
+One thread, a synchronous Redis client and a plain loop, like the PostgreSQL sink (a batch is a
+segment of up to ARCHIVE_SEGMENT_MAX_ENTRIES entries, not FastStream's one message per call). The
+whole loop lives in this module so it can move onto the common consumer skeleton
+(services/streams/) later without touching the format or the store.
+
+Per stream it reads (every raw shard, every control stream, every partition of the events and runs
+topics), in stream-id order, with its own consumer group (ARCHIVE_GROUP, created at id 0):
+
+1. On start, first its own pending entries (XREADGROUP from id 0): what a killed predecessor had
+   read and maybe written but not acknowledged. ALL of them become one segment, whatever the cut
+   settings: it starts at the same first id as the predecessor's last segment and holds at least
+   its entries, so its objects have the same names and replace the predecessor's (segments.py).
+2. Then new entries (`>`), into a segment that is cut at ARCHIVE_SEGMENT_MAX_ENTRIES entries,
+   ARCHIVE_SEGMENT_MAX_BYTES bytes of fields, or ARCHIVE_SEGMENT_MAX_AGE_S after its first entry
+   was read, whichever comes first.
+3. A cut segment is written whole (every object of it), then its entries are acknowledged in ONE
+   MULTI/EXEC: a partial acknowledgement would move the next segment's first id into the middle of
+   a written one, and the rewrite would then duplicate entries under another name.
+4. While the store fails, the segment is retried with backoff and nothing is acknowledged or read
+   further on that stream: Redis keeps the entries (the workers' raw trim waits for this group's
+   position, services/worker/housekeeping.py), readiness says why.
+
+Order across replicas: one reader for everything (replicas = 1; the chart uses the Recreate
+strategy so two never overlap; docs/archive.md says why a lease was not worth it here).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from services.archive import segments as sg
+from services.archive.metrics import ArchiveMetrics
+from services.archive.store import ArchiveStore, StoreError
+from services.broker.errors import describe
+from services.metrics.server import NotReady
+from services.settings import Settings
+
+log = logging.getLogger("goose_ingest.archive")
+
+DEFAULT_CONSUMER = "archive"  # one reader (replicas = 1): a fixed name finds its predecessor's pending entries
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+IDLE_SLEEP_S = 0.2  # nothing read in a whole round: the next round after this (segments are minutes long anyway)
+ACK_CHUNK = 10_000  # ids per XACK inside the one MULTI of a segment
+_BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+# Tests only (GOOSE_INGEST_TEST_* is never a setting): hold this long between writing a segment and
+# acknowledging it, so a test can SIGKILL the process exactly there (tests/test_archive.py).
+_HOLD_BEFORE_ACK = "GOOSE_INGEST_TEST_ARCHIVE_HOLD_BEFORE_ACK_S"
+
+
+@dataclass
+class Source:
+    """One stream the archive reads, and the segment it is building from it."""
+
+    stream: str
+    dataset: str  # "raw", "control", "events", "runs" (metrics.DATASETS)
+    shard: int
+    next_id: str = "0"  # "0": this consumer's own pending entries first; then ">"
+    entries: list[tuple[str, dict[bytes, bytes]]] = field(default_factory=list)
+    size: int = 0
+    opened_at: float = 0.0  # monotonic time its first entry was read
+    sealed: int = 0  # > 0: the first `sealed` entries are a cut segment waiting to be written
+
+    def reset(self) -> None:
+        self.next_id = "0"
+        self.entries = []
+        self.size = 0
+        self.sealed = 0
+
+
+def sources(settings: Settings) -> list[list[Source]]:
+    """The streams, grouped by shard: the streams of one shard share a hash slot on a cluster, so
+    one XREADGROUP reads them all. On a single node the one partition of each topic goes with shard 0."""
+    layout = settings.layout
+    groups = [[Source(layout.raw_stream(i), "raw", i), Source(layout.control_stream(i), "control", i)]
+              for i in range(settings.shards)]
+    for dataset, partitions in (("events", layout.events_partitions()), ("runs", layout.runs_partitions())):
+        for i, stream in enumerate(partitions):
+            groups[i].append(Source(stream, dataset, i))
+    return groups
+
+
+@dataclass(frozen=True)
+class Written:
+    objects: int
+    bytes: int
+    rejected: int
+
+
+def encode(src: Source, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> list[tuple[str, bytes]]:
+    """The objects (key, Parquet bytes) of one segment of `src` (pure; the lake's rejects are
+    returned by encode_lake)."""
+    if src.dataset in sg.STREAM_KINDS:
+        records = [sg.ArchivedEntry(src.shard, src.dataset, entry_id, fields) for entry_id, fields in entries]
+        return [(sg.raw_segment_key(src.dataset, src.shard, entries[0][0]), sg.encode_raw_segment(records))]
+    return [(o.key, o.data) for o in encode_lake(src, entries).objects]
+
+
+def encode_lake(src: Source, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> sg.LakeSegment:
+    topic = [sg.TopicEntry(src.shard, entry_id, fields) for entry_id, fields in entries]
+    return sg.encode_event_rows(topic, []) if src.dataset == "events" else sg.encode_event_rows([], topic)
+
+
+class Archiver:
+    def __init__(self, settings: Settings, client: Any, store: ArchiveStore, metrics: ArchiveMetrics,
+                 consumer: str = DEFAULT_CONSUMER) -> None:
+        self.settings = settings
+        self.client = client
+        self.store = store
+        self.metrics = metrics
+        self.group = settings.archive_group
+        self.consumer = consumer
+        self.shards = sources(settings)
+        self.all = [src for group in self.shards for src in group]
+        self.stopping = threading.Event()
+        self._groups_ok = False
+        self._broker_why: str | None = "connecting to the broker"
+        self._store_why: str | None = None
+        self._behind_why: str | None = None
+        self._last_gauge = 0.0
+        self._last_store_log = ""
+        self._hold_before_ack = float(os.environ.get(_HOLD_BEFORE_ACK) or 0)
+
+    # ------------------------------------------------------------------ state
+    def is_ready(self) -> bool | NotReady:
+        """True, or a falsy NotReady whose reason /readyz shows (never a credential)."""
+        if self.stopping.is_set():
+            return NotReady("stopping")
+        for why in (self._broker_why, self._store_why, self._behind_why):
+            if why:
+                return NotReady(why)
+        return True
+
+    def _update_ready(self) -> None:
+        self.metrics.ready.set(1 if self.is_ready() else 0)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> None:
+        backoff = BACKOFF_START_S
+        while not self.stopping.is_set():
+            try:
+                if not self._groups_ok:
+                    self.ensure_groups()
+                busy = self.step()
+                if self._broker_why:
+                    log.info("broker reachable again")
+                self._broker_why = None
+                self._gauge()
+                self._update_ready()
+                backoff = BACKOFF_START_S
+                if not busy:
+                    self.stopping.wait(IDLE_SLEEP_S)
+                continue
+            except StoreError as exc:
+                self._store_failed(exc, backoff)
+            except _BROKER_ERRORS as exc:
+                self._broker_failed(f"broker unreachable ({describe(exc)})", backoff)
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    # The broker lost a stream or the group (restart without persistence): recreate
+                    # at 0 and start over from this consumer's pending entries.
+                    self._broker_failed("consumer group missing on a stream (Redis restarted empty?): recreating it", backoff)
+                else:
+                    self._broker_failed(f"broker refused a command ({describe(exc)})", backoff)
+            self._update_ready()
+            if self.stopping.wait(backoff):
+                break
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+        self.flush_on_stop()
+
+    def _broker_failed(self, why: str, backoff: float) -> None:
+        self.metrics.failures.labels("broker").inc()
+        if why != self._broker_why:
+            log.warning("%s; retrying every %.1fs at most %.0fs", why, backoff, BACKOFF_MAX_S)
+        self._broker_why = why
+        self._groups_ok = False
+        for src in self.all:  # what we hold but did not acknowledge is read again as our pending entries
+            src.reset()
+
+    def _store_failed(self, exc: StoreError, backoff: float) -> None:
+        self.metrics.failures.labels("store").inc()
+        why = f"archive store failing: {exc}"
+        if str(exc) != self._last_store_log:  # one line per distinct failure, not one per retry
+            log.warning("%s; nothing acknowledged, retrying (backoff up to %.0fs)", why, BACKOFF_MAX_S)
+            self._last_store_log = str(exc)
+        self._store_why = why
+
+    def ensure_groups(self) -> None:
+        for src in self.all:
+            try:
+                # At id 0, not `$`: whatever Redis still holds is archived.
+                self.client.xgroup_create(src.stream, self.group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        self._groups_ok = True
+
+    def step(self) -> bool:
+        """One round over every shard: write what is cut, read more. True if anything happened."""
+        busy = False
+        for group in self.shards:
+            for src in group:
+                if not src.sealed and src.entries and self._due(src):
+                    src.sealed = len(src.entries)
+                if src.sealed:
+                    self.write(src)
+                    busy = True
+            readable = {src.stream: src.next_id for src in group if not src.sealed}
+            if readable:
+                busy |= self._read(group, readable)
+        return busy
+
+    def _due(self, src: Source) -> bool:
+        s = self.settings
+        if src.next_id != ">":
+            return False  # still reading our own pending entries: they all go into one segment
+        return (len(src.entries) >= s.archive_segment_max_entries or src.size >= s.archive_segment_max_bytes
+                or time.monotonic() - src.opened_at >= s.archive_segment_max_age_s)
+
+    def _read(self, group: list[Source], ids: dict[str, str]) -> bool:
+        count = min(self.settings.batch_size, self.settings.archive_segment_max_entries)
+        reply = self.client.xreadgroup(self.group, self.consumer, ids, count=count)
+        got: dict[str, list[tuple[Any, Any]]] = {_s(stream): entries for stream, entries in (reply or [])}
+        busy = False
+        for src in group:
+            if src.stream not in ids:
+                continue
+            entries = got.get(src.stream, [])
+            if src.next_id != ">" and not entries:
+                src.next_id = ">"  # own pending entries all read: they are one segment, cut now
+                if src.entries:
+                    src.sealed = len(src.entries)
+                continue
+            gone = []
+            for raw_id, fields in entries:
+                entry_id = _s(raw_id)
+                if src.next_id != ">":
+                    src.next_id = entry_id  # pending entries are read by id: continue after this one
+                if not fields:
+                    gone.append(entry_id)  # pending, but deleted from the stream before we archived it
+                    continue
+                if not src.entries:
+                    src.opened_at = time.monotonic()
+                src.entries.append((entry_id, fields))
+                src.size += sum(len(k) + len(v) for k, v in fields.items())
+                busy = True
+            if gone:
+                log.warning("%d pending entries of %s were deleted before they were archived", len(gone), src.stream)
+                self.metrics.lost.labels(src.dataset).inc(len(gone))
+                self._ack(src.stream, gone)
+            if src.next_id == ">" and len(src.entries) >= self.settings.archive_segment_max_entries:
+                src.sealed = self.settings.archive_segment_max_entries
+        return busy
+
+    def write(self, src: Source) -> None:
+        """Write the sealed segment of `src` whole, then acknowledge it. StoreError leaves it sealed
+        (retried), with nothing acknowledged."""
+        entries = src.entries[: src.sealed]
+        started = time.perf_counter()
+        if src.dataset in sg.STREAM_KINDS:
+            objects = encode(src, entries)
+            rejected = 0
+        else:
+            lake = encode_lake(src, entries)
+            objects = [(o.key, o.data) for o in lake.objects]
+            rejected = len(lake.rejected)
+        for key, data in objects:
+            self.store.put(key, data)
+        self.metrics.write_seconds.labels(src.dataset).observe(time.perf_counter() - started)
+        if self._store_why:
+            log.info("archive store writing again")
+        self._store_why = None
+        self._last_store_log = ""
+        if self._hold_before_ack:
+            log.info("segment of %s written (%d objects); holding %.1fs before acknowledging", src.stream,
+                     len(objects), self._hold_before_ack)
+            time.sleep(self._hold_before_ack)
+        self._ack(src.stream, [entry_id for entry_id, _ in entries])
+        if rejected:
+            self.metrics.lake_rejected.inc(rejected)
+        size = sum(len(data) for _, data in objects)
+        self.metrics.entries.labels(src.dataset).inc(len(entries))
+        self.metrics.bytes.labels(src.dataset).inc(size)
+        self.metrics.segments.labels(src.dataset).inc()
+        self.metrics.last_success.set(time.time())
+        rest = src.entries[src.sealed:]
+        src.entries = rest
+        src.size = sum(len(k) + len(v) for _, fields in rest for k, v in fields.items())
+        src.opened_at = time.monotonic()
+        src.sealed = 0
+        log.debug("archived %d entries of %s as %d objects (%d bytes)", len(entries), src.stream, len(objects), size)
+
+    def _ack(self, stream: str, ids: list[str]) -> None:
+        """Acknowledge `ids` atomically (one MULTI/EXEC; see the module docstring, step 3)."""
+        pipe = self.client.pipeline(transaction=True)
+        for i in range(0, len(ids), ACK_CHUNK):
+            pipe.xack(stream, self.group, *ids[i: i + ACK_CHUNK])
+        pipe.execute()
+
+    def flush_on_stop(self) -> None:
+        """On SIGTERM: write what has been read (shorter segments), once, if store and broker answer.
+        Whatever fails stays pending and is rewritten by the next start."""
+        for src in self.all:
+            if not src.entries or (src.next_id != ">" and not src.sealed):
+                continue
+            src.sealed = src.sealed or len(src.entries)
+            try:
+                self.write(src)
+            except (StoreError, *_BROKER_ERRORS, ResponseError) as exc:
+                log.warning("stopping with %d entries of %s not archived (they stay pending): %s",
+                            len(src.entries), src.stream, exc)
+                return
+
+    # ------------------------------------------------------------------ lag
+    def _gauge(self, force: bool = False) -> None:
+        """Every sweep interval: how far behind the archive is, per dataset; readiness says so when
+        the oldest unarchived entry is older than 3 cut intervals plus a minute."""
+        now = time.monotonic()
+        if not force and now - self._last_gauge < self.settings.sweep_interval_s:
+            return
+        self._last_gauge = now
+        wall_ms = time.time() * 1000
+        oldest: dict[str, float] = {}
+        behind: dict[str, int] = {}
+        for src in self.all:
+            info = next((g for g in _groups(self.client, src.stream) if _s(g.get("name", b"")) == self.group), None)
+            if info is None:
+                continue
+            pending = int(info.get("pending") or 0)
+            lag = info.get("lag")
+            behind[src.dataset] = behind.get(src.dataset, 0) + pending + int(lag or 0)
+            first: str | None = None
+            if pending:
+                summary = self.client.xpending(src.stream, self.group)
+                first = _s(summary["min"]) if summary and summary.get("min") else None
+            elif lag is None or int(lag) > 0:
+                after = self.client.xrange(src.stream, min="(" + _s(info["last-delivered-id"]), count=1)
+                first = _s(after[0][0]) if after else None
+            if first is not None:
+                age = max(0.0, (wall_ms - sg.id_parts(first)[0]) / 1000)
+                oldest[src.dataset] = max(oldest.get(src.dataset, 0.0), age)
+        for dataset in ("raw", "control", "events", "runs"):
+            self.metrics.lag_seconds.labels(dataset).set(oldest.get(dataset, 0.0))
+            self.metrics.lag_entries.labels(dataset).set(behind.get(dataset, 0))
+        limit = 3 * self.settings.archive_segment_max_age_s + 60
+        worst = max(oldest.values(), default=0.0)
+        self._behind_why = (f"archive behind: the oldest entry not archived is {worst:.0f}s old (limit {limit:.0f}s)"
+                            if worst > limit else None)
+
+
+def _groups(client: Any, stream: str) -> list[dict[Any, Any]]:
+    try:
+        return list(client.xinfo_groups(stream))
+    except ResponseError:
+        return []
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
