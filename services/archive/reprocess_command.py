@@ -38,14 +38,19 @@ def run(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         raise ConfigError("goose-ingest reprocess: set GOOSE_INGEST_REDIS_URL")
     win = window(args.since, args.until)
+    from services.archive.store import StoreError
+
     store = open_store(settings)
-    if store is None:
-        print("reprocess: no archive configured (GOOSE_INGEST_ARCHIVE_URL): reading what Redis holds only",
-              file=sys.stderr)
-    else:
-        store.check()
-    report = reprocess(settings, win, sync_client(settings), store, events_topic=args.events_topic,
-                       runs_topic=args.runs_topic, allow_corrupt=args.allow_corrupt, dry_run=args.dry_run)
+    try:  # the store unreachable or failing mid-read: nothing was published yet; one line, exit 2
+        if store is None:
+            print("reprocess: no archive configured (GOOSE_INGEST_ARCHIVE_URL): reading what Redis holds only",
+                  file=sys.stderr)
+        else:
+            store.check()
+        report = reprocess(settings, win, sync_client(settings), store, events_topic=args.events_topic,
+                           runs_topic=args.runs_topic, allow_corrupt=args.allow_corrupt, dry_run=args.dry_run)
+    except StoreError as exc:
+        raise ConfigError(f"reprocess: {exc}") from None
     if report.corrupt and not args.allow_corrupt:
         print(f"reprocess: {len(report.corrupt)} archive object(s) could not be read: nothing published "
               "(--allow-corrupt publishes the other runs)", file=sys.stderr)

@@ -130,12 +130,17 @@ def _archive_log(settings: Settings, client: Any, source: str, win: Window, run_
         store = open_store(settings)
         if store is None:
             raise ConfigError("--source archive: set GOOSE_INGEST_ARCHIVE_URL (file:///dir or s3://bucket/prefix)")
-    archived = reader.read_raw(store, win) if store is not None else reader.ArchiveRead()
-    entries = reader.merge(archived.entries, reader.redis_log(client, settings.layout), win)
-    runs = None if win.everything else reader.runs_in(entries, win)
-    if run_key is not None:
-        runs = {run_key} if runs is None or run_key in runs else set()
-    lake = reader.read_lake_events(store, win, runs) if store is not None else reader.LakeRead()
+    from services.archive.store import StoreError
+
+    try:  # a store that fails mid-read: the log cannot be checked, one line (no partial verdict)
+        archived = reader.read_raw(store, win) if store is not None else reader.ArchiveRead()
+        entries = reader.merge(archived.entries, reader.redis_log(client, settings.layout), win)
+        runs = None if win.everything else reader.runs_in(entries, win)
+        if run_key is not None:
+            runs = {run_key} if runs is None or run_key in runs else set()
+        lake = reader.read_lake_events(store, win, runs) if store is not None else reader.LakeRead()
+    except StoreError as exc:
+        raise ConfigError(f"replay: {exc}") from None
     return reader.log_of(entries, runs), lake.events, archived.corrupt + lake.corrupt
 
 
