@@ -247,10 +247,10 @@ class Settings(BaseSettings):
         default=None,
         description="Where the archive writes: file:///dir or s3://bucket/prefix; unset: no archive (and no archive bound on raw trim).",
     )
-    archive_s3_endpoint: str | None = Field(
+    archive_endpoint: str | None = Field(
         default=None, description="S3 endpoint URL (an S3-compatible store); unset: AWS_ENDPOINT_URL or AWS's own."
     )
-    archive_s3_region: str | None = Field(default=None, description="S3 region; unset: AWS_REGION / AWS_DEFAULT_REGION.")
+    archive_region: str | None = Field(default=None, description="S3 region; unset: AWS_REGION / AWS_DEFAULT_REGION.")
     archive_group: str = Field(default="goose-ingest-archive", description="Consumer group of the archive on the raw, control and topic streams.")
     archive_segment_max_entries: int = Field(default=100_000, ge=1, description="A segment is cut at this many entries.")
     archive_segment_max_bytes: int = Field(

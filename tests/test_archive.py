@@ -245,7 +245,7 @@ def test_sigkill_between_write_and_ack_leaves_no_gap_and_no_duplicate(acl_broker
 ])
 def test_bad_store_exits_2_with_one_line(acl_broker: AclBroker, s3: S3Server, tmp_path: Path, url, extra, expect):  # noqa: F811
     b = acl_broker
-    done = b.cli("archive", timeout=60, GOOSE_INGEST_ARCHIVE_URL=url, GOOSE_INGEST_METRICS_PORT="0", **s3.env(), **extra)
+    done = b.cli("archive", "archive", timeout=60, GOOSE_INGEST_ARCHIVE_URL=url, GOOSE_INGEST_METRICS_PORT="0", **s3.env(), **extra)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if "goose-ingest" in line and "error" in line.lower() or expect in line]
     assert len(lines) == 1 and expect in lines[0], done.stderr
@@ -260,7 +260,7 @@ def test_endpoint_that_is_not_s3_exits_2(acl_broker: AclBroker, tmp_path: Path):
     try:
         line = web.stdout.readline() if web.stdout else ""
         port = line.split("port ")[1].split(" ")[0]
-        done = acl_broker.cli("archive", GOOSE_INGEST_ARCHIVE_URL=f"s3://{BUCKET}/x", GOOSE_INGEST_METRICS_PORT="0",
+        done = acl_broker.cli("archive", "archive", GOOSE_INGEST_ARCHIVE_URL=f"s3://{BUCKET}/x", GOOSE_INGEST_METRICS_PORT="0",
                               AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s",
                               AWS_REGION="us-east-1")
     finally:
@@ -271,7 +271,7 @@ def test_endpoint_that_is_not_s3_exits_2(acl_broker: AclBroker, tmp_path: Path):
 
 
 def test_no_archive_configured_exits_2(acl_broker: AclBroker):  # noqa: F811
-    done = acl_broker.cli("archive", GOOSE_INGEST_METRICS_PORT="0")
+    done = acl_broker.cli("archive", "archive", GOOSE_INGEST_METRICS_PORT="0")
     assert done.returncode == 2 and "GOOSE_INGEST_ARCHIVE_URL" in done.stderr and "Traceback" not in done.stderr
 
 

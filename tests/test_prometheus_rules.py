@@ -46,6 +46,9 @@ EXPECTED_ALERTS = {
     "GooseIngestExportDeadLetters",
     "GooseIngestGatewayErrors",
     "GooseIngestGatewayRefusalsSpike",
+    # the archive (goose-ingest.archive)
+    "GooseIngestArchiveLagging",
+    "GooseIngestArchiveWritesFailing",
 }
 
 

@@ -55,12 +55,13 @@ def run(args: argparse.Namespace) -> int:
 
     store = open_store(settings)
     assert store is not None  # archive_url is set
+    metrics = ArchiveMetrics()
+    archiver = Archiver(settings, sync_client(settings), store, metrics, args.consumer or DEFAULT_CONSUMER)
     try:
         store.check()  # ConfigError: the CLI prints it as one line and exits 2
     except StoreError as exc:  # unreachable: maybe starting; keep trying, readiness says so
         log.warning("%s; will keep trying", exc)
-    metrics = ArchiveMetrics()
-    archiver = Archiver(settings, sync_client(settings), store, metrics, args.consumer or DEFAULT_CONSUMER)
+        archiver.store_unavailable(exc)
     server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, archiver.is_ready,
                            port_file=settings.metrics_port_file)
     log.info("archive to %s, group %s, consumer %s; metrics on %s:%d", store.describe(), archiver.group,

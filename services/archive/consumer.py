@@ -131,6 +131,7 @@ class Archiver:
         self._behind_why: str | None = None
         self._last_gauge = 0.0
         self._last_store_log = ""
+        self._broker_failed_once = False
         self._hold_before_ack = float(os.environ.get(_HOLD_BEFORE_ACK) or 0)
 
     # ------------------------------------------------------------------ state
@@ -157,7 +158,7 @@ class Archiver:
                 if not self._groups_ok:
                     self.ensure_groups()
                 busy = self.step()
-                if self._broker_why:
+                if self._broker_why and self._broker_failed_once:
                     log.info("broker reachable again")
                 self._broker_why = None
                 self._gauge()
@@ -183,7 +184,13 @@ class Archiver:
             backoff = min(backoff * 2, BACKOFF_MAX_S)
         self.flush_on_stop()
 
+    def store_unavailable(self, exc: StoreError) -> None:
+        """The start-up check could not reach the store: not ready until a write or a probe succeeds."""
+        self._store_why = f"archive store failing: {exc}"
+        self._last_store_log = str(exc)
+
     def _broker_failed(self, why: str, backoff: float) -> None:
+        self._broker_failed_once = True
         self.metrics.failures.labels("broker").inc()
         if why != self._broker_why:
             log.warning("%s; retrying every %.1fs at most %.0fs", why, backoff, BACKOFF_MAX_S)
@@ -334,6 +341,12 @@ class Archiver:
         if not force and now - self._last_gauge < self.settings.sweep_interval_s:
             return
         self._last_gauge = now
+        if self._store_why:
+            self.store.probe()  # StoreError: still failing (the loop reports it); else writable again, maybe
+            if not any(src.sealed for src in self.all):  # a pending write will say so itself
+                log.info("archive store answering again")
+                self._store_why = None
+                self._last_store_log = ""
         wall_ms = time.time() * 1000
         oldest: dict[str, float] = {}
         behind: dict[str, int] = {}

@@ -7,7 +7,7 @@ and speed (no per-request Python). See docs/archive.md for the decision.
 
 S3 settings come from the standard AWS_* variables (AWS_ENDPOINT_URL, AWS_REGION,
 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_ALLOW_HTTP), which obstore reads
-itself, or from GOOSE_INGEST_ARCHIVE_S3_ENDPOINT / _REGION. A plain http:// endpoint is allowed
+itself, or from GOOSE_INGEST_ARCHIVE_ENDPOINT / _REGION. A plain http:// endpoint is allowed
 (a store on loopback or inside a cluster network); an https:// one is verified as usual.
 
 Every failure becomes `StoreError` with one line that names what and where, never a credential;
@@ -164,6 +164,14 @@ class ArchiveStore:
         except Exception as exc:
             raise _classify(exc, "deleting", self._where(key)) from None
 
+    def probe(self) -> None:
+        """One cheap request (a LIST of at most one key): StoreError when the store does not answer."""
+        try:
+            for _ in obstore.list(self._store, None, chunk_size=1):
+                break
+        except Exception as exc:
+            raise _classify(exc, "listing", self.describe()) from None
+
     def check(self) -> None:
         """Start-up check: the store answers as an object store and lets us list. ConfigError (one
         line) for what a restart cannot fix: a bucket that does not exist, credentials refused, an
@@ -201,13 +209,13 @@ def open_store(settings: Settings, environ: dict[str, str] | None = None) -> Arc
         except Exception as exc:
             raise ConfigError(f"archive store {url.describe()}: {_one_line(exc)}") from None
         return ArchiveStore(url, store)
-    endpoint = settings.archive_s3_endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    endpoint = settings.archive_endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     config: S3Config = {}
     if endpoint:
         if not endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"archive S3 endpoint {endpoint!r}: expected an http:// or https:// URL")
         config["endpoint"] = endpoint
-    region = settings.archive_s3_region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    region = settings.archive_region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     if region:
         config["region"] = region
     allow_http = bool(endpoint and endpoint.startswith("http://")) or env.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true")
