@@ -146,3 +146,61 @@ def test_reprocess_usage_errors_are_one_line_and_exit_2(settings, tmp_path, args
     assert done.returncode == 2 and needle in done.stderr and done.stderr.count("\n") == 1, done.stderr
     missing = cli(settings, "reprocess")
     assert missing.returncode == 2 and "--since" in missing.stderr and "Traceback" not in missing.stderr
+
+
+# ---------------------------------------------------------------------------------- the sink's replacement rule
+
+
+@pytest.fixture
+def store(pg_dsn: str):
+    from services.export.postgres.store import Store
+
+    s = Store(pg_dsn)
+    s.migrate()
+    yield s
+    s.close()
+
+
+def test_the_sink_replaces_a_reprocessed_event_and_skips_a_redelivered_one(store):
+    from tests.test_export_postgres import event, record, write
+
+    batch = [event("r", n, command=f"echo {n}") for n in range(3)] + [
+        record("r", 0, "started", "2026-11-30T10:00:00.000Z", {"agent": 3})]
+    write(store, batch)
+    _, again = write(store, batch)  # a re-delivery: the same content
+    assert (again.events_inserted, again.events_duplicate, again.records_inserted, again.records_duplicate) == (0, 3, 0, 1)
+    changed = [event("r", 1, command="echo [REDACTED:x]"), event("r", 1, command="echo [REDACTED:x]"),  # twice in one batch
+               record("r", 0, "started", "2026-11-30T10:00:00.000Z", {"agent": 2})]
+    _, replaced = write(store, changed)
+    assert (replaced.events_inserted, replaced.records_inserted) == (1, 1)  # one row each, replaced
+    conn = store.connect()
+    assert conn.execute("SELECT count(*) FROM events").fetchone() == (3,)
+    assert conn.execute("SELECT command FROM events WHERE seq = 1").fetchone() == ("echo [REDACTED:x]",)
+    assert conn.execute("SELECT count(*), min(counts::text) FROM run_records").fetchone() == (1, '{"agent": 2}')
+    assert conn.execute("SELECT events_total FROM runs").fetchone() == (2,)  # runs recomputed from the new record
+
+
+# ---------------------------------------------------------------------------------- outputs (pure)
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_outputs_go_to_the_reprocessed_topics_in_the_runs_partition(cluster):
+    from services.archive.reprocess import outputs, reprocessed_layout
+    from services.replay.rebuild import Rebuilt
+    from services.settings import Settings
+
+    settings = Settings(namespace="ns", shards=4, redis_cluster=cluster)
+    layout = reprocessed_layout(settings)
+    run = "host-1/run-7"
+    event = {"eventId": f"{run}:0", "runId": run, "seq": 0, "type": "command", "timestamp": "2026-12-01T00:00:00.000Z"}
+    rec = {"recordId": f"{run}:run:0", "runId": run, "seq": 0, "state": "started"}
+    out = outputs(Rebuilt(events={run: [event]}, records={run: [rec]}), layout)
+    shard = settings.layout.shard_of(run)
+    assert [o.stream for o in out] == [layout.events_partition(shard), layout.type_partition("command", shard),
+                                       layout.runs_partition(shard)]
+    assert all("reprocessed" in o.stream and o.stream.startswith("ns:") for o in out)
+    live = settings.layout
+    assert not {o.stream for o in out} & {*live.events_partitions(), *live.runs_partitions()}
+    assert out[0].fields == {b"eventId": f"{run}:0".encode(), b"runId": run.encode(), b"seq": b"0", b"type": b"command",
+                             b"data": orjson.dumps(event)}
+    assert out[2].fields[b"state"] == b"started" and out[2].fields[b"recordId"] == f"{run}:run:0".encode()
