@@ -177,3 +177,26 @@ def test_a_corrupt_segment_is_named_and_the_rest_is_still_replayed(settings, arc
 def test_replay_from_an_archive_that_is_not_configured_is_one_clear_error(settings):
     done = cli(settings, "replay", "--source", "archive")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "GOOSE_INGEST_ARCHIVE_URL" in done.stderr, done.stderr
+
+
+def test_a_run_that_crosses_the_window_edges_is_read_whole(settings, tmp_path):
+    """A run with one entry inside the window is rebuilt from its entries before `since` (in an
+    earlier date partition of the archive) and after `until` (only in Redis) too."""
+    from services.archive.segments import ArchivedEntry, encode_raw_segment
+
+    day = 1_796_083_200_000  # 2026-12-01T00:00:00Z
+    hour = 3_600_000
+
+    def entry(ms: int, seq: int, run: str = "edge") -> ArchivedEntry:
+        return ArchivedEntry(0, "raw", f"{ms}-0", {b"run": run.encode(), b"seq": str(seq).encode(), b"ts": str(ms).encode(),
+                                                  b"line": b"{}"})
+
+    _, store = file_store(settings, tmp_path / "archive")
+    for seg in ([entry(day - 12 * hour, 0), entry(day - 11 * hour, 0, run="other")], [entry(day + hour, 1)]):
+        store.put(raw_segment_key("raw", 0, seg[0].id), encode_raw_segment(seg))
+    live = [reader.Located("raw", 0, f"{day + hour}-0", {b"run": b"edge", b"seq": b"1"}),  # the overlap
+            reader.Located("raw", 0, f"{day + 3 * hour}-0", {b"run": b"edge", b"seq": b"2"})]
+    got = reader.read_log(store, live, Window(day, day + 2 * hour))
+    assert got.runs == {"edge"} and not got.corrupt and got.segments == 2
+    assert [(e.sid, e.fields[b"seq"]) for e in got.log()] == [
+        (f"{day - 12 * hour}-0", b"0"), (f"{day + hour}-0", b"1"), (f"{day + 3 * hour}-0", b"2")]

@@ -15,9 +15,9 @@ entries inside it), keeps, per (kind, shard), the segments that start inside the
 last one that starts before it, and drops entries outside the window after decoding.
 
 Which runs: a window selects RUNS, not entries. A run is in the window when any of its raw
-entries is; it is then rebuilt from all of its entries the reader read (which is everything when
-the run started at most a day before `since`: see docs/archive-replay.md, "Replay"), because a run cut in
-half would not give the events the workers published.
+entries is; it is then rebuilt from all of its entries the reader read, and the reader reads a day
+more on each side of the window (`read_log`, `Window.around`), because a run cut in half would not
+give the events the workers published (see docs/archive-replay.md, "Replay").
 
 A corrupt segment (not Parquet, truncated, another schema) is NAMED in the result and the others
 are still read: one bad object must not hide the rest of the history.
@@ -170,6 +170,30 @@ def read_raw(store: ArchiveStore, win: Window) -> ArchiveRead:
         out.entries.extend(Located(a.stream, a.shard, a.id, a.fields) for a in archived
                            if win.contains(id_parts(a.id)[0]))
     return out
+
+
+@dataclass
+class LogRead:
+    """The log of a window's runs: every entry read (merged, in stream-id order), the runs the window
+    selects (None: all), and what the archive could not give."""
+
+    entries: list[Located]
+    runs: set[str] | None
+    corrupt: list[Corrupt]
+    segments: int
+
+    def log(self) -> list[LogEntry]:
+        return log_of(self.entries, self.runs)
+
+
+def read_log(store: ArchiveStore | None, live: Iterable[Located], win: Window) -> LogRead:
+    """The archive (None: none) merged with Redis's entries (`live`), read over the window widened by
+    a day on each side (`Window.around`), and the runs that have a raw entry inside the window itself."""
+    wide = win.around()
+    archived = read_raw(store, wide) if store is not None else ArchiveRead()
+    entries = merge(archived.entries, live, wide)
+    runs = None if win.everything else runs_in(entries, win)
+    return LogRead(entries, runs, archived.corrupt, archived.segments)
 
 
 def redis_log(client: Any, layout: KeyLayout, count: int = 5000) -> Iterator[Located]:

@@ -118,11 +118,10 @@ def reprocess(settings: Settings, win: Window, client: Any, store: Any, *, event
     if win.since_ms is None:
         raise ConfigError("reprocess: --since is required (a date, a time, or a time ago such as 24h)")
     report = Report(win)
-    archived = reader.read_raw(store, win) if store is not None else reader.ArchiveRead()
-    report.segments, report.corrupt = archived.segments, archived.corrupt
-    entries = reader.merge(archived.entries, reader.redis_log(client, settings.layout), win)
-    runs = reader.runs_in(entries, win)
-    log = reader.log_of(entries, runs)
+    read = reader.read_log(store, reader.redis_log(client, settings.layout), win)
+    report.segments, report.corrupt = read.segments, read.corrupt
+    runs = read.runs or set()
+    log = read.log()
     report.entries_read = len(log)
     for bad in report.corrupt:
         print(f"reprocess: corrupt archive object {bad.key}: {bad.reason}", file=err)

@@ -44,6 +44,12 @@ class Window:
     def contains(self, ms: int) -> bool:
         return (self.since_ms is None or ms >= self.since_ms) and (self.until_ms is None or ms < self.until_ms)
 
+    def around(self, margin_ms: int = LOOKBACK_MS) -> Window:
+        """The window to READ for this one's runs: `margin_ms` more on each side, so that a run with
+        an entry inside is rebuilt from its entries before `since` and after `until` too."""
+        return Window(None if self.since_ms is None else max(self.since_ms - margin_ms, 0),
+                      None if self.until_ms is None else self.until_ms + margin_ms)
+
     def dates(self, lookback_ms: int = LOOKBACK_MS) -> list[str] | None:
         """The date partitions to list (None: all of them, i.e. no since)."""
         if self.since_ms is None:

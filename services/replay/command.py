@@ -133,15 +133,14 @@ def _archive_log(settings: Settings, client: Any, source: str, win: Window, run_
     from services.archive.store import StoreError
 
     try:  # a store that fails mid-read: the log cannot be checked, one line (no partial verdict)
-        archived = reader.read_raw(store, win) if store is not None else reader.ArchiveRead()
-        entries = reader.merge(archived.entries, reader.redis_log(client, settings.layout), win)
-        runs = None if win.everything else reader.runs_in(entries, win)
+        read = reader.read_log(store, reader.redis_log(client, settings.layout), win)
+        runs = read.runs
         if run_key is not None:
             runs = {run_key} if runs is None or run_key in runs else set()
         lake = reader.read_lake_events(store, win, runs) if store is not None else reader.LakeRead()
     except StoreError as exc:
         raise ConfigError(f"replay: {exc}") from None
-    return reader.log_of(entries, runs), lake.events, archived.corrupt + lake.corrupt
+    return reader.log_of(read.entries, runs), lake.events, read.corrupt + lake.corrupt
 
 
 def _with_lake(published: dict[str, list[dict[str, Any]]], lake: dict[str, dict[str, dict[str, Any]]],
