@@ -204,3 +204,23 @@ def test_outputs_go_to_the_reprocessed_topics_in_the_runs_partition(cluster):
     assert out[0].fields == {b"eventId": f"{run}:0".encode(), b"runId": run.encode(), b"seq": b"0", b"type": b"command",
                              b"data": orjson.dumps(event)}
     assert out[2].fields[b"state"] == b"started" and out[2].fields[b"recordId"] == f"{run}:run:0".encode()
+
+
+def test_a_run_whose_start_was_not_read_is_skipped_not_republished(settings):
+    """Republishing a run from half its log would overwrite good rows with wrong events."""
+    from services.archive.reprocess import reprocess
+    from services.archive.window import Window
+    from services.broker.keys import shard_of
+
+    r = sync_client(settings)
+    line = orjson.dumps({"type": "message", "message": {"id": "m", "role": "assistant", "content": [
+        {"type": "text", "text": "hello"}]}})
+    for run, seqs in (("whole", range(3)), ("nohead", range(1, 3))):
+        stream = settings.layout.raw_stream(shard_of(run, settings.shards))
+        for seq in seqs:
+            r.xadd(stream, {"run": run, "seq": seq, "ts": 1_000 + seq, "line": line})
+        r.xadd(stream, {"run": run, "seq": 3, "ts": 2_000, "kind": "eof"})
+    report = reprocess(settings, Window(0, None), r, None)
+    assert report.partial == ["nohead"] and report.runs == 1 and report.published
+    key = settings.layout.key("harness.events.reprocessed")
+    assert {orjson.loads(f[b"data"])["runId"] for _, f in r.xrange(key)} == {"whole"}

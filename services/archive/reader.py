@@ -227,6 +227,18 @@ def runs_in(entries: Iterable[Located], win: Window) -> set[str]:
             if e.stream == RAW and b"run" in e.fields and win.contains(sid_key(e.sid)[0])}
 
 
+def headless(entries: Iterable[Located], runs: set[str]) -> set[str]:
+    """The runs of `runs` whose first entry (seq 0) is not among `entries`: their log was read in
+    part (it began before what was read), so a rebuild would not give their events."""
+    seen: set[str] = set()
+    for e in entries:
+        if e.stream == RAW and e.fields.get(b"seq") == b"0":
+            run = e.fields.get(b"run")
+            if run is not None:
+                seen.add(run.decode(errors="replace"))
+    return runs - seen
+
+
 def log_of(entries: Iterable[Located], runs: set[str] | None) -> list[LogEntry]:
     """The entries of `runs` (None: all) as rebuild() takes them; entries without a run field (the
     workers dead-letter them) are kept so that rebuild counts them as invalid, as before."""

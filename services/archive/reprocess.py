@@ -16,6 +16,9 @@ Design:
 - Idempotence comes from the contract: event ids are `<runId>:<seq>` and a rebuild assigns the same
   seqs, so a consumer that keys by event id (the PostgreSQL sink: `(run_key, seq, ts)`) replaces the
   old row instead of adding one. Reprocessing twice publishes twice and changes nothing more.
+- A run whose first entry (seq 0) was not read (it began more than a day before `--since`, or its
+  start is gone from both Redis and the archive) is skipped and named: republishing it from half
+  its log would overwrite good rows with wrong events.
 - A corrupt archive segment stops the command BEFORE anything is published (the runs it held would
   be rebuilt from half their entries, and their published events would be wrong); it is named on
   stderr. `--allow-corrupt` publishes the rest anyway.
@@ -61,6 +64,7 @@ class Report:
     segments: int = 0
     corrupt: list[reader.Corrupt] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    partial: list[str] = field(default_factory=list)  # runs skipped: their start was not read
     published: bool = False
     events_topic: str = ""
     runs_topic: str = ""
@@ -121,7 +125,10 @@ def reprocess(settings: Settings, win: Window, client: Any, store: Any, *, event
     read = reader.read_log(store, reader.redis_log(client, settings.layout), win)
     report.segments, report.corrupt = read.segments, read.corrupt
     runs = read.runs or set()
-    log = read.log()
+    # A run whose beginning was not read would be republished from half its log, over good rows.
+    report.partial = sorted(reader.headless(read.entries, runs))
+    runs -= set(report.partial)
+    log = reader.log_of(read.entries, runs)
     report.entries_read = len(log)
     for bad in report.corrupt:
         print(f"reprocess: corrupt archive object {bad.key}: {bad.reason}", file=err)

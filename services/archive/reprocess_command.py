@@ -60,4 +60,8 @@ def run(args: argparse.Namespace) -> int:
           f"({report.segments} archive segments); {verb} {report.events} events to {report.events_topic} "
           f"and {report.records} run records to {report.runs_topic}"
           + (f"; {len(report.failed)} runs failed to rebuild: {', '.join(report.failed[:5])}" if report.failed else ""))
-    return 1 if report.corrupt or report.failed else 0
+    if report.partial:
+        print(f"reprocess: {len(report.partial)} runs skipped, their first entry is not in what was read (they began "
+              f"more than a day before --since, or their start is lost): {', '.join(report.partial[:5])}"
+              + (" ..." if len(report.partial) > 5 else ""), file=sys.stderr)
+    return 1 if report.corrupt or report.failed or report.partial else 0
