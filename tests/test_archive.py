@@ -320,3 +320,73 @@ def test_slow_store_still_archives_everything_once(acl_broker: AclBroker, s3: S3
     assert_exactly_once(Objects(s3=s3), r, b, events=60, records=12)
     # the latency histogram saw the slow writes: none of the raw segments took under 0.25 s
     assert 'goose_ingest_archive_segment_write_seconds_bucket{dataset="raw",le="0.25"} 0.0' in metrics
+
+
+def test_up_archives_to_a_local_folder_beside_the_spool(settings, tmp_path: Path):
+    """`goose-ingest up` runs the archive beside its worker (docs/archive.md "Locally"): a run's raw
+    entries and events land under <state>/archive, and the process still stops cleanly."""
+    import re
+
+    from tests.pipeline_helpers import ended_runs
+    from tests.test_commands_live import TRANSCRIPTS, _publish
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    env.update(GOOSE_INGEST_METRICS_PORT="0", GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "state" / "spool"),
+               GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S="0.5")
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up"], cwd=REPO, env=env, stderr=subprocess.PIPE,
+                            text=True)
+    root = tmp_path / "state" / "archive"
+    try:
+        url = None
+        deadline = time.monotonic() + 30
+        while url is None and time.monotonic() < deadline:
+            match = re.search(r"export GOOSE_INGEST_REDIS_URL=(\S+)", proc.stderr.readline() if proc.stderr else "")
+            url = match.group(1) if match else None
+        assert url, "`up` did not print the broker URL"
+        local = settings.model_copy(update={"redis_url": url, "namespace": ""})
+        _publish(local, "up/archived", TRANSCRIPTS[0])
+        wait_until(lambda: "up/archived" in ended_runs(local), timeout=60)
+        objects = Objects(root=root)
+        wait_until(lambda: any(e.fields.get(b"run") == b"up/archived" for e in objects.raw_entries())
+                   and objects.keys("events") and objects.keys("runs"), timeout=60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    lines = [e for e in Objects(root=root).raw_entries() if e.fields.get(b"run") == b"up/archived"]
+    assert len(lines) == len({e.id for e in lines}) > 0
+
+
+def test_archive_on_a_redis_cluster_reads_each_shard_in_its_slot(cluster_settings, tmp_path: Path):
+    """On a cluster the streams of a shard share a slot ({s<i>}): one XREADGROUP per shard and one
+    MULTI per acknowledgement work there. In-process (the loop is the same code the command runs)."""
+    from services.archive.consumer import Archiver
+    from services.archive.metrics import ArchiveMetrics
+    from services.archive.store import open_store
+    from services.broker.connect import sync_client
+
+    settings = cluster_settings.model_copy(update={"archive_url": f"file://{tmp_path / 'archive'}",
+                                                   "archive_segment_max_age_s": 0.2, "shards": 4})
+    layout = settings.layout
+    client = sync_client(settings)
+    want = []
+    for shard in range(settings.shards):
+        for i in range(30):
+            sid = client.xadd(layout.raw_stream(shard), {"run": f"r{shard}", "seq": str(i), "line": bytes([i, 255])})
+            want.append((shard, "raw", sid.decode()))
+        for stream in (layout.events_partition(shard), layout.runs_partition(shard)):
+            client.xadd(stream, {"junk": "not a topic entry"})  # no lake row, still acknowledged
+    store = open_store(settings)
+    assert store is not None
+    archiver = Archiver(settings, client, store, ArchiveMetrics())
+    archiver.ensure_groups()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        archiver.step()
+        if all(not info["pending"] and not info["lag"] for src in archiver.all
+               for info in client.xinfo_groups(src.stream) if info["name"].decode() == settings.archive_group):
+            break
+        time.sleep(0.1)
+    got = Objects(root=tmp_path / "archive").raw_entries()
+    assert sorted((e.shard, e.stream, e.id) for e in got) == sorted(want)
+    assert archiver.metrics.lake_rejected._value.get() == 2 * settings.shards

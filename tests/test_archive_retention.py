@@ -85,6 +85,9 @@ def test_store_down_nothing_unarchived_is_trimmed_then_all_archived_once(acl_bro
         time.sleep(3)  # several sweep intervals (0.5 s) and store timeouts (1 s) with the store down
         status, reason = http(port_file, "/readyz")
         assert status == 503 and "archive store failing" in reason
+        lag = [line for line in http(port_file, "/metrics")[1].splitlines()
+               if line.startswith('goose_ingest_archive_lag_seconds{dataset="raw"}')]
+        assert lag and float(lag[0].split()[-1]) >= 1.0, lag  # the second round waits, and the gauge says so
         time.sleep(0.5)  # entries of the second round must be older than the 0.36 s retention
         _trim(b, f"s3://{BUCKET}")
         left = _ids(r, streams)

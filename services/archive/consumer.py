@@ -178,6 +178,7 @@ class Archiver:
                     self._broker_failed("consumer group missing on a stream (Redis restarted empty?): recreating it", backoff)
                 else:
                     self._broker_failed(f"broker refused a command ({describe(exc)})", backoff)
+            self._gauge_while_failing()
             self._update_ready()
             if self.stopping.wait(backoff):
                 break
@@ -334,6 +335,14 @@ class Archiver:
                 return
 
     # ------------------------------------------------------------------ lag
+    def _gauge_while_failing(self) -> None:
+        """The lag keeps being measured while writes fail (that is when it matters); a failure of
+        the measurement itself is the one being reported already."""
+        try:
+            self._gauge()
+        except (StoreError, ResponseError, *_BROKER_ERRORS):
+            pass
+
     def _gauge(self, force: bool = False) -> None:
         """Every sweep interval: how far behind the archive is, per dataset; readiness says so when
         the oldest unarchived entry is older than 3 cut intervals plus a minute."""
@@ -341,12 +350,6 @@ class Archiver:
         if not force and now - self._last_gauge < self.settings.sweep_interval_s:
             return
         self._last_gauge = now
-        if self._store_why:
-            self.store.probe()  # StoreError: still failing (the loop reports it); else writable again, maybe
-            if not any(src.sealed for src in self.all):  # a pending write will say so itself
-                log.info("archive store answering again")
-                self._store_why = None
-                self._last_store_log = ""
         wall_ms = time.time() * 1000
         oldest: dict[str, float] = {}
         behind: dict[str, int] = {}
@@ -374,6 +377,12 @@ class Archiver:
         worst = max(oldest.values(), default=0.0)
         self._behind_why = (f"archive behind: the oldest entry not archived is {worst:.0f}s old (limit {limit:.0f}s)"
                             if worst > limit else None)
+        if self._store_why:
+            self.store.probe()  # StoreError: still failing (the loop reports it), after the lag was measured; else writable again, maybe
+            if not any(src.sealed for src in self.all):  # a pending write will say so itself
+                log.info("archive store answering again")
+                self._store_why = None
+                self._last_store_log = ""
 
 
 def _groups(client: Any, stream: str) -> list[dict[Any, Any]]:

@@ -138,11 +138,19 @@ def run_up(args: argparse.Namespace) -> int:
         # An URL exported in this shell (perhaps long ago) wins over the embedded server: say so, once.
         print(f"goose-ingest: using the broker GOOSE_INGEST_REDIS_URL={redact_url(url or '')} from the environment, "
               "no embedded redis-server (unset the variable to start one)", file=sys.stderr, flush=True)
+    from services.archive.local import start_local_archive  # the log of record beside it (docs/archive.md)
+
     try:
-        return asyncio.run(serve_worker(broker.settings))
+        worker_settings, archive = start_local_archive(broker.settings)
+    except BaseException:
+        broker.stop()
+        raise
+    try:
+        return asyncio.run(serve_worker(worker_settings))
     except KeyboardInterrupt:
         return 0
     finally:
+        archive.stop()
         broker.stop()
 
 
