@@ -1,7 +1,8 @@
 """The event lake answers the operators' questions: the DuckDB SQL of docs/analytics.md ("The same
 questions over the event lake (DuckDB)"), run as written there, gives the PostgreSQL views' answers
-on the same runs (the fixture transcripts through a real worker, archived, and exported to a real
-PostgreSQL by a real `export postgres` process)."""
+on the same runs (the fixture transcripts through a real worker, archived by a real `goose-ingest
+archive` process into a local directory, and exported to a real PostgreSQL by a real `export
+postgres` process)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from services.broker.connect import sync_client
 from services.broker.keys import shard_of
 from tests.pipeline_helpers import REPO, ended_runs, start_worker, stop, wait_until
 from tests.support import postgres as pg_support
-from tests.support.archive_reading import archive_from_redis, file_store, publish_runs, runs_of
+from tests.support.archive_reading import archived_everything, publish_runs, runs_of, start_archive_process
 from tests.test_export_postgres_live import start_sink
 
 duckdb = pytest.importorskip("duckdb")
@@ -97,8 +98,10 @@ def _failed_run(settings, run: str) -> None:
 def test_duckdb_over_the_lake_answers_as_the_postgresql_views(settings, pg_dsn, tmp_path):
     runs = runs_of("lake")
     log = tmp_path / "procs.log"
+    url = f"file://{tmp_path / 'archive'}"
     worker = start_worker(settings, log)
     sink = start_sink(settings, pg_dsn, log)
+    archive = start_archive_process(settings, url, log)
     try:
         publish_runs(settings, runs)
         _failed_run(settings, "lake/failed")
@@ -115,11 +118,12 @@ def test_duckdb_over_the_lake_answers_as_the_postgresql_views(settings, pg_dsn, 
             return e == total and k == records
 
         wait_until(exported, timeout=120)
+        wait_until(lambda: archived_everything(settings), timeout=120)
     finally:
+        stop(archive)
         stop(sink)
         stop(worker)
-    url, store = file_store(settings, tmp_path / "archive")
-    archive_from_redis(settings, store, segment=25)
+    assert archive.returncode == 0, log.read_text()[-2000:]
 
     con = duckdb.connect()
     for block in lake_sql():

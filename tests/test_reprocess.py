@@ -1,6 +1,6 @@
 """`goose-ingest reprocess`: a redaction rule added after the fact reaches the PostgreSQL rows of a day
-that is gone from Redis, with no duplicate row (real Redis, worker, archive, `reprocess` and
-`export postgres` processes; real PostgreSQL via tests/support/postgres.py)."""
+that is gone from Redis, with no duplicate row (real Redis, worker, `goose-ingest archive`,
+`reprocess` and `export postgres` processes; real PostgreSQL via tests/support/postgres.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,16 @@ import pytest
 from services.broker.connect import sync_client
 from tests.pipeline_helpers import ended_runs, start_worker, stop, wait_until
 from tests.support import postgres as pg_support
-from tests.support.archive_reading import archive_from_redis, cli, file_store, publish_runs, runs_of, trim_to
+from tests.support.archive_reading import (
+    archive_from_redis,
+    archived_everything,
+    cli,
+    file_store,
+    publish_runs,
+    runs_of,
+    start_archive_process,
+    trim_to,
+)
 from tests.test_export_postgres_live import start_sink
 
 pytestmark = pytest.mark.e2e
@@ -61,23 +70,25 @@ def test_a_new_redaction_rule_reaches_a_reprocessed_day_without_duplicates(setti
     runs = {**runs_of("reprocess"), **{f"reprocess/secret-{i}": _secret_transcript(tmp_path / f"s{i}.jsonl")
                                        for i in range(2)}}
     log = tmp_path / "procs.log"
+    url = f"file://{tmp_path / 'archive'}"
     worker = start_worker(settings, log)
     sink = start_sink(settings, pg_dsn, log)
+    archive = start_archive_process(settings, url, log)  # the real archive, into a local directory
     try:
         publish_runs(settings, runs)
         wait_until(lambda: set(runs) <= ended_runs(settings), timeout=120)
         total = sum(sync_client(settings).xlen(s) for s in settings.layout.events_partitions())
         wait_until(lambda: _count(pg_dsn, "events") == total and _count(pg_dsn, "runs") == len(runs), timeout=120)
+        wait_until(lambda: archived_everything(settings), timeout=120)
     finally:
+        stop(archive)
         stop(sink)
         stop(worker)
     before = _rows(pg_dsn)
     records_before = _count(pg_dsn, "run_records")
     assert sum(SECRET in d for d in before.values()) >= 2  # the old settings let it through (in text)
 
-    # The day goes to the archive; Redis keeps nothing of it (a short retention).
-    url, store = file_store(settings, tmp_path / "archive")
-    archive_from_redis(settings, store)
+    # The day is in the archive; Redis keeps nothing of it (a short retention).
     assert trim_to(settings, f"{int(time.time() * 1000) + 1}-0") > 0
     since, until = _day()
 

@@ -94,3 +94,27 @@ def cli(settings: Settings, *args: str, timeout: float = 120, **env: str) -> sub
     """`goose-ingest ARGS` as a real process against the test's broker and namespace."""
     return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=cli_env(settings, **env),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def start_archive_process(settings: Settings, url: str, log: Path, **env: str) -> subprocess.Popen[bytes]:
+    """The real `goose-ingest archive` (services/archive/consumer.py), cutting segments every 0.5 s."""
+    full = cli_env(settings, GOOSE_INGEST_ARCHIVE_URL=url, GOOSE_INGEST_METRICS_PORT="0",
+                   GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S="0.5", GOOSE_INGEST_SWEEP_INTERVAL_S="0.5", **env)
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "services.cli", "archive"], cwd=REPO, env=full, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+def archived_everything(settings: Settings) -> bool:
+    """The archive's group has read and acknowledged every entry of every stream it archives."""
+    r = sync_client(settings)
+    layout = settings.layout
+    for stream in [*layout.raw_streams(), *layout.control_streams(), *layout.events_partitions(), *layout.runs_partitions()]:
+        try:
+            groups = r.xinfo_groups(stream)
+        except Exception:  # the stream does not exist (yet): nothing of it to archive
+            continue
+        info = next((g for g in groups if g["name"].decode() == settings.archive_group), None)
+        if info is None or info["pending"] or info["lag"]:
+            return False
+    return True
