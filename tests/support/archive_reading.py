@@ -1,9 +1,10 @@
 """Helpers for the tests of replay, reprocessing and the lake over the archive (tests/test_archive_replay*.py,
 tests/test_reprocess*.py, tests/test_lake_analytics.py).
 
-`archive_from_redis` writes what Redis holds as the archive consumer does (the same format
-functions, services/archive/segments.py, through the same store client), in small segments so a
-test has many objects; `goose-ingest archive` itself is tested by tests/test_archive*.py.
+`start_archive_process` runs the real `goose-ingest archive`; `archive_from_redis` writes what Redis
+holds with the same format functions (services/archive/segments.py) through the same store client,
+in small segments of a chosen size, for the tests that want many objects (a corrupt one among
+them) without waiting for cuts; `goose-ingest archive` itself is tested by tests/test_archive*.py.
 `trim_to` then plays a short Redis retention: what the archive holds is gone from Redis.
 """
 
