@@ -23,7 +23,8 @@ A corrupt segment (not Parquet, truncated, another schema) is NAMED in the resul
 are still read: one bad object must not hide the rest of the history.
 
 The functions that decide (windows, segment selection, merge, run selection) are pure; only
-`read_raw`, `read_lake_events` and `redis_log` do I/O.
+`read_raw`, `read_log`, `read_lake_events` and `redis_log` do I/O (`read_log` only through its
+arguments: the store and an iterable of Redis's entries).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import orjson
 from services.archive.segments import (
     EVENTS_PREFIX,
     RAW_PREFIX,
+    STREAM_KINDS,
     SegmentError,
     date_of_ms,
     decode_event_rows,
@@ -50,8 +52,7 @@ from services.archive.window import DAY_MS, Window
 from services.broker.keys import KeyLayout
 from services.replay.rebuild import LogEntry, sid_key
 
-CONTROL = "control"
-RAW = "raw"
+RAW, CONTROL = STREAM_KINDS  # the stream kinds of the format (segments.py): the one spelling
 
 
 # ---------------------------------------------------------------------------------- segments
