@@ -145,6 +145,8 @@ def test_replay_of_a_time_window_rebuilds_only_the_runs_in_it(settings, archived
     done = cli(settings, "replay", "--since", iso, GOOSE_INGEST_ARCHIVE_URL=a["url"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert _summary(done.stdout) == (len(a["second"]), 0)
+    redis_only = cli(settings, "replay", "--since", iso, "--source", "redis")  # the second batch is all in Redis
+    assert redis_only.returncode == 0 and _summary(redis_only.stdout) == (len(a["second"]), 0), redis_only.stdout
     before = cli(settings, "replay", "--until", iso, GOOSE_INGEST_ARCHIVE_URL=a["url"])
     assert before.returncode == 0, before.stdout + before.stderr
     assert _summary(before.stdout) == (len(a["first"]), 0)
