@@ -254,7 +254,7 @@ class Settings(BaseSettings):
     archive_group: str = Field(default="goose-ingest-archive", description="Consumer group of the archive on the raw, control and topic streams.")
     archive_segment_max_entries: int = Field(default=100_000, ge=1, description="A segment is cut at this many entries.")
     archive_segment_max_bytes: int = Field(
-        default=64 * 1024 * 1024, ge=1024, description="A segment is cut at this many bytes of fields (before compression)."
+        default=64 * 1024 * 1024, ge=1024, description="A segment is cut at this many bytes of field values (before compression)."
     )
     archive_segment_max_age_s: float = Field(
         default=300.0, gt=0, description="A segment is cut when its first entry was read this long ago (bounds the archive's lag at low rates)."

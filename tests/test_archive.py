@@ -91,8 +91,14 @@ class Objects:
             full = self.s3.keys(BUCKET, f"{self.prefix}/{under}" if self.prefix else under)
             return [k[len(self.prefix) + 1:] if self.prefix else k for k in full]
         assert self.root is not None
-        return sorted(str(p.relative_to(self.root)) for p in (self.root / under).rglob("*") if p.is_file()
-                      ) if (self.root / under).exists() else []
+        # obstore's listing, as every reader of the archive sees it: it skips the staging files
+        # (`<name>#<n>`) a write killed halfway leaves behind.
+        from services.archive.store import open_store
+        from services.settings import Settings
+
+        store = open_store(Settings(archive_url=self.root.as_uri()))
+        assert store is not None
+        return store.list(under)
 
     def get(self, key: str) -> bytes:
         if self.s3 is not None:
@@ -143,9 +149,10 @@ def archive_done(r: redis.Redis, b: AclBroker, group: str = "goose-ingest-archiv
 def start_archive(b: AclBroker, tmp_path: Path, url: str, log_name: str = "archive.log", **env: str) -> tuple[subprocess.Popen, Path]:
     port_file = tmp_path / f"{log_name}.port"
     port_file.unlink(missing_ok=True)
-    full = b.env("archive", GOOSE_INGEST_ARCHIVE_URL=url, GOOSE_INGEST_METRICS_PORT="0",
-                 GOOSE_INGEST_METRICS_PORT_FILE=str(port_file), GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S="0.5",
-                 GOOSE_INGEST_SWEEP_INTERVAL_S="0.5", **env)
+    full = b.env("archive", **{"GOOSE_INGEST_ARCHIVE_URL": url, "GOOSE_INGEST_METRICS_PORT": "0",
+                               "GOOSE_INGEST_METRICS_PORT_FILE": str(port_file),
+                               "GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S": "0.5", "GOOSE_INGEST_SWEEP_INTERVAL_S": "0.5",
+                               **env})
     log = tmp_path / log_name
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "services.cli", "archive"], cwd=REPO, env=full, stdout=out,
@@ -390,3 +397,43 @@ def test_archive_on_a_redis_cluster_reads_each_shard_in_its_slot(cluster_setting
     got = Objects(root=tmp_path / "archive").raw_entries()
     assert sorted((e.shard, e.stream, e.id) for e in got) == sorted(want)
     assert archiver.metrics.lake_rejected._value.get() == 2 * settings.shards
+
+
+def test_repeated_sigkill_at_random_moments_while_entries_arrive(acl_broker: AclBroker, tmp_path: Path):  # noqa: F811
+    """Killed (SIGKILL) three times at random moments while entries keep arriving and segments are
+    cut every 0.2 s: reading, writing, acknowledging. Every object in the store is a whole segment,
+    and every entry is in exactly one."""
+    import random
+    import threading
+
+    b = acl_broker
+    r = b.root()
+    root = tmp_path / "archive"
+    stop_publishing = threading.Event()
+    rounds = [0]
+
+    def keep_publishing() -> None:
+        while not stop_publishing.is_set():
+            publish(r, b, 20, tag=f"p{rounds[0]}")
+            rounds[0] += 1
+            time.sleep(0.05)
+
+    publisher = threading.Thread(target=keep_publishing, daemon=True)
+    publisher.start()
+    rng = random.Random(23)
+    try:
+        for _ in range(3):
+            proc, _ = start_archive(b, tmp_path, f"file://{root}", GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S="0.2")
+            time.sleep(2.0 + rng.random() * 2.0)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+    finally:
+        stop_publishing.set()
+        publisher.join(timeout=30)
+    proc, _ = start_archive(b, tmp_path, f"file://{root}", GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S="0.2")
+    try:
+        wait_until(lambda: archive_done(r, b), timeout=120)
+    finally:
+        assert stop(proc) == 0, (tmp_path / "archive.log").read_text()[-3000:]
+    assert rounds[0] > 5
+    assert_exactly_once(Objects(root=root), r, b, events=20 * rounds[0], records=4 * rounds[0])

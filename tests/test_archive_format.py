@@ -50,6 +50,20 @@ def test_raw_convenience_columns_and_duckdb(tmp_path) -> None:
     ]
 
 
+def test_convenience_columns_survive_odd_values() -> None:
+    """Invalid UTF-8 in a text field is replaced there (the `fields` column keeps the bytes); a seq
+    that is not a number, or beyond int64, is null."""
+    entries = [
+        sg.ArchivedEntry(0, "raw", "5-0", {b"run": b"r\xff", b"seq": b"99999999999999999999999", b"ts": b"\xc3("}),
+        sg.ArchivedEntry(0, "raw", "5-1", {b"run": b"ok", b"seq": b"12"}),
+    ]
+    table = pq.read_table(io.BytesIO(sg.encode_raw_segment(entries)))
+    assert table.column("run").to_pylist() == ["r\ufffd", "ok"]
+    assert table.column("seq").to_pylist() == [None, 12]
+    assert table.column("ts").to_pylist() == ["\ufffd(", None]
+    assert sg.decode_raw_segment(sg.encode_raw_segment(entries)) == entries
+
+
 def test_raw_key_follows_from_first_id_and_sorts() -> None:
     key = sg.raw_segment_key("control", 3, "1764756000000-5")
     assert key == "raw/date=2025-12-03/shard=003/control-00000001764756000000-00000000000000000005.parquet"

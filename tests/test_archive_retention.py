@@ -135,3 +135,33 @@ def test_archive_group_missing_keeps_everything(acl_broker: AclBroker):  # noqa:
     assert _ids(r, streams) == before
     _trim(b, None)
     assert len(_ids(r, streams)) < len(before)
+
+
+def test_an_idle_control_stream_does_not_hold_back_the_raw_trim(acl_broker: AclBroker):  # noqa: F811
+    """A control entry from long ago, archived: the archive has read everything there, so the raw
+    shard trims up to the retention, not to that old entry's time."""
+    b = acl_broker
+    r = b.root()
+    r.config_set("stream-node-max-entries", 1)
+    layout = b.settings.layout
+    group = b.settings.archive_group
+    for shard in range(b.settings.shards):
+        r.xadd(layout.control_stream(shard), {"kind": "abandon"}, id=f"{int(time.time() * 1000) - 3_600_000}-0")
+        for _ in range(10):
+            r.xadd(layout.raw_stream(shard), {"run": "r", "kind": "line"})
+        time.sleep(0.01)
+        r.xadd(layout.raw_stream(shard), {"run": "r", "kind": "line"})  # past the committed position's own ms
+    # the archive (and the workers) read and acknowledged everything
+    for stream in [*layout.raw_streams(), *layout.control_streams()]:
+        for g in (group, b.settings.group):
+            try:
+                r.xgroup_create(stream, g, id="0")
+            except Exception:
+                pass
+            got = r.xreadgroup(g, "c", {stream: ">"}, count=10_000)
+            if got:
+                r.xack(stream, g, *[sid for sid, _ in got[0][1]])
+    time.sleep(0.5)
+    before = len(_ids(r, layout.raw_streams()))
+    _trim(b, "file:///archive")
+    assert len(_ids(r, layout.raw_streams())) < before

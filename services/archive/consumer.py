@@ -265,7 +265,7 @@ class Archiver:
                 if not src.entries:
                     src.opened_at = time.monotonic()
                 src.entries.append((entry_id, fields))
-                src.size += sum(len(k) + len(v) for k, v in fields.items())
+                src.size += sum(map(len, fields.values()))  # the values: names are a few bytes each
                 busy = True
             if gone:
                 log.warning("%d pending entries of %s were deleted before they were archived", len(gone), src.stream)
@@ -308,7 +308,7 @@ class Archiver:
         self.metrics.last_success.set(time.time())
         rest = src.entries[src.sealed:]
         src.entries = rest
-        src.size = sum(len(k) + len(v) for _, fields in rest for k, v in fields.items())
+        src.size = sum(sum(map(len, fields.values())) for _, fields in rest)
         src.opened_at = time.monotonic()
         src.sealed = 0
         log.debug("archived %d entries of %s as %d objects (%d bytes)", len(entries), src.stream, len(objects), size)

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from services.export.postgres import rows as pg_rows
@@ -161,42 +162,79 @@ def _int_or_none(value: bytes | None) -> int | None:
     return number if _INT64[0] <= number <= _INT64[1] else None
 
 
+_CONVENIENCE = (b"run", b"seq", b"kind", b"ts", b"line")  # the fields with a column of their own
+_FIELD_STRUCT = pa.struct([pa.field("name", pa.binary(), nullable=False), pa.field("value", pa.binary(), nullable=False)])
+
+
 def encode_raw_segment(records: Sequence[ArchivedEntry]) -> bytes:
     """A raw segment (Parquet bytes) of `records`, in the order given (the consumer gives them in
-    stream-id order). ValueError for an empty segment or an id that is not a stream id."""
+    stream-id order). ValueError for an empty segment or an id that is not a stream id.
+
+    Columnar on purpose (measured: a Python dict per field made it ~3x slower): the `fields` column
+    is built from two flat binary arrays and their offsets, Arrow's own layout; the convenience
+    columns are gathered as bytes in the same pass (plain dict lookups measured 3.5x faster than
+    Arrow's `map_lookup`) and converted by Arrow, with Python only for what Arrow refuses (invalid
+    UTF-8, a `seq` that is not a number)."""
     if not records:
         raise ValueError("a segment holds at least one entry")
-    shards: list[int] = []
-    streams: list[str] = []
-    ids: list[str] = []
-    ms_col: list[int] = []
-    seq_col: list[int] = []
-    run: list[str | None] = []
-    seq: list[int | None] = []
-    kind: list[str | None] = []
-    ts: list[str | None] = []
-    line: list[bytes | None] = []
-    fields: list[list[dict[str, bytes]]] = []
-    for rec in records:
-        if rec.stream not in STREAM_KINDS:
-            raise ValueError(f"stream kind must be one of {STREAM_KINDS}, not {rec.stream!r}")
-        ms, sq = id_parts(rec.id)
-        shards.append(rec.shard)
-        streams.append(rec.stream)
-        ids.append(rec.id)
-        ms_col.append(ms)
-        seq_col.append(sq)
+    n = len(records)
+    names: list[bytes] = []
+    values: list[bytes] = []
+    offsets: list[int] = [0] * (n + 1)
+    conv: dict[bytes, list[bytes | None]] = {name: [None] * n for name in _CONVENIENCE}
+    run, seq, kind, ts, line = (conv[name] for name in _CONVENIENCE)
+    for i, rec in enumerate(records):
         f = rec.fields
-        run.append(_text(f.get(b"run")))
-        seq.append(_int_or_none(f.get(b"seq")))
-        kind.append(_text(f.get(b"kind")))
-        ts.append(_text(f.get(b"ts")))
-        line.append(f.get(b"line"))
-        fields.append([{"name": bytes(k), "value": bytes(v)} for k, v in f.items()])
-    table = pa.table(
-        [shards, streams, ids, ms_col, seq_col, run, seq, kind, ts, line, fields], schema=RAW_SCHEMA
-    )
-    return _write(table)
+        get = f.get
+        run[i], seq[i], kind[i], ts[i], line[i] = get(b"run"), get(b"seq"), get(b"kind"), get(b"ts"), get(b"line")
+        names.extend(f.keys())
+        values.extend(f.values())
+        offsets[i + 1] = len(names)
+    kinds = [rec.stream for rec in records]
+    if not set(kinds) <= set(STREAM_KINDS):
+        bad = next(k for k in kinds if k not in STREAM_KINDS)
+        raise ValueError(f"stream kind must be one of {STREAM_KINDS}, not {bad!r}")
+    ids = pa.array([rec.id for rec in records], pa.string())
+    id_ms, id_seq = _id_columns(ids)
+    offsets_arr = pa.array(offsets, pa.int32())
+    name_arr, value_arr = pa.array(names, pa.binary()), pa.array(values, pa.binary())
+    pairs = pa.StructArray.from_arrays([name_arr, value_arr], fields=list(_FIELD_STRUCT))
+    fields = pa.ListArray.from_arrays(offsets_arr, pairs, type=RAW_SCHEMA.field("fields").type)
+
+    def binary(values: list[bytes | None]) -> pa.Array:
+        return pa.array(values, pa.binary())
+
+    columns = [
+        pa.array([rec.shard for rec in records], pa.int32()), pa.array(kinds, pa.string()), ids, id_ms, id_seq,
+        _as_text(binary(run)), _as_int(binary(seq)), _as_text(binary(kind)), _as_text(binary(ts)), binary(line), fields,
+    ]  # fmt: skip
+    return _write(pa.Table.from_arrays(columns, schema=RAW_SCHEMA))
+
+
+def _id_columns(ids: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """`<ms>-<seq>` ids as two uint64 columns; ValueError (from id_parts) for one that is not an id."""
+    try:
+        parts = pc.split_pattern(ids, "-", max_splits=1)
+        if pc.min(pc.list_value_length(parts)).as_py() == 2:
+            return (pc.cast(pc.list_element(parts, 0), pa.uint64()), pc.cast(pc.list_element(parts, 1), pa.uint64()))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    pairs = [id_parts(i) for i in ids.to_pylist()]  # the slow path says which id is wrong
+    return pa.array([p[0] for p in pairs], pa.uint64()), pa.array([p[1] for p in pairs], pa.uint64())
+
+
+def _as_text(column: pa.Array) -> pa.Array:
+    try:
+        return pc.cast(column, pa.string())
+    except pa.ArrowInvalid:  # invalid UTF-8 somewhere: replaced, as the column is only a convenience
+        return pa.array([_text(v) for v in column.to_pylist()], pa.string())
+
+
+def _as_int(column: pa.Array) -> pa.Array:
+    try:
+        return pc.cast(column, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a value that is not a number: null
+        return pa.array([_int_or_none(v) for v in column.to_pylist()], pa.int64())
 
 
 def decode_raw_segment(data: bytes) -> list[ArchivedEntry]:
@@ -210,12 +248,20 @@ def decode_raw_segment(data: bytes) -> list[ArchivedEntry]:
         shards = table.column("shard").to_pylist()
         streams = table.column("stream").to_pylist()
         ids = table.column("id").to_pylist()
-        fields = table.column("fields").to_pylist()
+        lists = table.column("fields").combine_chunks()
+        if lists.null_count:
+            raise SegmentError("not a raw segment (an entry without fields)")
+        offsets = lists.offsets.to_pylist()
+        pairs = lists.values  # offsets index into the whole child array (a slice keeps its offset)
+        names = pairs.field("name").to_pylist()
+        values = pairs.field("value").to_pylist()
         return [
-            ArchivedEntry(shard=s, stream=k, id=i, fields={p["name"]: p["value"] for p in fl})
-            for s, k, i, fl in zip(shards, streams, ids, fields, strict=True)
+            ArchivedEntry(shard=s, stream=k, id=i, fields=dict(zip(names[lo:hi], values[lo:hi], strict=True)))
+            for s, k, i, lo, hi in zip(shards, streams, ids, offsets[:-1], offsets[1:], strict=True)
         ]
-    except (TypeError, KeyError, pa.ArrowException) as exc:
+    except (TypeError, KeyError, ValueError, pa.ArrowException) as exc:
+        if isinstance(exc, SegmentError):
+            raise
         raise SegmentError(f"not a raw segment ({exc})") from None
 
 

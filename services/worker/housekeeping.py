@@ -240,7 +240,8 @@ class Housekeeper:
                 # The archive is the log of record beyond Redis (docs/archive.md): nothing it has not
                 # written may go, on the raw stream or on the control stream. Its group missing (not
                 # started yet, or Redis lost it): keep everything until it is back.
-                archived = [await self._committed_ms(k, s.archive_group) for k in (stream, layout.control_stream(shard))]
+                archived = [await self._committed_ms(k, s.archive_group, now_ms)
+                            for k in (stream, layout.control_stream(shard))]
                 cutoff = min(cutoff, *(-1 if a is None else a for a in archived))
             if cutoff > 0:
                 await self.client.xtrim(stream, minid=f"{cutoff}-0", approximate=True)
@@ -252,9 +253,12 @@ class Housekeeper:
         for stream in topics:
             await self.trim_topic(stream, now_ms)
 
-    async def _committed_ms(self, stream: str, group: str) -> int | None:
+    async def _committed_ms(self, stream: str, group: str, now_ms: int | None = None) -> int | None:
         """The ms below which `group` has committed everything on `stream` (its oldest pending
-        entry, else its last-delivered id); None when the stream or the group does not exist."""
+        entry, else its last-delivered id). With `now_ms` (Redis time, taken before): that, when the
+        group has read and acknowledged everything, so an idle stream (the archive's position on a
+        control stream without news for hours) does not hold back the trim of its raw shard.
+        None when the stream or the group does not exist."""
         try:
             groups = await self.client.xinfo_groups(stream)
         except ResponseError:
@@ -262,6 +266,8 @@ class Housekeeper:
         info = next((g for g in groups if _text(g["name"]) == group), None)
         if info is None:
             return None
+        if now_ms is not None and info.get("lag") == 0 and not int(info.get("pending") or 0):
+            return now_ms  # entries added since have ids of at least now_ms: minid now_ms keeps them
         frontier = stream_id_ms(info["last-delivered-id"])
         if int(info.get("pending") or 0):
             summary = await self.client.xpending(stream, group)
