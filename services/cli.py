@@ -37,6 +37,7 @@ _COMMAND_MODULES = [
     "services.archive.command",
 
     "services.gateway.command",
+    "services.archive.reprocess_command",
 ]
 # The subcommands each module registers: a command line naming one imports only its module (a tap
 # must not pay for the worker's FastStream or the exporters' clients). tests/test_tap_conn.py holds
@@ -59,6 +60,7 @@ _MODULE_OF = {
 
     "gateway": "services.gateway.command",
     "tokens": "services.gateway.command",
+    "reprocess": "services.archive.reprocess_command",
 }
 
 # Values of these settings are never echoed in an error line (credentials, or URLs that may hold them).

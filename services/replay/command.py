@@ -1,18 +1,31 @@
-"""`goose-ingest replay [--run RUN]`: rebuild events from the raw log and report differences."""
+"""`goose-ingest replay [--run RUN] [--since T] [--until T] [--source S]`: rebuild events from the raw
+log and report differences.
+
+The raw log is what Redis holds, plus, when an archive is configured (GOOSE_INGEST_ARCHIVE_URL),
+what the archive holds: services/archive/reader.py reads and merges both (docs/archive-replay.md,
+"Replay"); the published events are then the topics' plus the event lake's.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
+from services.archive.window import Window, window
 from services.broker.connect import sync_client
 from services.normalizer import Limits
 from services.replay.rebuild import LogEntry, merge_log, rebuild
 from services.settings import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from services.archive.reader import Corrupt
+
+REDIS, ARCHIVE = "redis", "archive"
+SOURCES = (REDIS, ARCHIVE)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,6 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "what the topics hold. Prints the differences; exit code 1 when there is one. Needs the admin role.",
     )
     p.add_argument("--run", help="only this run key")
+    p.add_argument("--since", help="only runs with a raw entry at or after this time (2026-12-01, "
+                   "2026-12-01T05:00:00Z, or a time ago: 90m, 3h, 2d; UTC unless an offset is given)")
+    p.add_argument("--until", help="only runs with a raw entry before this time (same forms as --since)")
+    p.add_argument("--source", choices=SOURCES, default=None,
+                   help="where the raw log is read: 'archive' = the archive plus what Redis still holds (the "
+                   "default when GOOSE_INGEST_ARCHIVE_URL is set), 'redis' = Redis only (the default otherwise)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(func=run)
 
@@ -40,14 +59,25 @@ def _read_all(client: Any, stream: str) -> Iterator[tuple[str, dict[bytes, bytes
         last = "(" + chunk[-1][0].decode()
 
 
-def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.stdout, quiet: bool = False) -> int:
-    """Number of differences between rebuilt and published events (0: identical)."""
+def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.stdout, quiet: bool = False,
+            source: str | None = None, win: Window | None = None, err: TextIO = sys.stderr) -> int:
+    """Number of differences between rebuilt and published events (0: identical); a corrupt
+    archive object counts as one (it is named on `err`, the rest is still replayed)."""
     client = sync_client(settings)
     layout = settings.layout
-    raw = [LogEntry(sid, fields) for stream in layout.raw_streams() for sid, fields in _read_all(client, stream)]
-    control = [LogEntry(sid, fields, control=True)
-               for stream in layout.control_streams() for sid, fields in _read_all(client, stream)]
-    rebuilt = rebuild(merge_log(raw, control), Limits(settings.max_span_chars, settings.max_pending_tools, settings.max_pending_tool_bytes),
+    win = win or Window()
+    source = source or (ARCHIVE if settings.archive_url else REDIS)
+    lake: dict[str, dict[str, dict[str, Any]]] = {}
+    corrupt: list[Corrupt] = []
+    if source == REDIS and win.everything:
+        raw = [LogEntry(sid, fields) for stream in layout.raw_streams() for sid, fields in _read_all(client, stream)]
+        control = [LogEntry(sid, fields, control=True)
+                   for stream in layout.control_streams() for sid, fields in _read_all(client, stream)]
+        log = merge_log(raw, control)
+    else:
+        log, lake, corrupt = _archive_log(settings, client, source, win, run_key)
+        raw = [e for e in log if not e.control]
+    rebuilt = rebuild(log, Limits(settings.max_span_chars, settings.max_pending_tools, settings.max_pending_tool_bytes),
                       settings.max_buffered_entries, run_key, settings.max_line_bytes, settings.redactor(),
                       settings.max_held_bytes)
     published: dict[str, list[dict[str, Any]]] = {}
@@ -56,6 +86,8 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
         rid = fields[b"runId"].decode()
         if run_key is None or rid == run_key:
             published.setdefault(rid, []).append(orjson.loads(fields[b"data"]))
+    if lake or not win.everything:
+        published = _with_lake(published, lake, set(rebuilt.events) if not win.everything else None)
     if run_key is not None and run_key not in rebuilt.events and run_key not in published:
         wanted = run_key.encode()
         if not any(e.fields.get(b"run") == wanted for e in raw):
@@ -76,10 +108,52 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
                 print(f"  first difference at {a.get('eventId')}:\n    rebuilt   {orjson.dumps(a).decode()[:300]}\n"
                       f"    published {orjson.dumps(b).decode()[:300]}", file=out)
                 break
+    for bad in corrupt:
+        print(f"replay: corrupt archive object {bad.key}: {bad.reason} (skipped; the rest is replayed)", file=err)
     print(f"replay: {len(rebuilt.events)} runs rebuilt from the raw log, {diffs} differ from the published events"
-          + (f" ({rebuilt.invalid} invalid raw entries skipped, as the workers dead-lettered them)" if rebuilt.invalid else ""),
+          + (f" ({rebuilt.invalid} invalid raw entries skipped, as the workers dead-lettered them)" if rebuilt.invalid else "")
+          + (f"; {len(corrupt)} archive objects could not be read" if corrupt else ""),
           file=out)
-    return diffs
+    return diffs + len(corrupt)
+
+
+def _archive_log(settings: Settings, client: Any, source: str, win: Window, run_key: str | None
+                 ) -> tuple[list[LogEntry], dict[str, dict[str, dict[str, Any]]], list[Corrupt]]:
+    """The log of the window's runs from the archive (when `source` says so) merged with Redis, and
+    the events the event lake holds for them."""
+    from services.archive import reader
+
+    store = None
+    if source == ARCHIVE:
+        from services.archive.store import open_store
+
+        store = open_store(settings)
+        if store is None:
+            raise ConfigError("--source archive: set GOOSE_INGEST_ARCHIVE_URL (file:///dir or s3://bucket/prefix)")
+    from services.archive.store import StoreError
+
+    try:  # a store that fails mid-read: the log cannot be checked, one line (no partial verdict)
+        read = reader.read_log(store, reader.redis_log(client, settings.layout), win)
+        runs = read.runs
+        if run_key is not None:
+            runs = {run_key} if runs is None or run_key in runs else set()
+        lake = reader.read_lake_events(store, win, runs) if store is not None else reader.LakeRead()
+    except StoreError as exc:
+        raise ConfigError(f"replay: {exc}") from None
+    return reader.log_of(read.entries, runs), lake.events, read.corrupt + lake.corrupt
+
+
+def _with_lake(published: dict[str, list[dict[str, Any]]], lake: dict[str, dict[str, dict[str, Any]]],
+               runs: set[str] | None) -> dict[str, list[dict[str, Any]]]:
+    """The topics' events plus the lake's (they overlap: one copy per eventId), in seq order, of `runs`."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for rid in set(published) | set(lake):
+        if runs is not None and rid not in runs:
+            continue
+        by_id = dict(lake.get(rid, {}))
+        by_id.update({str(e.get("eventId")): e for e in published.get(rid, [])})
+        out[rid] = sorted(by_id.values(), key=lambda e: e.get("seq", 0))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,4 +161,5 @@ def run(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         print("goose-ingest replay: set GOOSE_INGEST_REDIS_URL", file=sys.stderr)
         return 2
-    return 1 if compare(settings, args.run, quiet=args.quiet) else 0
+    win = window(args.since, args.until)
+    return 1 if compare(settings, args.run, quiet=args.quiet, source=args.source, win=win) else 0

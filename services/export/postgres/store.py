@@ -227,7 +227,14 @@ class Store:
         conn.execute("CREATE TEMP TABLE IF NOT EXISTS events_stage (ts timestamptz, data jsonb) ON COMMIT DELETE ROWS")
         conn.execute("DELETE FROM events_stage")
         _copy(conn, "events_stage", b"".join(r.copy_line() for r in rows))
-        cur = conn.execute("INSERT INTO events (ts, data) SELECT ts, data FROM events_stage ON CONFLICT DO NOTHING")
+        # An event already stored with the same content is a re-delivery (skipped, counted as a
+        # duplicate); with different content it is the same event rebuilt by `goose-ingest reprocess`
+        # with newer settings (docs/archive-replay.md, "Reprocessing"): the newer content replaces it.
+        # DISTINCT ON: one statement may not update a row twice (the same event twice in a batch).
+        cur = conn.execute("INSERT INTO events AS e (ts, data) SELECT DISTINCT ON (ts, data ->> 'runId', data ->> 'seq') "
+                           "ts, data FROM events_stage "
+                           "ON CONFLICT (run_key, seq, ts) DO UPDATE SET data = EXCLUDED.data "
+                           "WHERE e.data IS DISTINCT FROM EXCLUDED.data")
         return max(cur.rowcount, 0)
 
     def _insert_records(self, rows: list[RecordRow]) -> int:
@@ -235,9 +242,13 @@ class Store:
         cols = sql.SQL(", ").join(map(sql.Identifier, RECORD_COLUMNS))
         marks = sql.SQL(", ").join(sql.Placeholder() * len(RECORD_COLUMNS))
         values = sql.SQL(", ").join(sql.SQL("({})").format(marks) for _ in rows)
+        excluded = sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(sql.Identifier(c)) for c in RECORD_COLUMNS)
+        rows = list({r.record_id: r for r in rows}.values())  # a row may be updated once per statement
         params: list[Any] = [v for r in rows for v in r.values()]
         cur = conn.execute(
-            sql.SQL("INSERT INTO run_records ({c}) VALUES {v} ON CONFLICT (record_id) DO NOTHING").format(c=cols, v=values),
+            # As for events: the same content is a re-delivery, other content a reprocessed record.
+            sql.SQL("INSERT INTO run_records AS r ({c}) VALUES {v} ON CONFLICT (record_id) DO UPDATE SET ({c}) = ({x}) "
+                    "WHERE r.data IS DISTINCT FROM EXCLUDED.data").format(c=cols, v=values, x=excluded),
             params,
         )
         return max(cur.rowcount, 0)
