@@ -42,6 +42,8 @@ COMPILED_MODULES = (
     "services.sequencer.entries",
     "services.sequencer.run",
     "services.redaction.rules",
+    "services.redaction.prefilter",
+    "services.redaction.forms",
     "services.redaction.redactor",
 )
 # The name of the group's shared library (``goose_ingest_core__mypyc.<abi>.so``).
