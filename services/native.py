@@ -31,6 +31,7 @@ COMPILED_MODULES = (
     "services.normalizer.timefmt",
     "services.normalizer.paths",
     "services.normalizer.error_classes",
+    "services.normalizer.shell_tokens",
     "services.normalizer.shell",
     "services.normalizer.tools",
     "services.normalizer.machinery",
