@@ -233,7 +233,7 @@ class Machinery:
     __slots__ = (
         "run",
         "limits",
-        "n",
+        "next_event",
         "counts",
         "span",
         "pending",
@@ -257,7 +257,7 @@ class Machinery:
     def __init__(self, run: str, limits: Limits = DEFAULT_LIMITS) -> None:
         self.run = run
         self.limits = limits
-        self.n = 0  # index of the next event
+        self.next_event = 0  # index of the next event
         self.counts: dict[str, int] = {}
         self.span: list[Any] | None = None  # [kind, message id, text, first seq, last seq, truncated]
         self.pending: list[list[Any]] = []  # unanswered tool calls, oldest first; see CALL_*
@@ -294,7 +294,7 @@ class Machinery:
         state: dict[str, Any] = {
             "v": STATE_VERSION,
             "run": self.run,
-            "n": self.n,
+            "n": self.next_event,
             "counts": self.counts,
             "span": self.span,
         }
@@ -327,7 +327,7 @@ class Machinery:
         that). ``calls``: the blocks stored apart, by key (as stored: ``[block, input]`` for a call
         whose input is not part of its block); given (even empty), calls found whole in the state
         are reported by ``take_call_changes`` as added, so a worker stores them apart from then on."""
-        self.n = state["n"]
+        self.next_event = state["n"]
         self.counts = state["counts"]
         self.span = state["span"]
         self.calls_made = state.get("callsMade", 0)
@@ -695,8 +695,8 @@ class Machinery:
         """Append the next event, counted, and return it: the envelope (contract section 2)
         then the kind's fields, built as one dict display (a "type" among the fields lands on
         the envelope's, same value, same place). The caller may add fields after these."""
-        n = self.n
-        self.n = n + 1
+        n = self.next_event
+        self.next_event = n + 1
         counts = self.counts
         counts[etype] = counts.get(etype, 0) + 1
         if ts_ms != self._ts_ms:
