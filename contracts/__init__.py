@@ -1,6 +1,6 @@
 """The goose-ingest contract: pydantic models that are the single source of truth.
 
-JSON Schema files in ``contracts/schemas/`` and ``contracts/asyncapi.yaml`` are generated
+JSON Schema files in ``contracts/schemas/`` and ``contracts/asyncapi.json`` are generated
 from these models (``python -m contracts.generate``); a test fails when they are stale.
 
 The names below load on first use (PEP 562): importing one submodule for its constants (the tap

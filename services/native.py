@@ -31,15 +31,20 @@ COMPILED_MODULES = (
     "services.normalizer.timefmt",
     "services.normalizer.paths",
     "services.normalizer.error_classes",
+    "services.normalizer.shell_tokens",
     "services.normalizer.shell",
     "services.normalizer.tools",
+    "services.normalizer.machinery",
+    # One line per input format (contracts/formats.py; tests/test_formats_registry.py checks it).
+    "services.normalizer.formats.goose",
+    "services.normalizer.formats.claude_code",
+    "services.normalizer.formats.codex",
     "services.normalizer.run_normalizer",
-    "services.normalizer.goose_format",
-    "services.normalizer.claude_format",
-    "services.normalizer.codex_format",
     "services.sequencer.entries",
     "services.sequencer.run",
     "services.redaction.rules",
+    "services.redaction.prefilter",
+    "services.redaction.forms",
     "services.redaction.redactor",
 )
 # The name of the group's shared library (``goose_ingest_core__mypyc.<abi>.so``).

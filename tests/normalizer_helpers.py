@@ -13,7 +13,7 @@ from typing import Any
 
 from contracts.events import harness_event_adapter
 from services.normalizer import Limits, RunNormalizer
-from services.normalizer.run_normalizer import DEFAULT_LIMITS
+from services.normalizer.machinery import DEFAULT_LIMITS
 
 RUN = "laptop-42/20261129_3"
 MISSING: Any = object()

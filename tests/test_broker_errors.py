@@ -123,7 +123,7 @@ def test_a_tap_on_a_stale_slot_map_delivers_and_logs_no_line(redis_cluster, clus
     caplog.set_level(logging.WARNING, logger="goose_ingest.tap")
     pub = Publisher(cluster_settings, run, {"host": "t"})
     try:
-        _point_slot_at_its_replica(pub._client, redis_cluster, pub.stream_key)
+        _point_slot_at_its_replica(pub._transport.client, redis_cluster, pub.stream_key)
         for _ in range(5):
             pub.add_line(SECRET_LINE.encode(), "stdout")
         pub.add_eof(0)

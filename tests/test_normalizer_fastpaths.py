@@ -20,11 +20,20 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.normalizer import Limits, RawLine, RunNormalizer, claude_format, goose_format
+from services.normalizer import Limits, RawLine, RunNormalizer
+from services.normalizer.formats import goose as goose_format
 from services.normalizer.paths import _resolve, normalize_path
 from services.normalizer.shell import classify_shell, shell_kinds
 from services.normalizer.timefmt import MAX_MS, MIN_MS, _format, format_ms
-from services.normalizer.tools import HandlerMemo, classify_extended, classify_tool, tool_handler
+from services.normalizer.tools import (
+    HandlerMemo,
+    classify_extended,
+    classify_mcp,
+    classify_tool,
+    mcp_handler,
+    strip_mcp,
+    tool_handler,
+)
 from tests.fixtures import SHARED, transcript_lines
 
 FORMATS_DIRS = {"goose": "goose", "claude-code": "claude-code", "codex": "codex"}
@@ -190,11 +199,11 @@ tool_args = st.none() | json_values | st.fixed_dictionaries(
 @given(st.lists(st.tuples(st.sampled_from(TOOL_NAMES) | st.text(max_size=10), tool_args), max_size=8))
 def test_classifying_through_the_handler_memo_gives_the_reference_result(calls):
     # The formats' shared memos, and memos so small that they are forgotten between calls.
-    goose_tiny, claude_tiny = HandlerMemo(tool_handler, most=2), HandlerMemo(claude_format.handler, most=2)
+    goose_tiny, claude_tiny = HandlerMemo(tool_handler, most=2), HandlerMemo(mcp_handler, most=2)
     for name, args in calls:
         goose_expected = classify_tool(name, args)
         assert goose_format.classify(name, args) == goose_expected
         assert goose_tiny.classify(name, args) == goose_expected
-        claude_expected = classify_extended(claude_format.tool_name(name), args)
-        assert claude_format.classify(name, args) == claude_expected
+        claude_expected = classify_extended(strip_mcp(name), args)
+        assert classify_mcp(name, args) == claude_expected
         assert claude_tiny.classify(name, args) == claude_expected

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from contracts.events import harness_event_adapter
 from services.normalizer import Limits, RawLine, RunNormalizer
-from services.normalizer.run_normalizer import MAX_JSON_DEPTH, json_depth
+from services.normalizer.machinery import MAX_JSON_DEPTH, json_depth
 from tests.fixtures import SHARED, TRANSCRIPTS, transcript_lines
 
 FIXTURE_LINES = [

@@ -1526,7 +1526,7 @@ def test_state_one_pass_of_the_script():
     f = _run_script()
     assert f.events == SCRIPT_EVENTS
     assert f.norm.usage == SCRIPT_USAGE
-    assert f.norm.n == 14
+    assert f.norm.next_event == 14
 
 
 @pytest.mark.parametrize("cut", range(len(SCRIPT) + 1))
@@ -1592,10 +1592,10 @@ def test_state_event_count_and_usage_survive_a_restore():
     f = Feed()
     f.line("w", stream="stderr")
     f.roundtrip()
-    assert f.norm.n == 1
+    assert f.norm.next_event == 1
     f.line(dumps({"type": "complete", "total_tokens": 3, "cache_read_input_tokens": 1}))
     f.roundtrip()
     assert f.norm.usage == {"totalTokens": 3, "cacheReadInputTokens": 1}
     assert f.norm.counts_by_type()["warning"] == 1
     assert f.line("x", stream="stderr") == [ev(1, "warning", 2, (2, 2), message="x")]
-    assert f.norm.n == 2
+    assert f.norm.next_event == 2

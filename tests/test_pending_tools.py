@@ -22,7 +22,7 @@ from contracts.raw import DEFAULT_MAX_PENDING_TOOL_BYTES
 from contracts.topics import TopicEntry
 from services.broker.connect import async_client
 from services.normalizer import Limits, RunNormalizer
-from services.normalizer.run_normalizer import INPUT_BESIDE, PENDING_CALL_OVERHEAD
+from services.normalizer.machinery import INPUT_BESIDE, PENDING_CALL_OVERHEAD
 from services.sequencer import Entry, Outcome, RunSequencer
 from services.settings import Settings
 from services.streams.groups import ensure_groups

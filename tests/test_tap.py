@@ -787,10 +787,10 @@ def test_drain_gives_up_when_the_sender_died(settings, caplog):
     run = "test/sender-died"
     pub = Publisher(settings, run, {"host": "h"})
 
-    def broken(payload, n):
+    def broken(batch):
         raise ValueError("injected")
 
-    pub._send_packed = broken
+    pub._transport.send = broken
     pub.add_line(b"x")
     wait_for(lambda: not pub.sender_alive, 30, "the sender to stop")
     assert _drain(pub, None, threading.Event()) is False

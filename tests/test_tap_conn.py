@@ -143,7 +143,7 @@ def test_a_connection_dropped_mid_batch_is_retried_and_every_entry_sent_once(pri
     try:
         pub.add_lines([b"first-%d" % i for i in range(5)])
         assert pub.flush(timeout=10)
-        address = pub._conn.local_address
+        address = pub._transport.conn.local_address
         assert address is not None
         addr = f"{address[0]}:{address[1]}"
         root.execute_command("CLIENT", "PAUSE", "2000", "WRITE")

@@ -134,7 +134,8 @@ class Located(NamedTuple):
         return self.stream, self.shard, self.sid
 
     def log_entry(self) -> LogEntry:
-        return LogEntry(self.sid, self.fields, self.stream == CONTROL)
+        control = self.stream == CONTROL
+        return LogEntry(self.sid, self.fields, control, None if control else self.shard)
 
 
 @dataclass

@@ -6,6 +6,10 @@ the call is consumed (extension ``todo``, or a C-T7 name), or ``None`` when the 
 (the caller emits ``unknown``). Success and exit code are added by the caller. The format
 modules classify through a ``HandlerMemo`` of ``tool_handler`` / ``extended_handler``, which
 gives the same results (a property test checks it).
+
+MCP tool names live here too, with the rules they feed: Claude Code writes an MCP tool as
+``mcp__<server>__<tool>`` and Codex's labels are built the same way (X-S3); the prefix is
+stripped before the 3.5 + C-T lookups (5.3). Both formats classify through one ``classify_mcp``.
 """
 
 from __future__ import annotations
@@ -284,3 +288,31 @@ class HandlerMemo:
         elif not isinstance(args, dict):
             args = {"value": args}
         return handler(args)
+
+
+# ----------------------------------------------------------------------- MCP
+MCP_PREFIX = "mcp__"
+
+
+def strip_mcp(name: str) -> str:
+    """5.3: a leading `mcp__` is stripped before the 3.5 lookups."""
+    return name[len(MCP_PREFIX) :] if name.startswith(MCP_PREFIX) else name
+
+
+def mcp_label(server: str, tool: str) -> str:
+    """X-S3: the tool name of an MCP call given as server and tool (Claude Code's own spelling)."""
+    return f"{MCP_PREFIX}{server}__{tool}"
+
+
+def mcp_handler(name: str) -> Handler:
+    """The 3.5 + C-T handler of a Claude Code (or Codex MCP) tool name, as the CLI wrote it."""
+    return extended_handler(strip_mcp(name))
+
+
+def mcp_consumed(name: str) -> bool:
+    return extended_consumed(strip_mcp(name))
+
+
+# Classification of a Claude Code or Codex MCP call (name as written), each name's handler worked
+# out once; one memo for both formats (a process runs runs of either).
+classify_mcp = HandlerMemo(mcp_handler).classify

@@ -16,15 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+from contracts.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from services.broker.connect import sync_client
 from services.broker.url import DEFAULT_PORT as EMBEDDED_DEFAULT_PORT  # Redis's own: the URL users expect
 from services.broker.url import redact_url
 from services.settings import ConfigError, Settings
 
 SHARED_FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
-DEFAULT_FIXTURES = SHARED_FIXTURES / "goose"
-# Beside every goose fixture, the demo shows one run of each other format (its directory is its format).
-OTHER_FORMAT_FIXTURES = (("claude-code", "a-read-edit-test.jsonl"), ("codex", "a-read-edit-test.jsonl"))
+DEFAULT_FIXTURES = SHARED_FIXTURES / DEFAULT_FORMAT
+# Beside every goose fixture, the demo shows one run of each other format of contracts/formats.py
+# (its fixtures' directory is its format's name; one without this transcript is left out).
+OTHER_FORMAT_FIXTURES = tuple((name, "a-read-edit-test.jsonl") for name in FORMAT_NAMES if name != DEFAULT_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class Transcript:
 
 
 def default_transcripts() -> list[Transcript]:
-    out = [Transcript(p, "goose", p.stem) for p in sorted(DEFAULT_FIXTURES.glob("*.jsonl"))]
+    out = [Transcript(p, DEFAULT_FORMAT, p.stem) for p in sorted(DEFAULT_FIXTURES.glob("*.jsonl"))]
     for fmt, name in OTHER_FORMAT_FIXTURES:
         path = SHARED_FIXTURES / fmt / name
         if path.is_file():

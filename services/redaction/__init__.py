@@ -1,6 +1,7 @@
 """Redaction of harness events before they are published (the raw log is never touched)."""
 
-from .redactor import ENVELOPE_FIELDS, IDENTITY_FIELDS, Redactor, SecretFieldTracker, bench
+from .forms import SecretFieldTracker
+from .redactor import IDENTITY_FIELDS, Redactor
 from .rules import (
     BUILTIN_RULE_NAMES,
     BUILTIN_RULES,
@@ -16,7 +17,6 @@ from .rules import (
 __all__ = [
     "BUILTIN_RULES",
     "BUILTIN_RULE_NAMES",
-    "ENVELOPE_FIELDS",
     "FORM_SECRET",
     "IDENTITY_FIELDS",
     "Redactor",
@@ -25,7 +25,6 @@ __all__ = [
     "STRUCTURAL_RULE_NAMES",
     "SecretFieldTracker",
     "TRUNCATED_TAIL",
-    "bench",
     "is_secret_key",
     "marker",
 ]

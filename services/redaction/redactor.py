@@ -26,31 +26,30 @@ again, and ``redact_text`` repeats its rule pass until nothing changes (at most 
 dirty strings pay for more than one), so ``redact(redact(x)) == redact(x)`` and the second pass
 reports no counts.
 
-Prefilter: a string shorter than the shortest possible match of every active text rule is
-skipped without looking at it (``Redactor.min_match_chars``, computed from the compiled patterns
-and the context their checks require); a longer one goes through one search for every rule's
-literal triggers at once (a trie regex on the lower-cased text), and only the rules whose
-triggers occur run. ``Redactor(prefilter=False)`` / ``redact_text_full`` is the reference path.
+Prefilter (``prefilter.py``): a string shorter than the shortest possible match of every active
+text rule is skipped without looking at it (``Redactor.min_match_chars``); a longer one runs only
+the rules whose literal triggers occur in it. ``Redactor(prefilter=False)`` / ``redact_text_full``
+is the reference path.
 
 Every rule is linear in its input (no unbounded lazy scans, bounded look-backs, marker overlap
 by bisection), so a pathological line costs time in proportion to its size.
 
-Secret form answers: ``SecretFieldTracker`` follows goose elicitations (``actionRequired`` with
-``actionType: elicitation`` and a ``requested_schema`` whose properties are ``writeOnly: true``
-or ``format: "password"``) and the matching ``elicitationResponse``; the values answered for those
-fields are then redacted everywhere as ``[REDACTED:form-secret]``.
+Secret form answers: a run's ``SecretFieldTracker`` (``forms.py``: per-run state, where this
+module is pure and shared) names the values answered in its secret forms; they are then redacted
+everywhere as ``[REDACTED:form-secret]``.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any
 
+from .forms import SecretFieldTracker
+from .prefilter import Prefilter
 from .rules import (
     BUILTIN_RULE_NAMES,
     BUILTIN_RULES,
@@ -66,7 +65,6 @@ from .rules import (
     Rule,
     is_placeholder,
     marker,
-    pattern_min_chars,
     secret_key_kind,
 )
 
@@ -76,8 +74,6 @@ from .rules import (
 # (order, type, time, line numbers). Every other field, `tool` and `toolCallId` included, is
 # content that goose (or a model) wrote, and is redacted.
 IDENTITY_FIELDS = frozenset({"eventId", "runId", "seq", "type", "timestamp", "lines"})
-# The former name (before `tool` and `toolCallId` were redacted too).
-ENVELOPE_FIELDS = IDENTITY_FIELDS
 
 _MAX_PASSES = 4
 _FORM_MARKER = marker(FORM_SECRET)
@@ -96,10 +92,6 @@ _KEY_CACHE_MAX = 4096
 _VALUE_KEYS = frozenset({"value", "values", "secret"})
 _NAME_KEYS = ("name", "Name", "key", "Key")
 _BIG = 1 << 62
-# Follow characters of the pre-check literals (`token=`), and the length from which a string that
-# passed the pre-check finds its rules by substring tests of the literals' stems.
-_FOLLOW_CHARS = "\\\"' \t:=%\r\n\f\v"
-_LONG = 2000
 
 # What may remain of a value under a secret key once the text rules ran, for their (more
 # specific) markers to stand: scheme words, separators, blanks.
@@ -116,27 +108,6 @@ def _counter() -> Counter[str]:
     """An empty Counter without running ``Counter.__init__`` (which only calls ``update()``): a
     third of the cost of redacting a clean event was this constructor."""
     return Counter.__new__(Counter)
-
-
-def _trie_pattern(literals: Iterable[str]) -> str:
-    """A regex matching any of ``literals``, factored as a trie (``a(?:ccess|uth)|...``): the
-    engine then tries one branch per first character instead of every literal at every position
-    (about twice as fast as a flat alternation). A literal that is a prefix of another cuts the
-    longer one short (enough to know that one of them occurs)."""
-    root: dict[str, Any] = {}
-    for word in literals:
-        node = root
-        for ch in word:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-
-    def emit(node: dict[str, Any]) -> str:
-        if "" in node:
-            return ""
-        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items())]
-        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
-
-    return emit(root)
 
 
 def _marker_spans(s: str) -> list[tuple[int, int]]:
@@ -290,37 +261,9 @@ class Redactor:
         self._structural = SECRET_FIELD not in disabled
         self._tail = TRUNCATED_TAIL not in disabled
         self._blocks = _PRIVATE_KEY not in disabled
-        # Prefilter: no active rule can match a string shorter than this (derived from the
-        # compiled patterns, so extra rules lower it as needed).
-        self.min_match_chars: int = min((pattern_min_chars(r.pattern) + r.context_chars for r in rules),
-                                        default=1 << 30)
-        self._prefilter = prefilter
-        if not prefilter:
-            self.min_match_chars = 0
-        # The pre-check: one search for every rule's literal triggers at once, on the lower-cased
-        # string (a superset of each rule's own condition: a case-sensitive trigger lower-cases
-        # into its literal). Literals containing a shorter one are dropped (`token=` when
-        # `token` is there); a literal found stands for every rule of every literal containing it.
-        self._always = [r for r in rules if not (r.triggers or r.itriggers)]
-        owners: dict[str, set[int]] = {}
-        for i, r in enumerate(rules):
-            for t in {t.lower() for t in r.triggers} | set(r.itriggers):
-                owners.setdefault(t, set()).add(i)
-        reduced = {t for t in owners if not any(o != t and o in t for o in owners)}
-        self._literal_rules = {
-            t: frozenset(i for o, rs in owners.items() if t in o for i in rs) for t in reduced
-        }
-        trie = _trie_pattern(reduced) if reduced else None
-        self._gate = re.compile(trie) if trie else None
-        # Which rules a string that passed needs: every literal at every position (overlapping
-        # matches) for short strings; for long ones (where that scan costs more than a few
-        # substring tests) the literals' stems without their follow character (`token` for
-        # `token=`), a coarser superset.
-        self._gate_all = re.compile("(?=(" + trie + "))") if trie else None
-        stems: dict[str, set[int]] = {}
-        for t, rs in self._literal_rules.items():
-            stems.setdefault(t.rstrip(_FOLLOW_CHARS) or t, set()).update(rs)
-        self._stem_rules = [(t, frozenset(rs)) for t, rs in sorted(stems.items())]
+        # The prefilter (prefilter.py): which rules a string needs, and the length below which none.
+        self._pre = Prefilter(self._rules, prefilter)
+        self.min_match_chars: int = self._pre.min_match_chars
         names = tuple(dict.fromkeys(r.name for r in rules))
         structural = tuple(n for n in STRUCTURAL_RULE_NAMES if n not in disabled)
         self.rule_names: tuple[str, ...] = names + structural + (FORM_SECRET,)
@@ -335,26 +278,7 @@ class Redactor:
         return len(s) >= self.min_match_chars and bool(self._triggered(s))
 
     def _triggered(self, s: str) -> list[Rule]:
-        """The quick pre-check: the rules whose literal triggers occur in ``s`` (a superset of the
-        rules that can match it); most strings are answered by one search for any literal."""
-        if not self._prefilter:
-            return list(self._rules)
-        low = s.lower()
-        first = self._gate.search(low) if self._gate is not None else None
-        if first is None:
-            return self._always
-        assert self._gate_all is not None
-        hit: set[int] = set()
-        if len(low) <= _LONG:
-            literal_rules = self._literal_rules
-            for m in self._gate_all.finditer(low, first.start()):
-                hit |= literal_rules[m.group(1)]
-        else:
-            for stem, rs in self._stem_rules:
-                if stem in low:
-                    hit |= rs
-        rules = self._rules
-        return [rules[i] for i in sorted(hit)] + self._always if self._always else [rules[i] for i in sorted(hit)]
+        return self._pre.triggered(s)
 
     def redact_text(self, s: str) -> tuple[str, Counter[str]]:
         """Returns the redacted string (the same object when clean) and per-rule counts."""
@@ -696,208 +620,3 @@ class Redactor:
                 tracker.set_key_block(key, 0)
         out: str = self._leaf(msg, ctx, 0)
         return out
-
-
-# --- secret form answers -----------------------------------------------------------------------
-
-
-def _schema_secret_fields(schema: Any) -> list[str]:
-    if not isinstance(schema, dict):
-        return []
-    props = schema.get("properties")
-    if not isinstance(props, dict):
-        return []
-    out = []
-    for name, prop in props.items():
-        if isinstance(name, str) and isinstance(prop, dict):
-            if prop.get("writeOnly") is True or prop.get("format") == "password":
-                out.append(name)
-    return out
-
-
-def _id_key(x: Any) -> str | None:
-    if isinstance(x, str):
-        return x
-    if isinstance(x, int) and not isinstance(x, bool):
-        return _int_text(x)
-    return None
-
-
-def _int_text(x: int) -> str | None:
-    try:
-        return str(x)
-    except ValueError:  # beyond Python's int->str digit limit: never an id or a typed answer
-        return None
-
-
-def _action_dicts(obj: Any) -> list[dict[Any, Any]]:
-    """Every object inside ``obj`` (any depth, document order) that has an ``actionType``."""
-    found: list[dict[Any, Any]] = []
-    stack = [obj]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, dict):
-            if "actionType" in x:
-                found.append(x)
-            stack.extend(reversed(list(x.values())))
-        elif isinstance(x, (list, tuple)):
-            stack.extend(reversed(x))
-    return found
-
-
-def _secret_value_text(v: Any) -> str | None:
-    if isinstance(v, str):
-        return v if v else None
-    if isinstance(v, bool) or v is None:
-        return None  # true/false/null are never redacted everywhere
-    if isinstance(v, int):
-        return _int_text(v)
-    if isinstance(v, float):
-        return json.dumps(v)
-    return None
-
-
-def _user_data(d: dict[Any, Any]) -> dict[Any, Any] | None:
-    for key in ("user_data", "userData"):
-        ud = d.get(key)
-        if isinstance(ud, dict):
-            return ud
-    return None
-
-
-class SecretFieldTracker:
-    """Per-run redaction state: secret form fields of elicitations and the values answered for
-    them, and the streams currently inside a private key block. Pure; ``to_dict``/``from_dict``
-    make it part of a run's persisted state. NOTE: the serialized form holds the secret values in
-    clear text (they are needed to find later occurrences); keep that state as private as the raw
-    log.
-    """
-
-    VERSION: ClassVar[int] = 1
-
-    def __init__(self) -> None:
-        self._fields: dict[str, tuple[str, ...]] = {}  # elicitation id -> secret field names
-        self._values: list[str] = []  # in order of discovery, unique
-        self._value_set: set[str] = set()
-        self._key_blocks: dict[str, int] = {}  # stream inside a private key block -> body lines seen
-
-    def observe(self, obj: Any) -> bool:
-        """Scans any JSON value for elicitation requests (recording their secret fields) and for
-        responses to tracked elicitations (recording the answered secret values). Requests are
-        collected before responses, so both may sit in the same object. Returns True when the
-        state changed."""
-        changed = False
-        dicts = _action_dicts(obj)
-        for d in dicts:
-            if d.get("actionType") == "elicitation":
-                eid = _id_key(d.get("id"))
-                schema = d.get("requested_schema", d.get("requestedSchema"))
-                names = _schema_secret_fields(schema)
-                if eid is not None and names:
-                    merged = tuple(dict.fromkeys(self._fields.get(eid, ()) + tuple(names)))
-                    if merged != self._fields.get(eid):
-                        self._fields[eid] = merged
-                        changed = True
-        for d in dicts:
-            fields = self.fields_for_response(d)
-            if not fields:
-                continue
-            data = _user_data(d)
-            for f in fields:
-                text = _secret_value_text(data.get(f)) if data is not None else None
-                if text is not None and text not in self._value_set:
-                    self._value_set.add(text)
-                    self._values.append(text)
-                    changed = True
-        return changed
-
-    def fields_for_response(self, d: dict[Any, Any]) -> tuple[str, ...]:
-        """Secret field names when ``d`` is an ``elicitationResponse`` to a tracked elicitation."""
-        if not self._fields or d.get("actionType") != "elicitationResponse":
-            return ()
-        eid = _id_key(d.get("id"))
-        if eid is None or _user_data(d) is None:
-            return ()
-        return self._fields.get(eid, ())
-
-    def secret_fields(self) -> dict[str, tuple[str, ...]]:
-        return dict(self._fields)
-
-    def secret_values(self) -> tuple[str, ...]:
-        return tuple(self._values)
-
-    def has_values(self) -> bool:
-        return bool(self._values)
-
-    def key_block_lines(self, stream: str) -> int | None:
-        """Body lines seen so far when ``stream`` is inside a private key block, else None."""
-        return self._key_blocks.get(stream)
-
-    def set_key_block(self, stream: str, lines: int | None) -> None:
-        """``lines`` body lines seen inside a block of ``stream``; None: not inside one."""
-        if lines is None:
-            self._key_blocks.pop(stream, None)
-        else:
-            self._key_blocks[stream] = lines
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "version": self.VERSION,
-            "fields": {k: list(v) for k, v in self._fields.items()},
-            "values": list(self._values),
-        }
-        if self._key_blocks:  # optional: states written before it existed stay valid
-            out["keyBlocks"] = dict(sorted(self._key_blocks.items()))
-        return out
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SecretFieldTracker:
-        if not isinstance(d, dict) or d.get("version") != cls.VERSION:
-            raise ValueError(f"unsupported SecretFieldTracker state: {d!r:.80}")
-        t = cls()
-        for k, v in (d.get("fields") or {}).items():
-            t._fields[str(k)] = tuple(str(x) for x in v)
-        for v in d.get("values") or ():
-            if isinstance(v, str) and v and v not in t._value_set:
-                t._value_set.add(v)
-                t._values.append(v)
-        blocks = d.get("keyBlocks")
-        if isinstance(blocks, dict):
-            t._key_blocks = {str(k): int(v) for k, v in blocks.items() if isinstance(v, int)}
-        return t
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SecretFieldTracker) and self.to_dict() == other.to_dict()
-
-    def __repr__(self) -> str:  # never print the values
-        return (f"SecretFieldTracker(elicitations={len(self._fields)}, values={len(self._values)}, "
-                f"key_blocks={len(self._key_blocks)})")
-
-
-# --- micro benchmark helper (bench/redaction.py is the script) --------------------------------------
-
-
-def bench(seconds: float = 0.5, redactor: Redactor | None = None) -> dict[str, float]:
-    """Events/s of ``redact_event`` on a small clean and a small dirty set (a smoke figure; the
-    benchmark against a floor over the goose fixtures is ``bench/redaction.py``)."""
-    import time
-
-    r = redactor or Redactor()
-    clean = [{"eventId": f"r:{i}", "runId": "r", "seq": i, "type": "agent", "timestamp": "2026-09-26T14:02:13.000Z",
-              "lines": [i, i], "message": "I'll look at the pager module; max_tokens=4096 is fine."} for i in range(50)]
-    dirty = [{"eventId": f"r:{i}", "runId": "r", "seq": i, "type": "command", "timestamp": "2026-09-26T14:02:13.000Z",
-              "lines": [i, i], "tool": "shell", "toolCallId": "toolu_01",
-              "command": "curl -u bob:hunter22 https://x && export API_KEY=9f8e7d6c5b4a"} for i in range(50)]
-    result: dict[str, float] = {}
-    for label, events in (("clean", clean), ("dirty", dirty)):
-        rounds = 0
-        t0 = time.perf_counter()
-        while True:
-            for e in events:
-                r.redact_event(e)
-            rounds += 1
-            dt = time.perf_counter() - t0
-            if dt >= seconds:
-                break
-        result[f"{label}_events_per_s"] = rounds * len(events) / dt
-    return result

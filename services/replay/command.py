@@ -70,7 +70,8 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
     lake: dict[str, dict[str, dict[str, Any]]] = {}
     corrupt: list[Corrupt] = []
     if source == REDIS and win.everything:
-        raw = [LogEntry(sid, fields) for stream in layout.raw_streams() for sid, fields in _read_all(client, stream)]
+        raw = [LogEntry(sid, fields, shard=shard)
+               for shard, stream in enumerate(layout.raw_streams()) for sid, fields in _read_all(client, stream)]
         control = [LogEntry(sid, fields, control=True)
                    for stream in layout.control_streams() for sid, fields in _read_all(client, stream)]
         log = merge_log(raw, control)
@@ -79,7 +80,7 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
         raw = [e for e in log if not e.control]
     rebuilt = rebuild(log, Limits(settings.max_span_chars, settings.max_pending_tools, settings.max_pending_tool_bytes),
                       settings.max_buffered_entries, run_key, settings.max_line_bytes, settings.redactor(),
-                      settings.max_held_bytes)
+                      settings.max_held_bytes, shard_of=layout.shard_of if layout.cluster else None)
     published: dict[str, list[dict[str, Any]]] = {}
     topic = [item for stream in layout.events_partitions() for item in _read_all(client, stream)]
     for _sid, fields in topic:  # per-run order holds within a partition; a run lives in one

@@ -5,19 +5,25 @@ order. An abandon marker names exactly the entries its run consists of; entries 
 fed after it (where the live worker met them: after the run had ended), so live processing and
 replay agree whatever the timing was.
 
-Entries the workers dead-letter for their content (invalid, oversize) are skipped alike, and
-when their run and seq are known the run reports that seq missing, as the worker's run did.
-Dead letters for too many deliveries or failed commits depend on crashes, not on the log.
+The rules between the log and a run's sequencer are the worker's own, from one place
+(services/sequencer/feed.py): entries are read by ``parse_batch`` (size cap, entry errors), an
+entry dead-lettered for its content makes its run report the seq missing when run and seq are
+known (``rejected_loss``), an entry read from a shard its run does not belong to (a cluster) is
+skipped as the worker dead-letters it (``wrong_shard``), and ``feed`` runs the items. Dead
+letters for too many deliveries or failed commits depend on crashes, not on the log.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from contracts.raw import ABANDON, OVERSIZE
+from contracts.raw import ABANDON
 from services.normalizer import Limits
-from services.sequencer import Entry, EntryError, RunSequencer, entry_identity, parse_fields
+from services.sequencer import Entry, Rejected, RunSequencer, parse_batch
+from services.sequencer.feed import RunItem, feed, rejected_loss, wrong_shard
 from services.sequencer.run import DEFAULT_MAX_HELD_BYTES
 
 if TYPE_CHECKING:
@@ -25,18 +31,13 @@ if TYPE_CHECKING:
 
 
 class LogEntry(NamedTuple):
-    """One stream entry of the log: its id, its fields, and whether it came from a control stream."""
+    """One stream entry of the log: its id, its fields, whether it came from a control stream, and
+    the raw shard it was read from (None: unknown, the wrong-shard rule is not applied to it)."""
 
     sid: str
     fields: dict[bytes, bytes]
     control: bool = False
-
-
-class _Lost(NamedTuple):
-    run: str
-    seq: int
-    sid: str
-    reason: str | None = None  # as the workers name it in the run's warning (oversize)
+    shard: int | None = None
 
 
 @dataclass
@@ -58,31 +59,33 @@ def merge_log(*streams: list[LogEntry]) -> list[LogEntry]:
     return sorted((e for s in streams for e in s), key=lambda e: sid_key(e.sid))
 
 
-def rebuild(entries: list[LogEntry] | list[tuple[str, dict[bytes, bytes]]], limits: Limits, max_buffered: int,
+def rebuild(entries: Sequence[LogEntry] | Sequence[tuple[str, dict[bytes, bytes]]], limits: Limits, max_buffered: int,
             run: str | None = None, max_bytes: int | None = None, redactor: Redactor | None = None,
-            max_held_bytes: int = DEFAULT_MAX_HELD_BYTES) -> Rebuilt:
-    """entries: the log in stream-id order (raw and control streams merged, see `merge_log`)."""
-    by_run: dict[str, list[Entry | _Lost]] = {}
+            max_held_bytes: int = DEFAULT_MAX_HELD_BYTES, shard_of: Callable[[str], int] | None = None) -> Rebuilt:
+    """entries: the log in stream-id order (raw and control streams merged, see `merge_log`).
+    ``max_bytes``: the workers' MAX_LINE_BYTES (None: no cap); ``shard_of``: the cluster's run ->
+    shard (None: one shard or no cluster)."""
+    by_run: dict[str, list[RunItem]] = {}
     out = Rebuilt()
-    for item in entries:
-        sid, fields = item[0], item[1]
-        control = len(item) > 2 and bool(item[2])
-        if max_bytes is not None and sum(len(k) + len(v) for k, v in fields.items()) > max_bytes:
-            out.invalid += 1
-            identity = entry_identity(fields)
-            if identity is not None and (run is None or identity.run == run):
-                by_run.setdefault(identity.run, []).append(_Lost(identity.run, identity.seq, sid, OVERSIZE))
-            continue
-        try:
-            entry = parse_fields(fields, sid, control)
-        except EntryError as exc:
-            out.invalid += 1
-            if exc.run is not None and exc.seq is not None and (run is None or exc.run == run):
-                by_run.setdefault(exc.run, []).append(_Lost(exc.run, exc.seq, sid))
-            continue
-        if run is not None and entry.run != run:
-            continue
-        by_run.setdefault(entry.run, []).append(entry)
+    cap = sys.maxsize if max_bytes is None else max_bytes
+    logged = [item if isinstance(item, LogEntry) else LogEntry(*item) for item in entries]
+    for control in (False, True):  # each kind of stream read as the workers read it
+        part = [e for e in logged if e.control == control]
+        parsed = parse_batch([e.sid for e in part], [e.fields for e in part], cap, control)
+        for item, entry in zip(part, parsed, strict=True):
+            if type(entry) is Rejected:
+                out.invalid += 1
+                lost = rejected_loss(entry, item.fields, item.sid)
+                if lost is not None and (run is None or lost.run == run) and not _misplaced(lost.run, item, shard_of):
+                    by_run.setdefault(lost.run, []).append(lost)
+                continue
+            assert type(entry) is Entry
+            if _misplaced(entry.run, item, shard_of):
+                out.invalid += 1  # the worker dead-letters it (invalid-entry)
+                continue
+            if run is not None and entry.run != run:
+                continue
+            by_run.setdefault(entry.run, []).append(entry)
     for key, items in by_run.items():
         items.sort(key=lambda e: sid_key(e.sid))
         ordered = _around_marker(items)
@@ -99,12 +102,16 @@ def rebuild(entries: list[LogEntry] | list[tuple[str, dict[bytes, bytes]]], limi
     return out
 
 
-def _around_marker(items: list[Entry | _Lost]) -> list[Entry | _Lost]:
+def _misplaced(run: str, item: LogEntry, shard_of: Callable[[str], int] | None) -> bool:
+    return not item.control and item.shard is not None and wrong_shard(run, item.shard, shard_of) is not None
+
+
+def _around_marker(items: list[RunItem]) -> list[RunItem]:
     marker = next((e for e in items if isinstance(e, Entry) and e.kind == ABANDON), None)
     if marker is None:
         return items
 
-    def named(e: Entry | _Lost) -> bool:
+    def named(e: RunItem) -> bool:
         if isinstance(e, Entry) and e.kind == ABANDON:
             return False
         return e.seq <= marker.through and not any(a <= e.seq <= b for a, b in marker.missing)
@@ -114,17 +121,9 @@ def _around_marker(items: list[Entry | _Lost]) -> list[Entry | _Lost]:
     return before + [marker] + after
 
 
-def _feed(run: str, items: list[Entry | _Lost], limits: Limits, max_buffered: int, redactor: Redactor | None,
+def _feed(run: str, items: list[RunItem], limits: Limits, max_buffered: int, redactor: Redactor | None,
           max_held_bytes: int, guarded: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     sequencer = RunSequencer(run, limits, max_buffered, redactor, max_held_bytes)
     sequencer.guarded = guarded
-    events: list[dict[str, Any]] = []
-    records: list[dict[str, Any]] = []
-    for item in items:
-        if isinstance(item, _Lost):
-            outcome = sequencer.lose(item.seq, sid_key(item.sid)[0], reason=item.reason)
-        else:
-            outcome = sequencer.accept(item)
-        events.extend(outcome.events)
-        records.extend(outcome.records)
-    return events, records
+    outcome = feed(sequencer, items).outcome
+    return outcome.events, outcome.records

@@ -215,24 +215,26 @@ class Rejected(NamedTuple):
     seq: int | None = None
 
 
-def parse_batch(sids: list[str], fields: list[dict[bytes, bytes]], max_bytes: int) -> list[Entry | Rejected]:
+def parse_batch(sids: list[str], fields: list[dict[bytes, bytes]], max_bytes: int,
+                control: bool = False) -> list[Entry | Rejected]:
     """Each raw entry of a batch read as ``parse_fields`` reads it, after the size cap (names and
     values over ``max_bytes`` bytes: ``oversize``). Total: anything that is no entry is a
-    ``Rejected``. One call a batch, so the loop runs in the core, not once per entry in the shell."""
+    ``Rejected``. One call a batch, so the loop runs in the core, not once per entry in the shell.
+    ``control``: entries of a control stream (``replay`` reads those too, by the same rules)."""
     out: list[Entry | Rejected] = []
     for sid, fmap in zip(sids, fields, strict=True):
-        out.append(_capped(sid, fmap, max_bytes))
+        out.append(_capped(sid, fmap, max_bytes, control))
     return out
 
 
-def _capped(sid: str, fmap: dict[bytes, bytes], max_bytes: int) -> Entry | Rejected:
+def _capped(sid: str, fmap: dict[bytes, bytes], max_bytes: int, control: bool) -> Entry | Rejected:
     try:
         size = 0
         for name, value in fmap.items():
             size += len(name) + len(value)
         if size > max_bytes:
             return Rejected(OVERSIZE, f"{size} bytes > {max_bytes}")
-        return parse_fields(fmap, sid)
+        return parse_fields(fmap, sid, control)
     except EntryError as exc:
         if exc.run is not None and exc.seq is not None:
             return Rejected(INVALID_ENTRY, str(exc), exc.run, exc.seq)

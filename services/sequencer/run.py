@@ -160,7 +160,7 @@ class RunSequencer:
         self.max_held_bytes = max_held_bytes
         self.guarded = False
         self.norm = RunNormalizer(run, limits)
-        self.next = 0
+        self.next_seq = 0
         self.buffer: dict[int, Entry] = {}
         self.held_bytes = 0
         self.lost: dict[int, int] = {}  # seq -> ts of entries ahead of `next` that will never arrive
@@ -170,7 +170,7 @@ class RunSequencer:
         self.state = NEW  # new | running | ended | abandoned
         self.through = -1  # last seq of an ended run
         self.missing: list[list[int]] = []  # ranges that never arrived
-        self.k = 0  # index of the next lifecycle record
+        self.next_record = 0  # index of the next lifecycle record (its recordId: <run>:run:<index>)
         self.host: str | None = None
         self.agent: str | None = None
         self.parent: str | None = None
@@ -193,7 +193,7 @@ class RunSequencer:
             "v": STATE_VERSION,
             "run": self.run,
             "norm": self.norm.to_state(include_calls=include_held),
-            "next": self.next,
+            "next": self.next_seq,
             "buffer": [e.to_list() for _, e in sorted(self.buffer.items())] if include_held else None,
             "heldBytes": self.held_bytes,
             "lost": sorted([s, t] for s, t in self.lost.items()),
@@ -201,7 +201,7 @@ class RunSequencer:
             "state": self.state,
             "through": self.through,
             "missing": self.missing,
-            "k": self.k,
+            "k": self.next_record,
             "host": self.host,
             "agent": self.agent,
             "parent": self.parent,
@@ -229,7 +229,7 @@ class RunSequencer:
     def _load(self, st: dict[str, Any], held: dict[int, Entry] | None, calls: dict[int, Any] | None) -> None:
         """Every attribute a state carries, from a state (``from_state``, ``_restore``)."""
         self.norm = RunNormalizer.from_state(st["norm"], self.limits, calls)
-        self.next = st["next"]
+        self.next_seq = st["next"]
         if st.get("buffer") is not None:
             self.buffer = {e[1]: Entry.from_list(e) for e in st["buffer"]}
             if held is not None:  # stored whole by an older worker: store them one by one from now on
@@ -243,7 +243,7 @@ class RunSequencer:
         self.state = st["state"]
         self.through = st["through"]
         self.missing = st["missing"]
-        self.k = st["k"]
+        self.next_record = st["k"]
         self.host = st["host"]
         self.agent = st["agent"]
         self.parent = st.get("parent")
@@ -320,7 +320,7 @@ class RunSequencer:
         and the run is running (no start record; seq 0, which fixes the format, is never in it)."""
         if self.guarded or self.state != RUNNING or self.buffer or self.lost:
             return i
-        expected = self.next
+        expected = self.next_seq
         j = i
         n = len(entries)
         while j < n:
@@ -355,7 +355,7 @@ class RunSequencer:
                 if pulled:
                     after(entries[pulled - 1])
                 self._adopt_labels(entry)
-                self.next = entry.seq + 1
+                self.next_seq = entry.seq + 1
                 pulled += 1
                 yield entry.seq, entry.ts, entry.line, entry.stream
 
@@ -377,12 +377,12 @@ class RunSequencer:
         if out is None:
             out = Outcome()
         first = len(out.events)
-        if not (self.ended or seq < self.next or seq in self.buffer or seq in self.lost):
+        if not (self.ended or seq < self.next_seq or seq in self.buffer or seq in self.lost):
             self._mark_lost(seq, ts)
             if reason and seq in self.lost:
                 self.lost_why[seq] = reason
             # A run that has not started yet skips it with its first entry (junk alone starts no run).
-            if seq == self.next and self.state != NEW:
+            if seq == self.next_seq and self.state != NEW:
                 self._drain_buffer(out)
         if self.redactor is not None and len(out.events) > first:
             self._redact_new(out, first)
@@ -390,7 +390,7 @@ class RunSequencer:
 
     def _mark_lost(self, seq: int, ts: int) -> None:
         self.lost_max = max(self.lost_max, seq)
-        if seq - self.next <= self.max_buffered:  # beyond the window only lost_max remembers it
+        if seq - self.next_seq <= self.max_buffered:  # beyond the window only lost_max remembers it
             self.lost[seq] = ts
 
     def _redact_new(self, out: Outcome, first: int) -> None:
@@ -424,12 +424,12 @@ class RunSequencer:
             else:
                 out.dispositions.append(Disposition(entry, DEAD, AFTER_END))
             return
-        if entry.seq < self.next or entry.seq in self.buffer or entry.seq in self.lost:
+        if entry.seq < self.next_seq or entry.seq in self.buffer or entry.seq in self.lost:
             out.dispositions.append(Disposition(entry, DUPLICATE))
             return
-        if entry.seq > self.next:
+        if entry.seq > self.next_seq:
             # Held entries lie in (next, next + max_buffered], so the window also bounds the hold.
-            if entry.seq - self.next > self.max_buffered:
+            if entry.seq - self.next_seq > self.max_buffered:
                 out.dispositions.append(Disposition(entry, DEAD, OUT_OF_WINDOW))
                 self._mark_lost(entry.seq, entry.ts)
             elif self.held_bytes + _held_size(entry) > self.max_held_bytes:
@@ -438,7 +438,7 @@ class RunSequencer:
             else:
                 self._hold(entry)
                 out.dispositions.append(Disposition(entry, BUFFERED))
-                if self.next in self.lost:
+                if self.next_seq in self.lost:
                     self._drain_buffer(out)
             return
         if self._step(entry, out):
@@ -447,13 +447,13 @@ class RunSequencer:
 
     def _drain_buffer(self, out: Outcome) -> None:
         while not self.ended:
-            if self.next in self.buffer:
-                self._step(self._unhold(self.next), out)
-            elif self.next in self.lost:
-                last = self.next
+            if self.next_seq in self.buffer:
+                self._step(self._unhold(self.next_seq), out)
+            elif self.next_seq in self.lost:
+                last = self.next_seq
                 while last + 1 in self.lost:
                     last += 1
-                self._skip(self.next, last, self.lost[self.next], out)
+                self._skip(self.next_seq, last, self.lost[self.next_seq], out)
             else:
                 break
         if self.ended:
@@ -486,7 +486,7 @@ class RunSequencer:
 
     def _skip(self, first: int, last: int, ts: int, out: Outcome) -> None:
         self._gap(first, last, ts, out)
-        self.next = last + 1
+        self.next_seq = last + 1
 
     def _step(self, entry: Entry, out: Outcome) -> bool:
         """Process one in-order entry. Guarded: an exception costs only this entry (restored state,
@@ -550,7 +550,7 @@ class RunSequencer:
         if self.state == NEW:
             self.state = RUNNING
             self._record(out, STARTED, entry.ts, entry.seq)
-        self.next = entry.seq + 1
+        self.next_seq = entry.seq + 1
         norm = self.norm
         if entry.seq == 0:
             # The run's input format is fixed by its seq-0 entry's labels (extension F1, F2, F4).
@@ -582,36 +582,36 @@ class RunSequencer:
         for seq in sorted(self.buffer):
             if seq not in self.buffer:  # a guarded step may have dropped it already
                 continue
-            if seq > self.next:
-                self._skip(self.next, seq - 1, marker.ts, out)
+            if seq > self.next_seq:
+                self._skip(self.next_seq, seq - 1, marker.ts, out)
             self._step(self._unhold(seq), out)
             if self.ended:
                 self._drop_buffer(out)
                 out.dispositions.append(Disposition(marker, PROCESSED))
                 return
-        if marker.through >= self.next:
+        if marker.through >= self.next_seq:
             # The run's last entries never arrived (or were lost) and nothing after them did either.
-            self._gap(self.next, marker.through, marker.ts, out)
+            self._gap(self.next_seq, marker.through, marker.ts, out)
         self.lost.clear()
         self.lost_why.clear()
-        out.events.extend(self._guard_events(lambda: self.norm.end(max(self.next - 1, 0), marker.ts)))
+        out.events.extend(self._guard_events(lambda: self.norm.end(max(self.next_seq - 1, 0), marker.ts)))
         self.state = ABANDONED
-        self.through = max(marker.through, self.next - 1)
+        self.through = max(marker.through, self.next_seq - 1)
         extra: dict[str, Any] = {"missing": self.missing} if self.missing else {}
-        self._record(out, ABANDONED, marker.ts, max(self.next - 1, 0), usage=True, **extra)
+        self._record(out, ABANDONED, marker.ts, max(self.next_seq - 1, 0), usage=True, **extra)
         out.dispositions.append(Disposition(marker, PROCESSED))
 
     # ---------------------------------------------------------------- records
     def _record(self, out: Outcome, state: str, ts: int, seq: int, usage: bool = False, **extra: Any) -> None:
         record: dict[str, Any] = {
-            "recordId": f"{self.run}:run:{self.k}",
+            "recordId": f"{self.run}:run:{self.next_record}",
             "runId": self.run,
             "state": state,
             "timestamp": format_ms(ts),
             "seq": seq,
             "counts": self.norm.counts_by_type(),
         }
-        self.k += 1
+        self.next_record += 1
         if usage and self.norm.usage:
             record.update(self.norm.usage)
         record.update(extra)
@@ -646,9 +646,9 @@ def plan_abandon(sequencer: RunSequencer) -> tuple[int, list[list[int]]]:
     `through` covers held entries and lost seqs (dead-lettered entries the run will never get),
     so every seq up to the last one the run is known to have had is either taken or missing."""
     held = sorted(sequencer.buffer)
-    through = max(held[-1] if held else -1, sequencer.lost_max, sequencer.next - 1)
+    through = max(held[-1] if held else -1, sequencer.lost_max, sequencer.next_seq - 1)
     gaps: list[list[int]] = []
-    first = sequencer.next
+    first = sequencer.next_seq
     for seq in held:  # never a range() over seqs: a lost seq may lie far beyond the window
         if seq > first:
             gaps.append([first, seq - 1])

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from typing import IO, BinaryIO
 
+from contracts.formats import BY_COMMAND, BY_PACKAGE
 from services.broker.url import redact_url
 from services.settings import Settings
 from services.tap.lines import LineSplitter
@@ -49,9 +50,10 @@ SIGNALLED_DRAIN_TIMEOUT_S = 2.0
 # script must not take "0" for "delivered". A failed command's own code is passed through as ever.
 UNDELIVERED_EXIT = 75
 
-# Executables (basename) of the agent CLIs and the npm packages they ship in -> the run's format.
-AGENT_COMMANDS = {"goose": "goose", "claude": "claude-code", "codex": "codex"}
-AGENT_PACKAGES = {"@anthropic-ai/claude-code": "claude-code", "@openai/codex": "codex"}
+# Executables (basename) of the agent CLIs and the npm packages they ship in -> the run's format
+# (the table of contracts/formats.py: plain data, cheap for a tap to import).
+AGENT_COMMANDS = BY_COMMAND
+AGENT_PACKAGES = BY_PACKAGE
 # Launchers that run their argument as a command: name -> options that take a value.
 LAUNCHERS: dict[str, frozenset[str]] = {
     "env": frozenset({"-u", "--unset", "-C", "--chdir", "-S", "--split-string"}),

@@ -13,10 +13,9 @@ once before it is sent -- one fsync per batch, not per line. When the broker is 
 retries the same batch with backoff (capped at ~2 s) while callers keep appending to the spool.
 Delivery is at-least-once; a re-sent entry has the same run and seq, and workers drop such duplicates.
 
-On a single-node broker the batch goes out as hand-built RESP (``services/tap/resp.py``, proven
-byte-equivalent to redis-py's XADD) in one socket write, on the tap's own connection
-(``services/tap/conn.py``: redis-py is never imported); a cluster client (redis-py's RedisCluster,
-imported only then) uses ``xadd_batch``.
+How a batch reaches the broker is its transport's (``services/tap/transports.py``: a single node's
+hand-built RESP pipeline, a cluster's ``xadd_batch``, an ingest gateway's HTTP), each behind one
+``send(batch)``; the publisher keeps seqs, the spool, pacing and retries, the same for all three.
 """
 
 from __future__ import annotations
@@ -34,19 +33,17 @@ import orjson
 
 from contracts.raw import EOF, LINE, MAX_LABEL_CHARS
 from services.broker.errors import TOPOLOGY_CODES, describe, reply_code
-from services.broker.url import BrokerTLSError, redact_url, target, tls_options
+from services.broker.url import redact_url
 from services.settings import Settings
-from services.tap.conn import BrokerError, ReplicationShortfall, ReplyError, RespConnection
-from services.tap.resp import bulk, xadd_commands, xadd_records
-from services.tap.resp import command as resp_command
+from services.tap.resp import bulk, xadd_records
 from services.tap.runkey import validate_run
-from services.tap.spool import SRC_TAG, Spool, decode_record, spool_path
+from services.tap.spool import SRC_TAG, Spool, spool_path
+from services.tap.transports import Transport, open_transport
 
 if TYPE_CHECKING:
     import redis
 
     from services.sequencer.entries import Entry
-    from services.tap.http_transport import HttpTransport
 
 log = logging.getLogger("goose_ingest.tap")
 
@@ -57,10 +54,6 @@ STREAMS = ("stdout", "stderr")
 BACKOFF_START_S = 0.05
 BACKOFF_CAP_S = 2.0
 STILL_FAILING_REPORT_S = 30.0  # while retrying, one warning per this long (the first failure is logged at once)
-RECV_BYTES = 65536
-# The own connection's timeouts: a hung broker must not hold a batch forever (then: spool and retry).
-SOCKET_TIMEOUT_S = 10.0
-CONNECT_TIMEOUT_S = 2.0
 # A busy sender starts at most one batch per this interval; an idle one sends at once. Each batch costs a
 # fixed fsync, round trip and thread wake-up: at 1,000 lines/s without this every line would be its own
 # batch. It bounds the added latency at 20 ms, and only while the sender is busy.
@@ -205,36 +198,9 @@ class Publisher:
         self._last_send = float("-inf")  # monotonic start of the latest batch
         self._stream_key_b = self.stream_key.encode()
         self._encoder = LineEncoder(self.run, self._stream_key_b, self._record_labels)
-        # the connection first: a bad URL must not leave a spool behind (creating it does not connect).
-        # A single node gets the tap's own connection and the hand-built pipeline; a given redis-py client
-        # (the importer's) keeps it too when it is a plain redis.Redis; a cluster keeps redis-py's
-        # RedisCluster and xadd_batch (slot routing).
-        self._conn: RespConnection | None = None
-        self._client: Any = client
-        # a TLS failure mid-run (the broker's certificate replaced) is retried like an outage, its reason
-        # logged; at start the tap's credential check already refused it (one line, exit 2)
-        self._retryable: tuple[type[BaseException], ...] = (OSError, BrokerError, BrokerTLSError)
-        self._http: HttpTransport | None = None
-        if client is None and settings.endpoint:  # through an ingest gateway (docs/gateway.md)
-            from services.tap.http_transport import HttpTransport
-
-            self._http = HttpTransport(settings)
-            self._packed = False
-        elif client is None and not settings.redis_cluster:
-            self._conn = RespConnection(target(settings), connect_timeout=CONNECT_TIMEOUT_S,
-                                        socket_timeout=SOCKET_TIMEOUT_S, tls=tls_options(settings))
-            self._packed = True
-        else:
-            import redis
-
-            from services.broker.helpers import sync_client_with_timeouts
-
-            if client is None:
-                self._client = sync_client_with_timeouts(settings, socket_timeout=SOCKET_TIMEOUT_S,
-                                                         connect_timeout=CONNECT_TIMEOUT_S)
-            self._packed = isinstance(self._client, redis.Redis)
-            self._retryable += (redis.RedisError,)
-        self._own_client = client is None
+        # the transport first: a bad URL must not leave a spool behind (creating it does not connect).
+        self._transport: Transport = open_transport(settings, self.stream_key, client)
+        self._packed = self._transport.packed
         try:
             self._spool = Spool(Path(spool_dir) if spool_dir is not None else spool_path(settings, run))
         except BaseException:
@@ -461,15 +427,7 @@ class Publisher:
         return ok
 
     def _close_client(self) -> None:
-        if self._http is not None:
-            self._http.close()
-        elif self._conn is not None:
-            self._conn.close()
-        elif self._own_client:
-            try:
-                self._client.close()
-            except Exception:
-                pass
+        self._transport.close()
 
     def __enter__(self) -> Publisher:
         return self
@@ -486,66 +444,9 @@ class Publisher:
             with self._cv:
                 self._cv.notify_all()
 
-    def _send_packed(self, payload: list[bytes], n: int) -> None:
-        """Send ``n`` pre-encoded XADDs (plus WAIT when configured) in one write; read all their replies.
-
-        Any failure drops the connection (a half-read pipeline must never be reused); the caller retries."""
-        wait = self.settings.redis_wait_replicas
-        if wait:
-            payload = [*payload, resp_command(b"WAIT", str(wait).encode(),
-                                              str(self.settings.redis_wait_timeout_ms).encode())]
-        expected = n + (1 if wait else 0)
-        if self._conn is not None:
-            replies = self._conn.pipeline(payload, expected)
-        else:
-            replies = self._redis_py_pipeline(b"".join(payload), expected)
-        for reply in replies[:n]:
-            if isinstance(reply, ReplyError):
-                raise reply
-        if wait:
-            acked = replies[-1]
-            if isinstance(acked, ReplyError):
-                raise acked
-            if int(acked) < wait:  # type: ignore[call-overload]
-                raise ReplicationShortfall(
-                    f"{acked} of {wait} replicas acknowledged within {self.settings.redis_wait_timeout_ms} ms")
-
-    def _redis_py_pipeline(self, payload: bytes, expected: int) -> list[object]:
-        """`RespConnection.pipeline` on a connection of a given redis-py client (the importer's)."""
-        import hiredis  # redis-py's own optional parser (installed with redis[hiredis])
-        import redis
-
-        pool = self._client.connection_pool
-        conn = pool.get_connection()
-        try:
-            conn.send_packed_command([payload])  # a list: one sendall of the whole pipeline
-            # redis-py's connection has no public "read N raw replies"; its socket and hiredis' reader do it
-            # without a Python call per reply.
-            sock = conn._sock
-            if sock is None:  # pragma: no cover - send_packed_command connects or raises
-                raise redis.ConnectionError("not connected")
-            reader = hiredis.Reader(replyError=ReplyError)
-            replies: list[object] = []
-            while len(replies) < expected:
-                reply = reader.gets()
-                if reply is False:
-                    data = sock.recv(RECV_BYTES)
-                    if not data:
-                        raise redis.ConnectionError("the broker closed the connection")
-                    reader.feed(data)
-                    continue
-                replies.append(reply)
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
-        return replies
-
     def _send_loop(self) -> None:
-        payload: list[bytes] | None = None  # the batch in flight: encoded XADDs (plain client) ...
-        dicts: list[Mapping[str, Any]] | None = None  # ... or field maps (cluster client)
-        raw_batch: list[bytes] | None = None  # ... or spool records (an ingest gateway)
+        transport = self._transport
+        batch: Any = None  # the batch in flight, as the transport sends it
         n = 0
         backoff = BACKOFF_START_S
         failing_since = last_report = 0.0  # while the broker fails: since when, last "still failing" line
@@ -553,7 +454,7 @@ class Publisher:
         while True:
             new_batch = from_spool = False
             with self._cv:
-                if payload is None and dicts is None and raw_batch is None:
+                if batch is None:
                     while self._next == self._taken and not self._closing:
                         self._sender_idle = True
                         try:
@@ -571,9 +472,9 @@ class Publisher:
                         self._cv.wait(left)
                     n = min(self._next - self._taken, self.batch)
                     if self._mem_on:  # the memory holds exactly the entries [_taken, _next)
-                        payload = self._mem[:n]
+                        batch = self._mem[:n]
                         del self._mem[:n]
-                        self._mem_bytes -= sum(map(len, payload))
+                        self._mem_bytes -= sum(map(len, batch))
                         self._taken_offset += sum(self._mem_lens[:n])
                         del self._mem_lens[:n]
                     else:
@@ -589,12 +490,7 @@ class Publisher:
             if from_spool:
                 # Outside the lock: only this thread reads the spool, and these n records are written.
                 raws, self._taken_offset = self._spool.read_at(self._taken_offset, n)
-                if self._http is not None:
-                    raw_batch = raws
-                elif self._packed:
-                    payload = xadd_commands(self._stream_key_b, raws)
-                else:
-                    dicts = [decode_record(r) for r in raws]
+                batch = transport.batch_of(raws)
             if new_batch:
                 self._last_send = time.monotonic()
                 try:
@@ -603,16 +499,8 @@ class Publisher:
                     pass
             try:
                 # One pipeline; with REDIS_WAIT_REPLICAS it also WAITs for replicas (services/broker/cluster.py).
-                if raw_batch is not None and self._http is not None:
-                    self._http.send(raw_batch)
-                elif payload is not None:
-                    self._send_packed(payload, n)
-                else:
-                    from services.broker.cluster import xadd_batch  # cluster clients only: redis-py is loaded
-
-                    xadd_batch(self._client, self.stream_key, dicts or [],
-                               self.settings.redis_wait_replicas, self.settings.redis_wait_timeout_ms)
-            except self._retryable as exc:
+                transport.send(batch)
+            except transport.retryable as exc:
                 now = time.monotonic()
                 # an error reply (OOM at maxmemory, ...) is the broker's answer, not an unreachable broker;
                 # a cluster's redirect (MOVED...) only means the client's slot map was stale
@@ -622,7 +510,7 @@ class Publisher:
                 if self.broker_up is not False:
                     log.warning("broker %s at %s (%s); spooling run %s in %s and retrying",
                                 "refused the entries" if answered else "unreachable",
-                                redact_url(self._http.url if self._http else self.settings.redis_url),
+                                redact_url(transport.url),
                                 describe(exc), self.run, self._spool.path)
                     failing_since = last_report = now
                     attempts = 0
@@ -648,4 +536,4 @@ class Publisher:
                 except OSError:
                     pass
                 self._cv.notify_all()
-            payload = dicts = raw_batch = None
+            batch = None

@@ -8,29 +8,33 @@
 -- ARGV: group, the shard's active-runs zset, ended-state TTL ms, and one msgpack blob
 --   [runs, acks, outputs] (one argument instead of thousands: building and sending each
 --   argument separately cost the worker a fifth of its time):
---   runs:    {state key, expected version, state, ended (0/1), run key, last activity ms,
---             {field, value, ...} to write, {field, ...} to delete}, ...: held entries (h:<seq>)
---             and pending tool calls' blocks (c:<key>), written once, deleted once (services/worker/commit.py)
+--   runs:    {key (the state hash), version (expected), state, ended (0/1), run (its key), last_ms
+--             (last activity), held_set {field, value, ...}, held_del {field, ...}}, ...: held
+--             entries (h:<seq>) and pending tool calls' blocks (c:<key>), written once, deleted once
+--             (commit.py's RunArgs: the same names, in this order)
 --   acks:    raw entry ids
 --   outputs: {{stream, ...}, {field, value, ...}}, ... (an event goes to two topics, one copy)
 --   then the shard's lease key and the committing worker ("" and "": no lease is checked).
--- Returns {1} on success, {0, i, j, ...}: the 1-based indexes of runs whose version moved, or {2}:
--- the shard's lease names another worker (or nobody), so this worker may not commit for it.
+-- Returns {COMMITTED} on success, {CONFLICT, i, j, ...}: the 1-based indexes of runs whose version
+-- moved, or {LEASE_LOST}: the shard's lease names another worker (or nobody), so this worker may not
+-- commit for it. The codes are commit.py's ReplyCode (tests/test_commit_lua_names.py holds them equal).
+local COMMITTED, CONFLICT, LEASE_LOST = 1, 0, 2
 local raw = KEYS[1]
 local group, active, ttl = ARGV[1], ARGV[2], ARGV[3]
 local lease, owner = ARGV[5], ARGV[6]
-if lease ~= '' and redis.call('GET', lease) ~= owner then return {2} end
+if lease ~= '' and redis.call('GET', lease) ~= owner then return {LEASE_LOST} end
 local batch = cmsgpack.unpack(ARGV[4])
 local runs, acks, outputs = batch[1], batch[2], batch[3]
 local CHUNK = 500  -- arguments per command (unpack of thousands overflows Lua's C stack)
 
 -- Redis does not roll a script back when a command fails halfway, so everything that could make
 -- a write fail is checked first: versions, and the type of every key written.
-local conflicts = {0}
+local conflicts = {CONFLICT}
 for r = 1, #runs do
-  local current = redis.call('HGET', runs[r][1], 'v') or '0'  -- a key of another type fails here
-  if current ~= runs[r][2] then conflicts[#conflicts + 1] = r end
-  if tonumber(runs[r][2]) == nil then return redis.error_reply('ERR run ' .. r .. ': version is not a number') end
+  local key, version = unpack(runs[r], 1, 2)  -- the first two of a run's fields (below)
+  local current = redis.call('HGET', key, 'v') or '0'  -- a key of another type fails here
+  if current ~= version then conflicts[#conflicts + 1] = r end
+  if tonumber(version) == nil then return redis.error_reply('ERR run ' .. r .. ': version is not a number') end
 end
 if #conflicts > 1 then return conflicts end
 
@@ -69,16 +73,17 @@ end
 -- an ended run is never written back as running), so it needs no PERSIST.
 local touched, finished = {}, {}
 for r = 1, #runs do
-  local run = runs[r]
-  redis.call('HSET', run[1], 'v', tostring(tonumber(run[2]) + 1), 's', run[3])
-  if #run[8] > 0 then chunked('HDEL', run[1], run[8], CHUNK) end
-  if #run[7] > 0 then chunked('HSET', run[1], run[7], CHUNK) end  -- CHUNK is even: pairs stay whole
-  if run[4] == 1 then
-    redis.call('PEXPIRE', run[1], ttl)
-    finished[#finished + 1] = run[5]
+  -- A run's fields, named once, in the order of commit.py's RunArgs (the same names).
+  local key, version, state, ended, run, last_ms, held_set, held_del = unpack(runs[r])
+  redis.call('HSET', key, 'v', tostring(tonumber(version) + 1), 's', state)
+  if #held_del > 0 then chunked('HDEL', key, held_del, CHUNK) end
+  if #held_set > 0 then chunked('HSET', key, held_set, CHUNK) end  -- CHUNK is even: pairs stay whole
+  if ended == 1 then
+    redis.call('PEXPIRE', key, ttl)
+    finished[#finished + 1] = run
   else
-    touched[#touched + 1] = run[6]
-    touched[#touched + 1] = run[5]
+    touched[#touched + 1] = last_ms
+    touched[#touched + 1] = run
   end
 end
 if #touched > 0 then chunked('ZADD', active, touched, CHUNK) end  -- score, member pairs
@@ -98,4 +103,4 @@ for o = 1, #outputs do
     redis.call('XADD', streams[s], '*', unpack(fields))
   end
 end
-return {1}
+return {COMMITTED}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import IntEnum
 from importlib import resources
 from typing import Any, NamedTuple
 
@@ -26,6 +27,30 @@ _packb = msgpack.Packer(use_bin_type=False).pack
 HELD_PREFIX = b"h:"  # hash field of a held entry in the run's state hash: h:<seq>
 CALL_PREFIX = b"c:"  # hash field of a pending tool call's block: c:<key> (RunNormalizer.take_call_changes)
 VERSION_FIELD, STATE_FIELD = b"v", b"s"
+
+
+class ReplyCode(IntEnum):
+    """The first element of commit.lua's reply (the script names them alike: tests/test_commit_lua_names.py)."""
+
+    CONFLICT = 0  # followed by the 1-based indexes of the runs whose version moved; nothing written
+    COMMITTED = 1
+    LEASE_LOST = 2  # the shard's lease names another worker (or nobody); nothing written
+
+
+class RunArgs(NamedTuple):
+    """One run as commit.lua receives it, in this order; the script unpacks it into locals of these
+    names (tests/test_commit_lua_names.py holds them equal)."""
+
+    key: str  # the run's state hash
+    version: str  # expected current version
+    state: bytes
+    ended: int  # 0/1
+    run: str  # the run key (member of the active-runs zset)
+    last_ms: int  # score in the active-runs zset
+    held_set: list[bytes]  # field, value, ... to write (held entries, pending calls' blocks)
+    held_del: list[bytes]  # fields to delete
+
+
 def is_transient(exc: BaseException) -> bool:
     """An error reply about the broker's state, not the batch's content: never a reason to split the
     batch or dead-letter an entry."""
@@ -117,7 +142,7 @@ def _argv(commit: Commit) -> list[Any]:
         for key, data in w.held.calls_added:
             held_set += [call_field(key), data]
         held_del += [call_field(key) for key in w.held.calls_removed]
-        runs.append((w.key, w.version, w.state, 1 if w.ended else 0, w.run, w.last_ms or now_ms, held_set, held_del))
+        runs.append(RunArgs(w.key, w.version, w.state, 1 if w.ended else 0, w.run, w.last_ms or now_ms, held_set, held_del))
     outputs = [(o.streams, o.fields) for o in commit.outputs]
     return [commit.group, commit.active_runs, str(commit.ttl_ms), _packb((runs, commit.acks, outputs)),
             commit.lease, commit.owner]
@@ -138,8 +163,9 @@ class Committer:
             if is_transient(exc):
                 raise  # the broker's state, not this batch's content: the entries stay pending
             raise CommitFailed(type(exc).__name__) from exc  # e.g. a value above Redis's limits
-        if int(reply[0]) == 1:
+        code = int(reply[0])
+        if code == ReplyCode.COMMITTED:
             return []
-        if int(reply[0]) == 2:
+        if code == ReplyCode.LEASE_LOST:
             raise LeaseLost(commit.lease)
         return [int(i) - 1 for i in reply[1:]]

@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from redis.exceptions import ResponseError
@@ -47,7 +47,6 @@ from contracts.raw import (
     INVALID_ENTRY,
     MAX_DELIVERIES,
     OUT_OF_WINDOW,
-    OVERSIZE,
     PROCESSING_ERROR,
     stream_id_ms,
 )
@@ -60,10 +59,10 @@ from services.sequencer import (
     Outcome,
     Rejected,
     RunSequencer,
-    entry_identity,
     parse_batch,
     tally,
 )
+from services.sequencer.feed import Lost, RunItem, feed, lost_of, rejected_loss, wrong_shard
 from services.settings import Settings
 from services.worker.commit import (
     STATE_FIELD,
@@ -106,18 +105,6 @@ _DETAILS = {
 
 class CommitConflict(RuntimeError):
     """Another worker kept committing the same runs; the entries stay pending for a retry."""
-
-
-class Lost(NamedTuple):
-    """A seq of a run whose entry was dead-lettered before reaching the sequencer."""
-
-    run: str
-    seq: int
-    sid: str
-    reason: str | None = None  # named in the run's warning (oversize only: replay knows it too)
-
-
-RunItem = Entry | Lost
 
 
 @dataclass
@@ -256,7 +243,7 @@ class BatchProcessor:
                   deliveries: dict[str, int] | None) -> _Batch:
         batch = _Batch(shard, acks=list(sids))
         max_deliveries = self.settings.max_deliveries
-        cluster = self.layout.cluster
+        shard_of = self.layout.shard_of if self.layout.cluster else None
         by_run = batch.by_run
         parsed = parse_batch(sids, list(fields), self.settings.max_line_bytes)  # the per-entry loop, in the core
         for sid, fmap, entry in zip(sids, fields, parsed, strict=True):
@@ -264,22 +251,23 @@ class BatchProcessor:
                 self._dead_raw(batch, sid, fmap, MAX_DELIVERIES, f"delivered {deliveries[sid]} times", lost=True)
                 continue
             if type(entry) is Rejected:
-                self._dead_raw(batch, sid, fmap, entry.reason, entry.detail, lost=entry.reason == OVERSIZE)
-                if entry.run is not None and entry.seq is not None:
-                    self._lose(batch, entry.run, entry.seq, sid)
+                self._dead_raw(batch, sid, fmap, entry.reason, entry.detail)
+                lost = rejected_loss(entry, fmap, sid)  # the rule replay applies too
+                if lost is not None:
+                    self._lose(batch, lost.run, lost.seq, sid, lost.reason)
                 continue
             assert type(entry) is Entry
-            if cluster and self.layout.shard_of(entry.run) != shard:
+            misplaced = wrong_shard(entry.run, shard, shard_of)
+            if misplaced is not None:
                 # Its state lives in another slot: committing it here would be a cross-slot write.
-                self._dead_raw(batch, sid, fmap, INVALID_ENTRY,
-                               f"run belongs to shard {self.layout.shard_of(entry.run)}, not {shard}")
+                self._dead_raw(batch, sid, fmap, INVALID_ENTRY, misplaced)
                 continue
             by_run.setdefault(entry.run, []).append(entry)
         return batch
 
     def _lose(self, batch: _Batch, run: str, seq: int, sid: str, reason: str | None = None) -> None:
-        if self.layout.cluster and self.layout.shard_of(run) != batch.shard:
-            return
+        if wrong_shard(run, batch.shard, self.layout.shard_of if self.layout.cluster else None) is not None:
+            return  # not this shard's run: its own shard's worker never sees the seq either
         batch.by_run.setdefault(run, []).append(Lost(run, seq, sid, reason))
 
     # ------------------------------------------------------------------ compute + commit
@@ -447,27 +435,8 @@ class BatchProcessor:
                     sequencer.guarded = False
 
     def _feed(self, run: str, version: str, sequencer: RunSequencer, items: list[RunItem]) -> RunResult:
-        outcome = Outcome()
-        last_ms = 0
-        entries: list[Entry] = []  # a stretch of entries between lost seqs: one accept_many call
-        for item in items:
-            if isinstance(item, Lost):
-                if entries:
-                    sequencer.accept_many(entries, outcome)
-                    entries = []
-                sequencer.lose(item.seq, stream_id_ms(item.sid), outcome, item.reason)
-                last_ms = max(last_ms, stream_id_ms(item.sid))
-                continue
-            entries.append(item)
-        if entries:
-            sequencer.accept_many(entries, outcome)
-        # Items are in stream order, so the last dated one has the latest id (abandon markers come
-        # from the control stream: they are not activity of the run).
-        for item in reversed(entries):
-            if item.kind != ABANDON:
-                last_ms = max(last_ms, stream_id_ms(item.sid))
-                break
-        return RunResult(run, version, sequencer, outcome, last_ms, sequencer.take_held_changes())
+        fed = feed(sequencer, items)  # the loop replay runs too (services/sequencer/feed.py)
+        return RunResult(run, version, sequencer, fed.outcome, fed.last_ms, sequencer.take_held_changes())
 
     def _give_up(self, batch: _Batch, run: str, items: list[RunItem], error: str) -> None:
         del batch.by_run[run]
@@ -516,9 +485,9 @@ class BatchProcessor:
         batch.result.count(DEAD, reason)
         self._dead_output(batch.dead, sid, fmap, reason, detail, batch.shard)
         if lost:
-            identity = entry_identity(fmap)
-            if identity is not None:
-                self._lose(batch, identity.run, identity.seq, sid, reason if reason == OVERSIZE else None)
+            item = lost_of(fmap, sid, reason)
+            if item is not None:
+                self._lose(batch, item.run, item.seq, sid, item.reason)
 
     def _dead_output(self, outputs: list[Output], sid: str, fmap: dict[bytes, bytes], reason: str, detail: str,
                      shard: int) -> None:

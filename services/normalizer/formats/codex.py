@@ -2,7 +2,8 @@
 
 Codex items arrive whole, so no span is ever held: each item's events are emitted when its
 `item.completed` is processed. Started tool items are pending calls of the shared machinery
-(``run_normalizer``), which pairs, evicts and drains them like goose's and Claude's.
+(``machinery``), which pairs, evicts and drains them like goose's and Claude's; MCP calls are
+named and classified by the tool rules (``tools``), as Claude Code's are.
 """
 
 from __future__ import annotations
@@ -11,25 +12,24 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.normalizer.claude_format import classify as classify_mcp
-from services.normalizer.claude_format import consumed as mcp_consumed
-from services.normalizer.paths import normalize_path
-from services.normalizer.run_normalizer import (
-    CODEX,
+from contracts.formats import CODEX
+from services.normalizer.machinery import (
+    CALL_SEQ,
+    CALL_TS,
     Event,
-    FormatRules,
+    Machinery,
     Record,
-    RunNormalizer,
     fits_int64,
-    generic_batch,
+    format_rules,
     is_int,
     nonempty_str,
 )
+from services.normalizer.paths import normalize_path
 from services.normalizer.shell import shell_kinds
+from services.normalizer.tools import MCP_PREFIX, classify_mcp, mcp_consumed, mcp_label
 
 # X-R3: items that are tool calls (recorded when started).
 TOOL_ITEMS = frozenset(("command_execution", "file_change", "mcp_tool_call", "web_search", "collab_tool_call"))
-MCP_PREFIX = "mcp__"
 # X-E1: retry notices, in the newest and the older core's wording.
 _RETRY = re.compile(r"^Reconnecting\.\.\. \d+/\d+|; retrying \d+/\d+ in ")
 
@@ -39,27 +39,27 @@ def consumed(name: str) -> bool:
     return name.startswith(MCP_PREFIX) and mcp_consumed(name)
 
 
-def record(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def record(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     rtype = rec.get("type")
     handler = _RECORDS.get(rtype, _unrecognized) if type(rtype) is str else _unrecognized
     handler(norm, out, seq, ts_ms, rec)
 
 
-def _unrecognized(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _unrecognized(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     norm.unknown(out, ts_ms, rec, seq, seq)  # X-R8
 
 
-def _nothing(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _nothing(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     pass  # X-R2
 
 
-def _thread_started(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _thread_started(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     thread = rec.get("thread_id")
     if nonempty_str(thread):
         norm.session = thread  # X-R1, section 3
 
 
-def _turn_completed(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _turn_completed(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     norm.drain(out, ts_ms)  # X-R5
     norm.turn_ended(usage(rec))
 
@@ -70,7 +70,7 @@ def tool_label(item: Record) -> str:
     if itype == "mcp_tool_call":
         server, tool = item.get("server"), item.get("tool")
         if type(server) is str and type(tool) is str:
-            return f"{MCP_PREFIX}{server}__{tool}"
+            return mcp_label(server, tool)
     return itype if type(itype) is str else ""
 
 
@@ -79,7 +79,7 @@ def _item_id(item: Record) -> str:
     return item_id if type(item_id) is str else ""  # X-P1: a missing id is the empty id
 
 
-def _started(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _started(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     item = rec.get("item")
     if type(item) is not dict:
         norm.unknown(out, ts_ms, rec, seq, seq)
@@ -89,7 +89,7 @@ def _started(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: R
         norm.add_call(out, ts_ms, [_item_id(item), tool_label(item), None, item, seq, ts_ms])
 
 
-def _completed(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _completed(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     item = rec.get("item")
     if type(item) is not dict:
         norm.unknown(out, ts_ms, rec, seq, seq)
@@ -100,27 +100,27 @@ def _completed(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec:
     handler(norm, out, seq, ts_ms, item)
 
 
-def _completed_text(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
+def _completed_text(norm: Machinery, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
     text = item.get("text")
     if type(text) is str and text:
         norm.whole_text(out, ts_ms, "reasoning" if item["type"] == "reasoning" else "agent", text, seq)
 
 
-def _completed_todo(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
+def _completed_todo(norm: Machinery, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
     pass  # X-I7
 
 
-def _completed_error(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
+def _completed_error(norm: Machinery, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
     message = item.get("message")
     text = message if nonempty_str(message) else "codex reported a non-fatal error"
     norm.emit(out, ts_ms, "warning", {"message": text}, seq, seq)  # X-I8
 
 
-def _completed_other(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
+def _completed_other(norm: Machinery, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
     norm.unknown(out, ts_ms, item, seq, seq)  # X-I9: no tool extras
 
 
-def _completed_tool(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
+def _completed_tool(norm: Machinery, out: list[Event], seq: int, ts_ms: int, item: Record) -> None:
     item_id = item.get("id")
     if type(item_id) is not str:
         item_id = ""  # X-P1: a missing id is the empty id
@@ -132,8 +132,8 @@ def _completed_tool(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int,
     first = seq
     tail: dict[str, Any]
     if started is not None:
-        first = started[4]
-        tail = {"tool": label, "toolCallId": item_id, "durationMs": ts_ms - started[5]}  # X-S2
+        first = started[CALL_SEQ]
+        tail = {"tool": label, "toolCallId": item_id, "durationMs": ts_ms - started[CALL_TS]}  # X-S2
     else:
         tail = {"tool": label, "toolCallId": item_id}
     kinds: Sequence[Mapping[str, Any]] | None = None
@@ -189,7 +189,7 @@ def success(item: Record) -> bool | None:
     return None
 
 
-def _turn_failed(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _turn_failed(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     norm.drain(out, ts_ms)  # X-R6
     error = rec.get("error")
     message = error.get("message") if type(error) is dict else None
@@ -199,7 +199,7 @@ def _turn_failed(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, re
     norm.turn_ended(None)
 
 
-def _error(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _error(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     error = rec.get("error")
     message = "codex reported an error"
     for value in (rec.get("message"), error.get("message") if type(error) is dict else None, error):
@@ -244,4 +244,4 @@ _RECORDS = {
     "error": _error,
 }
 
-RULES = FormatRules(name=CODEX, product="codex", record=record, consumed=consumed, batch=generic_batch)
+RULES = format_rules(CODEX, record=record, consumed=consumed)

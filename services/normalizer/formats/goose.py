@@ -2,7 +2,7 @@
 
 Only what is goose's own lives here (record and block dispatch, where goose keeps ids, names,
 arguments and results, its usage record); spans, tool pairing, draining and the envelope are the
-shared machinery of ``run_normalizer``.
+shared machinery of ``machinery``. Records are dispatched by one table, like the other formats'.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any
 
 import orjson
 
-from services.normalizer.run_normalizer import (
-    GOOSE,
+from contracts.formats import GOOSE
+from services.normalizer.machinery import (
     JSON_ERRORS,
     Event,
-    FormatRules,
+    Machinery,
     Record,
-    RunNormalizer,
+    format_rules,
     is_int,
     is_number,
 )
@@ -43,31 +43,51 @@ def consumed(name: str) -> bool:
     return split_name(name)[0] == "todo"
 
 
-def record(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def record(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     rtype = rec.get("type")
-    if rtype == "message":
-        message = rec.get("message")
-        if type(message) is not dict:
-            norm.unknown(out, ts_ms, rec, seq, seq)
-            return
-        if _extends_agent_span(norm, rec, message, seq):
-            return
-        _message(norm, out, seq, ts_ms, rec, message)
-    elif rtype == "notification":
-        norm.unknown(out, ts_ms, rec, seq, seq)
-    elif rtype == "error":
-        norm.flush(out, ts_ms)
-        norm.emit(out, ts_ms, "error", {"message": _error_message(rec)}, seq, seq)
-    elif rtype == "complete":
-        norm.flush(out, ts_ms)
-        norm.drain(out, ts_ms)
-        norm.usage = _usage(rec)
-    else:
-        norm.flush(out, ts_ms)
-        norm.unknown(out, ts_ms, rec, seq, seq)
+    handler = _RECORDS.get(rtype, _other) if type(rtype) is str else _other
+    handler(norm, out, seq, ts_ms, rec)
 
 
-def _message(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record, message: Record) -> None:
+def _message_record(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+    message = rec.get("message")
+    if type(message) is not dict:
+        norm.unknown(out, ts_ms, rec, seq, seq)  # without flushing
+        return
+    if _extends_agent_span(norm, rec, message, seq):
+        return
+    _message(norm, out, seq, ts_ms, rec, message)
+
+
+def _notification(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+    norm.unknown(out, ts_ms, rec, seq, seq)  # a side channel: the pending span stays
+
+
+def _error(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+    norm.flush(out, ts_ms)
+    norm.emit(out, ts_ms, "error", {"message": _error_message(rec)}, seq, seq)
+
+
+def _complete(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+    norm.flush(out, ts_ms)
+    norm.drain(out, ts_ms)
+    norm.usage = _usage(rec)
+
+
+def _other(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+    norm.flush(out, ts_ms)
+    norm.unknown(out, ts_ms, rec, seq, seq)
+
+
+_RECORDS = {
+    "message": _message_record,
+    "notification": _notification,
+    "error": _error,
+    "complete": _complete,
+}
+
+
+def _message(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record, message: Record) -> None:
     mid = rec.get("id")
     if type(mid) is not str:
         mid = message.get("id")
@@ -77,22 +97,12 @@ def _message(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: R
     if type(content) is not list:
         return
     assistant = message.get("role") == "assistant"
-    cap = norm.limits.max_span_chars
     for block in content:
         btype = block.get("type") if type(block) is dict else None
         if btype == "text":
             if assistant:
                 text = block.get("text")
-                if type(text) is str and text:
-                    span = norm.span
-                    # The common case inline: a delta of the pending span.
-                    if span is not None and span[0] == "agent" and span[1] == mid and not span[5]:
-                        pending = span[2]
-                        joined = text if text.startswith(pending) else pending + text
-                        if len(joined) <= cap:
-                            span[2] = joined
-                            span[4] = seq
-                            continue
+                if type(text) is str and text and not norm.extend_span("agent", mid, text, seq):
                     norm.accumulate(out, ts_ms, "agent", mid, text, seq)
         elif btype == "thinking":
             text = block.get("thinking")
@@ -110,7 +120,7 @@ def _message(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: R
             norm.unknown(out, ts_ms, block, seq, seq)
 
 
-def _request(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, block: Record) -> None:
+def _request(norm: Machinery, out: list[Event], seq: int, ts_ms: int, block: Record) -> None:
     call_id = block.get("id")
     if call_id is None:
         call_id = _first_present(block, ("toolRequest", "id"), ("toolCallId",))
@@ -146,7 +156,7 @@ def _name_and_arguments(block: Record) -> tuple[Any, Any]:
     return name, args
 
 
-def _response(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, block: Record) -> None:
+def _response(norm: Machinery, out: list[Event], seq: int, ts_ms: int, block: Record) -> None:
     call_id = block.get("id")
     if call_id is None:
         call_id = _first_present(block, ("toolResponse", "id"), ("toolCallId",))
@@ -215,7 +225,7 @@ def _usage(rec: Record) -> dict[str, Any]:
     return usage
 
 
-def batch(norm: RunNormalizer, out: list[Event], entries: Iterator[tuple[int, int, str, str]]) -> None:
+def batch(norm: Machinery, out: list[Event], entries: Iterator[tuple[int, int, str, str]]) -> None:
     """Many entries of a goose run. goose writes one content block per message line, so such a
     line goes straight to its block's handler: a text delta continuing the pending agent span
     inline, a tool request or response without the message layer. Every other line goes the
@@ -223,7 +233,6 @@ def batch(norm: RunNormalizer, out: list[Event], entries: Iterator[tuple[int, in
     loads = orjson.loads
     parsed = norm.parsed
     set_text = norm.set_text
-    cap = norm.limits.max_span_chars
     for seq, ts_ms, text, stream in entries:
         if stream != "stdout":
             norm.line_into(out, seq, ts_ms, text, stream)
@@ -247,25 +256,11 @@ def batch(norm: RunNormalizer, out: list[Event], entries: Iterator[tuple[int, in
                             norm.flush(out, ts_ms)
                         (_request if btype == "toolRequest" else _response)(norm, out, seq, ts_ms, block)
                         continue
-                    if btype == "text":
+                    if btype == "text" and "id" not in rec and message.get("role") == "assistant":
                         # ``_extends_agent_span`` inline, the block already in hand: the dominant line.
-                        span = norm.span
-                        if (
-                            span is not None
-                            and span[0] == "agent"
-                            and not span[5]
-                            and "id" not in rec
-                            and message.get("role") == "assistant"
-                            and span[1] == message.get("id")
-                        ):
-                            delta = block.get("text")
-                            if type(delta) is str and delta:
-                                pending = span[2]
-                                joined = delta if delta.startswith(pending) else pending + delta
-                                if len(joined) <= cap:
-                                    span[2] = joined
-                                    span[4] = seq
-                                    continue
+                        delta = block.get("text")
+                        if type(delta) is str and delta and norm.extend_span("agent", message.get("id"), delta, seq):
+                            continue
                 set_text(text)
                 _message(norm, out, seq, ts_ms, rec, message)
                 continue
@@ -273,36 +268,22 @@ def batch(norm: RunNormalizer, out: list[Event], entries: Iterator[tuple[int, in
         parsed(out, seq, ts_ms, rec)
 
 
-def _extends_agent_span(norm: RunNormalizer, rec: Record, message: Record, seq: int) -> bool:
+def _extends_agent_span(norm: Machinery, rec: Record, message: Record, seq: int) -> bool:
     """The dominant goose line on the one-line path (``batch`` has the same test inline): a
     message record that is one assistant text delta continuing the pending agent span updates
-    the span in place. False: take the general way (the same result for such a record, slower)."""
-    span = norm.span
-    if span is None or "id" in rec:
+    the span in place (``extend_span``). False: take the general way (the same result, slower)."""
+    if norm.span is None or "id" in rec:
         return False
     content = message.get("content")
     if type(content) is not list or len(content) != 1:
         return False
     block = content[0]
-    if not (
-        type(block) is dict
-        and block.get("type") == "text"
-        and span[0] == "agent"
-        and not span[5]
-        and message.get("role") == "assistant"
-        and span[1] == message.get("id")
-    ):
+    if type(block) is not dict or block.get("type") != "text" or message.get("role") != "assistant":
         return False
     delta = block.get("text")
     if type(delta) is not str or not delta:
         return False
-    pending = span[2]
-    joined = delta if delta.startswith(pending) else pending + delta
-    if len(joined) > norm.limits.max_span_chars:
-        return False
-    span[2] = joined
-    span[4] = seq
-    return True
+    return norm.extend_span("agent", message.get("id"), delta, seq)
 
 
-RULES = FormatRules(name=GOOSE, product="goose", record=record, consumed=consumed, batch=batch)
+RULES = format_rules(GOOSE, record=record, consumed=consumed, batch=batch)

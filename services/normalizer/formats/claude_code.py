@@ -2,7 +2,8 @@
 
 `claude -p --output-format stream-json --verbose` writes one content block per `assistant` line
 under a shared `message.id`; the shared span machinery (3.3) keyed by (kind, message id) turns
-them back into one event per response part. Everything not Claude's own is in ``run_normalizer``.
+them back into one event per response part. Everything not Claude's own is in ``machinery``; MCP
+names and the tool rules are in ``tools``.
 """
 
 from __future__ import annotations
@@ -10,21 +11,19 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from services.normalizer.run_normalizer import (
-    CLAUDE_CODE,
+from contracts.formats import CLAUDE_CODE
+from services.normalizer.machinery import (
     Event,
-    FormatRules,
+    Machinery,
     Record,
-    RunNormalizer,
     fits_int64,
-    generic_batch,
+    format_rules,
     is_int,
     is_number,
     nonempty_str,
 )
-from services.normalizer.tools import Handler, HandlerMemo, extended_consumed, extended_handler
+from services.normalizer.tools import classify_mcp, mcp_consumed
 
-MCP_PREFIX = "mcp__"
 # C-R2: progress and bookkeeping subtypes, mapped to nothing.
 QUIET_SUBTYPES = frozenset(
     ("status", "compact_boundary", "thinking_tokens", "task_progress", "hook_started", "hook_progress")
@@ -34,26 +33,8 @@ FAILED_MCP_STATUSES = frozenset(("failed", "needs-auth"))
 _EXIT_CODE = re.compile(r"(?:Error: )?Exit code (-?\d{1,18})(?!\d)")
 
 
-def tool_name(name: str) -> str:
-    """5.3: a leading `mcp__` is stripped before the 3.5 lookups."""
-    return name[len(MCP_PREFIX) :] if name.startswith(MCP_PREFIX) else name
-
-
-def consumed(name: str) -> bool:
-    return extended_consumed(tool_name(name))
-
-
-def handler(name: str) -> Handler:
-    """The 3.5 + C-T handler of a Claude Code (or Codex MCP) tool name."""
-    return extended_handler(tool_name(name))
-
-
-# Classification of a tool call (name as the CLI wrote it), each name's handler worked out once.
-classify = HandlerMemo(handler).classify
-
-
 # ------------------------------------------------------------------- records
-def record(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def record(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     # Section 3: the most recent non-empty session id, the record being processed included.
     sid = rec.get("session_id")
     if type(sid) is str and sid:
@@ -68,7 +49,7 @@ def record(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Rec
     handler(norm, out, seq, ts_ms, rec)
 
 
-def _system(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _system(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     # C-R1..C-R4 never flush: side-channel records.
     subtype = rec.get("subtype")
     if subtype == "init":
@@ -105,7 +86,7 @@ def api_retry_message(rec: Record) -> str:
     return message
 
 
-def _assistant(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _assistant(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     message = rec.get("message")
     content = message.get("content") if type(message) is dict else None
     if type(content) is not list:
@@ -146,7 +127,7 @@ def _assistant(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec:
             norm.unknown(out, ts_ms, block, seq, seq)  # C-B6, without flushing
 
 
-def _user(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _user(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     message = rec.get("message")
     if type(message) is not dict:
         norm.unknown(out, ts_ms, rec, seq, seq)  # C-R6
@@ -168,7 +149,7 @@ def _user(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Reco
             norm.unknown(out, ts_ms, block, seq, seq)  # C-B6
 
 
-def _result(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _result(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     # C-F5: pending span, drained calls, the failure error, then the `completed` record.
     norm.flush(out, ts_ms)
     norm.drain(out, ts_ms)
@@ -241,11 +222,11 @@ def usage(rec: Record) -> dict[str, Any]:
     return fields
 
 
-def _stream_event(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _stream_event(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     pass  # C-R8: every delta is restated by the complete assistant record
 
 
-def _rate_limit(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _rate_limit(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     info = rec.get("rate_limit_info")
     status = info.get("status") if type(info) is dict else None
     if type(status) is not str or status == "allowed":
@@ -258,7 +239,7 @@ def _rate_limit(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec
     norm.emit(out, ts_ms, "warning", {"message": message, "code": "rate_limit"}, seq, seq)
 
 
-def _error(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
+def _error(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
     # C-R10.
     norm.flush(out, ts_ms)
     error = rec.get("error")
@@ -271,7 +252,7 @@ def _error(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, rec: Rec
 
 
 # ---------------------------------------------------------------------- tools
-def _tool_use(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, block: Record) -> None:
+def _tool_use(norm: Machinery, out: list[Event], seq: int, ts_ms: int, block: Record) -> None:
     call_id, name = block.get("id"), block.get("name")
     if type(call_id) is not str or type(name) is not str:
         norm.unknown(out, ts_ms, block, seq, seq, tool=name, call_id=call_id)  # C-P1
@@ -279,7 +260,7 @@ def _tool_use(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, block
     norm.add_call(out, ts_ms, [call_id, name, block.get("input"), block, seq, ts_ms])
 
 
-def _tool_result(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, block: Record) -> None:
+def _tool_result(norm: Machinery, out: list[Event], seq: int, ts_ms: int, block: Record) -> None:
     call_id = block.get("tool_use_id")
     call = norm.take_call(call_id)  # C-P2: the oldest pending call with this id
     if call is None:
@@ -287,7 +268,7 @@ def _tool_result(norm: RunNormalizer, out: list[Event], seq: int, ts_ms: int, bl
         return
     _, name, args, request, req_seq, req_ts = call
     failed = block.get("is_error") is True
-    kinds = classify(name, args)
+    kinds = classify_mcp(name, args)
     exit_code = _exit_code(block) if failed else None
     tail: dict[str, Any] = {"tool": name, "toolCallId": call_id, "durationMs": ts_ms - req_ts}
     # 5.3: a tool-built unknown carries the request, not the (possibly huge) result.
@@ -321,4 +302,4 @@ _RECORDS = {
     "error": _error,
 }
 
-RULES = FormatRules(name=CLAUDE_CODE, product="claude", record=record, consumed=consumed, batch=generic_batch)
+RULES = format_rules(CLAUDE_CODE, record=record, consumed=mcp_consumed)
