@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from contracts.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from services.broker.connect import sync_client
 from services.broker.url import DEFAULT_PORT as EMBEDDED_DEFAULT_PORT  # Redis's own: the URL users expect
