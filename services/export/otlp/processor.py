@@ -531,13 +531,17 @@ class TraceExporter:
                                    args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s]))
 
     # ------------------------------------------------------------------ batches
-    async def _flags(self, runs: Sequence[str]) -> dict[str, tuple[bool, bool]]:
-        """(done, dead) of each run's state."""
+    async def _flags(self, runs: Sequence[str]) -> dict[str, tuple[bool, bool, bool]]:
+        """(done, dead, complete) of each run's state. complete: the root went out because every
+        event its terminal record counts had been seen, i.e. every tool span of the run had been
+        accepted before (an event is noted seen only after its spans were), so a redelivery of its
+        tool events (a group recreated at 0, a re-read after a crash) must not send them again."""
         pipe = self.client.pipeline(transaction=False)
         for run in runs:
             pipe.hmget(self.state_key(run), "done", "dead")
         answers = await pipe.execute()
-        return {run: (done is not None, dead is not None) for run, (done, dead) in zip(runs, answers, strict=True)}
+        return {run: (done is not None, dead is not None, done is not None and done != b"timeout")
+                for run, (done, dead) in zip(runs, answers, strict=True)}
 
     def _heartbeat(self, stream: str, ids: Sequence[str]) -> Callable[[], Awaitable[None]]:
         async def beat() -> None:
@@ -650,11 +654,13 @@ class TraceExporter:
             flags = await self._broker(partial(self._flags, list(work)))
             spans: dict[str, list[tuple[str, ReadableSpan]]] = {}
             for run, w in work.items():
-                done, dead = flags[run]
+                done, dead, complete = flags[run]
                 if dead:
                     for _ in w.tool_spans:
                         self.metrics.spans_dead_lettered.labels(kind="tool").inc()
                     continue
+                if complete:
+                    continue  # its events were all in the root and its tool spans are out (see _flags)
                 if done:
                     late = sum(1 for ev in w.events.values() if ev is not None)
                     self.metrics.late_events.inc(late)
