@@ -6,6 +6,7 @@ side)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from tests.support.otlp_receiver import RunningReceiver
 # asks for a 10-minute target outage; what it tests is this class, "longer than the redelivery
 # budget", and 10 minutes would take the folder past its time budget for no other failure mode.
 OUTAGE_S = REDELIVERY_BUDGET_S + 2 * 5.0 + 10.0
+# For working on a case only (the contract's assertions then fail on `outage_s`): a shorter outage.
+OUTAGE_S = float(os.environ.get("GOOSE_CONTRACT_OUTAGE_S", OUTAGE_S))
 DELIVER_TIMEOUT_S = 150.0  # after a fault is over, the time to deliver what is left (a reclaim is 30 s)
 SETTLE_S = 3.0  # after everything arrived: a late duplicate would arrive now
 

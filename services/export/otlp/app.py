@@ -33,6 +33,7 @@ from services.export.otlp.sink import SpanSink
 from services.metrics import serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
+from services.worker.app import start_through_refusals
 
 log = logging.getLogger("goose_ingest.export.otlp")
 
@@ -139,6 +140,7 @@ def build_app(
         )
         sub(handle)
         guard_missing_group(sub, stream, settings.otlp_group, lambda: runtime.client)
+        start_through_refusals(sub, stream)  # Redis full at start: wait, not a traceback exit
 
     @app.on_startup
     async def _startup() -> None:
