@@ -31,7 +31,6 @@ from tests.consumers.harness import (
     wait_until,
     world,
 )
-from tests.support.otlp_receiver import RunningReceiver
 
 # The outages (Redis at maxmemory, the target down) last longer than the redelivery budget at
 # defaults (CLAIM_IDLE_MS x MAX_DELIVERIES = 150 s) plus two sweeps and a margin, so a consumer that
@@ -67,9 +66,17 @@ def _dead(w: World, streams: list[str]) -> list[dict[str, str]]:
 
 def _finish(c: Consumer, w: World, t: Target, runs: set[str], procs: list, logs: list[Path], **facts: Any) -> Outcome:
     """Wait for everything to arrive, let duplicates show, stop the processes, report."""
-    wait_until(lambda: c.account(w, t, runs).complete, DELIVER_TIMEOUT_S, interval=0.5)
+    wait_until(lambda: c.account(w, t, runs).complete and _pending(w, c) == 0, DELIVER_TIMEOUT_S, interval=0.5)
+    # every live process through its start-up (ready) before it is stopped: a case whose input was
+    # all delivered by a killed predecessor must not stop its successor while it still imports
+    for p in procs:
+        port_file = w.port_files.get(p.pid)
+        if port_file is not None and p.poll() is None:
+            port = metrics_port(port_file, timeout=60)
+            wait_until(lambda port=port, p=p: readyz(port)[0] == 200 or p.poll() is not None, 60)
     time.sleep(SETTLE_S)
     acct = c.account(w, t, runs)
+    facts["pending_at_end"] = _pending(w, c)
     exited = [p.returncode for p in procs if p.poll() is not None]
     stopped = [stop(p) for p in procs if p.poll() is None]
     problems = [line for log in logs for line in log_problems(log)]
@@ -178,8 +185,8 @@ def redis_full(c: Consumer, tmp: Path) -> Outcome:
     with world(tmp) as w, c.target(w) as t:
         runs = _feed(c, w, runs_of("full-d", copies=2))
         r = w.root()
-        if isinstance(c, ExporterConsumer):
-            stop(w._feeder)  # type: ignore[attr-defined] (its work is done; it is not under test)
+        if w.feeder is not None:
+            stop(w.feeder)  # its work is done; it is not under test
         r.config_set("maxmemory-policy", "noeviction")
         used = int(r.info("memory")["used_memory"])
         r.config_set("maxmemory", str(used + 64 * 1024))
@@ -253,4 +260,3 @@ CASES: dict[str, Callable[[Consumer, Path], Outcome]] = {
     "slow_target": slow_target,
     "killed_mid_batch": killed_mid_batch,
 }
-_ = RunningReceiver

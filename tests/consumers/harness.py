@@ -34,7 +34,6 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from pydantic import SecretStr
 
-from contracts.events import TOOL_EVENT_TYPES
 from services.broker.acl import render, user_name
 from services.broker.embedded import EmbeddedRedis
 from services.export.otlp.mapping import GEN_AI_CONVERSATION_ID, GI_EVENT_ID, OP_INVOKE_AGENT
@@ -69,6 +68,8 @@ class World:
     passwords: dict[str, str]
     tmp: Path
     procs: list[subprocess.Popen] = field(default_factory=list)
+    feeder: subprocess.Popen | None = None  # the worker that writes an exporter's input (ExporterConsumer)
+    port_files: dict[int, Path] = field(default_factory=dict)  # pid -> its metrics port file
 
     def as_role(self, role: str) -> Settings:
         return self.settings.model_copy(update={"redis_username": user_name(role, self.settings.namespace),
@@ -248,6 +249,7 @@ class Consumer:
     name: str
     role: str
     args: list[str]
+    exporter: str = ""  # its name in key names and ACL roles (services/broker/acl.py EXPORTERS)
     has_external_target: bool = True
 
     def group(self, s: Settings) -> str:
@@ -259,7 +261,7 @@ class Consumer:
         return layout.events_partitions() + layout.runs_partitions()
 
     def deadletter_streams(self, w: World) -> list[str]:
-        return w.settings.layout.export_deadletter_partitions(self.name.split()[-1])
+        return w.settings.layout.export_deadletter_partitions(self.exporter)
 
     def foreign_deadletter_streams(self, w: World) -> list[str]:
         layout = w.settings.layout
@@ -278,7 +280,9 @@ class Consumer:
         port_file = w.tmp / f"{tag}.port"
         log = w.tmp / f"{tag}.log"
         env = {**self.env(w, t, port_file), **extra}
-        return w.spawn(self.role, [*self.args, *args], log, **env), port_file
+        proc = w.spawn(self.role, [*self.args, *args], log, **env)
+        w.port_files[proc.pid] = port_file
+        return proc, port_file
 
     def feed(self, w: World, runs: dict[str, list[str]]) -> None:
         """Put runs where this consumer reads them."""
@@ -354,10 +358,8 @@ class ExporterConsumer(Consumer):
 
     def feed(self, w: World, runs: dict[str, list[str]]) -> None:
         publish(w, runs)
-        feeder = getattr(w, "_feeder", None)
-        if feeder is None or feeder.poll() is not None:
-            feeder = w.spawn("worker", ["worker"], w.tmp / "feeder-worker.log", GOOSE_INGEST_METRICS_PORT="0")
-            w._feeder = feeder  # type: ignore[attr-defined]
+        if w.feeder is None or w.feeder.poll() is not None:
+            w.feeder = w.spawn("worker", ["worker"], w.tmp / "feeder-worker.log", GOOSE_INGEST_METRICS_PORT="0")
 
     def fed(self, w: World, runs: set[str]) -> bool:
         return runs <= ended_runs(w.root_settings)
@@ -376,6 +378,7 @@ class OtlpConsumer(ExporterConsumer):
 
     name = "export otlp"
     role = "otlp-exporter"
+    exporter = "otlp"
     args = ["export", "otlp"]
 
     def group(self, s: Settings) -> str:
@@ -432,6 +435,7 @@ class PostgresConsumer(ExporterConsumer):
 
     name = "export postgres"
     role = "postgres-exporter"
+    exporter = "postgres"
     args = ["export", "postgres"]
 
     def group(self, s: Settings) -> str:
@@ -481,10 +485,6 @@ class PostgresConsumer(ExporterConsumer):
 
 
 CONSUMERS: dict[str, Consumer] = {c.name: c for c in (WorkerConsumer(), OtlpConsumer(), PostgresConsumer())}
-
-
-def tool_event(e: dict) -> bool:
-    return e.get("type") in TOOL_EVENT_TYPES
 
 
 def log_problems(path: Path) -> list[str]:

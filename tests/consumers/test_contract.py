@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.consumers.cases import OUTAGE_S, Outcome
+from tests.consumers.cases import Outcome
 from tests.consumers.harness import (
     MAX_DELIVERIES,
     REDELIVERY_BUDGET_S,
@@ -43,6 +43,7 @@ def _ran_through(out: Outcome) -> None:
     assert out.exited == [], f"a consumer exited on its own: {out.exited}; {out.problems}"
     assert all(code == 0 for code in out.stopped), f"exit status after SIGTERM: {out.stopped}; {out.problems}"
     assert not [p for p in out.problems if "NOPERM" in p], out.problems
+    assert out.facts["pending_at_end"] == 0, f"entries left pending in its group: {out.facts['pending_at_end']}"
 
 
 class ConsumerContract:
@@ -161,5 +162,3 @@ class TestExportOtlp(ConsumerContract):
 class TestExportPostgres(ConsumerContract):
     consumer = PostgresConsumer()
 
-
-_ = OUTAGE_S
