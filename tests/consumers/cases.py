@@ -22,6 +22,7 @@ from tests.consumers.harness import (
     PostgresConsumer,
     Target,
     World,
+    background,
     kill,
     log_problems,
     metrics_port,
@@ -127,12 +128,20 @@ def lost_group(c: Consumer, tmp: Path) -> Outcome:
 def _kill_and_restart(c: Consumer, tmp: Path, tag: str, when: Callable[[Consumer, World, Target, set[str]], bool],
                       second_args: tuple[str, ...], first_args: tuple[str, ...] = ()) -> Outcome:
     with world(tmp) as w, c.target(w) as t:
-        runs = _feed(c, w, runs_of(f"{tag}-x", copies=4))
+        # The input arrives while the consumer runs (one batch after another), so a batch is read
+        # and not yet acknowledged many times over, whatever the machine's speed.
         first, _ = c.start(w, t, f"{tag}-1", *first_args)
-        caught = wait_until(lambda: when(c, w, t, runs), 90, interval=0.01)
+        metrics_port(w.port_files[first.pid])
+        batch = runs_of(f"{tag}-x", copies=4)
+        runs = set(batch)
+        feeding, fed = background(lambda: _feed(c, w, batch))
+        caught = wait_until(lambda: when(c, w, t, runs), 90, interval=0.005)
         pending = _pending(w, c)
-        delivered_before = c.account(w, t, runs).expected - len(c.account(w, t, runs).lost)
         kill(first)
+        delivered_before = c.account(w, t, runs).expected - len(c.account(w, t, runs).lost)
+        feeding.join()
+        if "error" in fed:
+            raise fed["error"]
         second, _ = c.start(w, t, f"{tag}-2", *second_args)
         out = _finish(c, w, t, runs, [second], [_log(w, f"{tag}-1"), _log(w, f"{tag}-2")],
                       caught=caught, pending_at_kill=pending, delivered_before_kill=delivered_before)
