@@ -11,7 +11,7 @@ topics. A later consumer joins by subclassing `ConsumerContract` with a `Consume
 
 Timing: the cases of the three consumers run side by side (tests/consumers/conftest.py), and the
 two long outages (Redis full, target down), each longer than CLAIM_IDLE_MS x MAX_DELIVERIES at
-defaults, share one window: the folder takes about 7 minutes on 2 shared cores (measured 6:45).
+defaults, share one window: the folder takes 6-7.5 minutes on 2 shared cores (measured 6:19, 6:45, 7:26).
 """
 
 from __future__ import annotations
