@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from services.broker.errors import describe, is_outage
 from services.settings import Settings
@@ -112,3 +112,31 @@ def guard_missing_group(sub: Any, stream: str, group: str, client: Callable[[], 
             return ()
 
     sub._xreadgroup = guarded
+
+
+START_RETRY_MAX_S = 5.0  # the longest wait between two tries of a subscriber start the broker refused
+
+
+def start_through_refusals(sub: Any, stream: str) -> None:
+    """FastStream's stream subscriber creates its group itself when it starts (XGROUP CREATE, which
+    Redis refuses at maxmemory even for a group that exists) and treats any error but BUSYGROUP as
+    fatal: the process exited with a traceback when Redis filled up between our own group creation
+    and the subscribers' start. Retry the start while the broker's refusal is an outage."""
+    start = sub.start
+
+    async def patient(*args: Any, **kwargs: Any) -> Any:
+        delay, warned = 0.5, False
+        while True:
+            try:
+                return await start(*args, **kwargs)
+            except RedisError as exc:
+                if not is_outage(exc):
+                    raise
+                if not warned:
+                    logging.getLogger("goose_ingest").warning(
+                        "subscriber of %s: broker refuses to start it (%s); waiting", stream, describe(exc))
+                    warned = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, START_RETRY_MAX_S)
+
+    sub.start = patient

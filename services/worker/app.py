@@ -23,12 +23,13 @@ from faststream.redis import StreamSub
 from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
 from redis.exceptions import RedisError
 
-from services.broker.cluster import BrokerGate, make_broker
+from services.broker.cluster import BrokerGate, ClusterHealth, make_broker
 from services.broker.connect import async_client
+from services.broker.errors import describe, is_outage
 from services.metrics import Metrics, serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
-from services.streams.groups import ensure_groups, guard_missing_group
+from services.streams.groups import ensure_groups, guard_missing_group, start_through_refusals
 from services.streams.names import unique_consumer
 from services.streams.readiness import READY, Readiness, not_ready
 from services.worker.commit import LeaseLost
@@ -38,6 +39,29 @@ from services.worker.processor import BatchProcessor
 from services.worker.reporting import record_result
 
 log = logging.getLogger("goose_ingest.worker")
+START_RETRY_MAX_S = 5.0
+
+
+async def open_through_refusals(gate: BrokerGate, client: Any, prepare: Any) -> None:
+    """`gate.open` (shard-count record, groups), waiting while the broker refuses the writes for its
+    own state (OOM at maxmemory, LOADING, BUSY: `services.broker.errors.is_outage`) instead of
+    exiting with a traceback: a worker started into a full Redis starts once memory is freed
+    (issue 20 finding 3; found by tests/consumers). /readyz says why meanwhile."""
+    delay = 0.5
+    while True:
+        try:
+            await gate.open(client, prepare=prepare)
+            return
+        except RedisError as exc:
+            if not is_outage(exc):
+                raise
+            reason = f"broker refuses start-up writes ({describe(exc)}); waiting"
+            if gate.health.reason != reason:
+                log.warning("%s", reason)
+            gate.health = ClusterHealth(False, reason)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, START_RETRY_MAX_S)
+
 
 WATCH_INTERVAL_S = 0.5  # how often the subscribers' liveness is checked
 
@@ -137,6 +161,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         )
         sub(handle)
         guard_missing_group(sub, stream, settings.group, lambda: runtime.client)
+        start_through_refusals(sub, stream)
         gate_reads(sub, functools.partial(runtime.may_read, shard_of_stream[stream]), settings.block_ms / 1000)
         runtime.subscribers.append((stream, sub))
 
@@ -164,7 +189,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
             runtime.server = serve(metrics, settings.metrics_host, settings.metrics_port, gate.readiness)
         # cluster: until every slot is served; then the shard-count check and the groups (retried
         # through a failover while starting)
-        await gate.open(client, prepare=lambda: ensure_groups(client, settings))
+        await open_through_refusals(gate, client, lambda: ensure_groups(client, settings))
         processor = runtime.processor = BatchProcessor(
             settings, client, lease_owner=runtime.consumer if settings.shard_leases else None)
         if metrics is not None and processor.redactor is not None:

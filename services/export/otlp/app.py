@@ -29,7 +29,7 @@ from services.export.otlp.sink import SpanSink
 from services.metrics import serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
-from services.streams.groups import guard_missing_group
+from services.streams.groups import guard_missing_group, start_through_refusals
 from services.streams.names import unique_consumer
 from services.streams.readiness import READY, Readiness, fresh, not_ready
 
@@ -145,6 +145,7 @@ def build_app(
         )
         sub(handle)
         guard_missing_group(sub, stream, settings.otlp_group, lambda: runtime.client)
+        start_through_refusals(sub, stream)  # Redis full at start: wait, not a traceback exit
 
     @app.on_startup
     async def _startup() -> None:

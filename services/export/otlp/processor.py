@@ -398,13 +398,29 @@ class TraceExporter:
                                    args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s]))
 
     # ------------------------------------------------------------------ batches
-    async def _flags(self, runs: Sequence[str]) -> dict[str, tuple[bool, bool]]:
-        """(done, dead) of each run's state."""
+    async def _flags(self, work: dict[str, RunWork]) -> dict[str, tuple[bool, bool, bool, set[int]]]:
+        """(done, dead, complete, sent) of each run's state.
+
+        complete: the root went out because every event its terminal record counts had been seen;
+        sent: the seqs of this batch's tool events already seen. An event is noted seen only after
+        its spans were accepted (`_finish_batch`), so the tool spans of a seen event, and all of a
+        complete run's, are out already: a redelivery (a group recreated at 0, a batch re-read
+        after a crash between the note and the ack) must not send them again. What stays is the
+        window between the collector's acceptance and the note."""
         pipe = self.client.pipeline(transaction=False)
+        runs = list(work)
         for run in runs:
-            pipe.hmget(self.state_key(run), "done", "dead")
+            seqs = [seq for seq, _ in work[run].tool_spans]
+            pipe.hmget(self.state_key(run), "done", "dead", "w", *[f"s:{q}" for q in seqs], *[f"t:{q}" for q in seqs])
         answers = await pipe.execute()
-        return {run: (done is not None, dead is not None) for run, (done, dead) in zip(runs, answers, strict=True)}
+        out: dict[str, tuple[bool, bool, bool, set[int]]] = {}
+        for run, values in zip(runs, answers, strict=True):
+            done, dead, mark = values[0], values[1], int(values[2] or 0)
+            seqs = [seq for seq, _ in work[run].tool_spans]
+            marks, legacy = values[3:3 + len(seqs)], values[3 + len(seqs):]
+            sent = {q for q, m, t in zip(seqs, marks, legacy, strict=True) if q < mark or m is not None or t is not None}
+            out[run] = (done is not None, dead is not None, done is not None and done != b"timeout", sent)
+        return out
 
     def _heartbeat(self, stream: str, ids: Sequence[str]) -> Callable[[], Awaitable[None]]:
         async def beat() -> None:
@@ -514,18 +530,20 @@ class TraceExporter:
 
     async def _finish_batch(self, stream: str, ids: Sequence[str], work: dict[str, RunWork]) -> None:
         if work:
-            flags = await self._broker(partial(self._flags, list(work)))
+            flags = await self._broker(partial(self._flags, work))
             spans: dict[str, list[tuple[str, ReadableSpan]]] = {}
             for run, w in work.items():
-                done, dead = flags[run]
+                done, dead, complete, sent = flags[run]
                 if dead:
                     for _ in w.tool_spans:
                         self.metrics.spans_dead_lettered.labels(kind="tool").inc()
                     continue
+                if complete:
+                    continue  # its events were all in the root and its tool spans are out (see _flags)
                 if done:
                     late = sum(1 for ev in w.events.values() if ev is not None)
                     self.metrics.late_events.inc(late)
-                spans[run] = [("tool", span) for _, span in w.tool_spans]
+                spans[run] = [("tool", span) for seq, span in w.tool_spans if seq not in sent]
             rejected = await self.deliver(spans, self._heartbeat(stream, ids))
             for run, detail in rejected.items():
                 await self.kill_run(stream, run, work[run].entry_ids[0], detail)

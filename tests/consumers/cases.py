@@ -1,0 +1,271 @@
+"""The contract's cases: each injects one fault into one consumer's world and reports an `Outcome`
+(what reached the target, what was dead-lettered where, what /readyz said, how processes ended).
+They assert nothing themselves: tests/consumers/test_contract.py does, per consumer, so the cases of
+the three consumers can share one wall-clock window (tests/consumers/conftest.py runs them side by
+side)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.consumers.harness import (
+    MAX_DELIVERIES,
+    REDELIVERY_BUDGET_S,
+    Account,
+    Consumer,
+    ExporterConsumer,
+    PostgresConsumer,
+    Target,
+    World,
+    background,
+    kill,
+    log_problems,
+    metrics_port,
+    readyz,
+    runs_of,
+    stop,
+    wait_until,
+    world,
+)
+
+# The outages (Redis at maxmemory, the target down) last longer than the redelivery budget at
+# defaults (CLAIM_IDLE_MS x MAX_DELIVERIES = 150 s) plus two sweeps and a margin, so a consumer that
+# counted outage attempts as deliveries would have dead-lettered everything by the end. The issue
+# asks for a 10-minute target outage; what it tests is this class, "longer than the redelivery
+# budget", and 10 minutes would take the folder past its time budget for no other failure mode.
+OUTAGE_S = REDELIVERY_BUDGET_S + 2 * 5.0 + 10.0
+# For working on a case only (the contract's assertions then fail on `outage_s`): a shorter outage.
+OUTAGE_S = float(os.environ.get("GOOSE_CONTRACT_OUTAGE_S", OUTAGE_S))
+DELIVER_TIMEOUT_S = 150.0  # after a fault is over, the time to deliver what is left (a reclaim is 30 s)
+SETTLE_S = 3.0  # after everything arrived: a late duplicate would arrive now
+
+
+@dataclass
+class Outcome:
+    account: Account
+    own_deadletters: list[dict[str, str]] = field(default_factory=list)
+    foreign_deadletters: list[dict[str, str]] = field(default_factory=list)
+    exited: list[int | None] = field(default_factory=list)  # returncodes of processes that stopped on their own
+    stopped: list[int] = field(default_factory=list)  # returncodes after our SIGTERM at the end
+    problems: list[str] = field(default_factory=list)  # tracebacks / NOPERM lines in the logs
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def _dead(w: World, streams: list[str]) -> list[dict[str, str]]:
+    r = w.root()
+    out = []
+    for s in streams:
+        for _, f in r.xrange(s):
+            out.append({k.decode(): v.decode(errors="replace") for k, v in f.items()})
+    return out
+
+
+def _finish(c: Consumer, w: World, t: Target, runs: set[str], procs: list, logs: list[Path], **facts: Any) -> Outcome:
+    """Wait for everything to arrive, let duplicates show, stop the processes, report."""
+    wait_until(lambda: c.account(w, t, runs).complete and _pending(w, c) == 0, DELIVER_TIMEOUT_S, interval=0.5)
+    # every live process through its start-up (ready) before it is stopped: a case whose input was
+    # all delivered by a killed predecessor must not stop its successor while it still imports
+    for p in procs:
+        port_file = w.port_files.get(p.pid)
+        if port_file is not None and p.poll() is None:
+            port = metrics_port(port_file, timeout=60)
+            wait_until(lambda port=port, p=p: readyz(port)[0] == 200 or p.poll() is not None, 60)
+    time.sleep(SETTLE_S)
+    acct = c.account(w, t, runs)
+    facts["pending_at_end"] = _pending(w, c)
+    exited = [p.returncode for p in procs if p.poll() is not None]
+    stopped = [stop(p) for p in procs if p.poll() is None]
+    problems = [line for log in logs for line in log_problems(log)]
+    return Outcome(acct, _dead(w, c.deadletter_streams(w)), _dead(w, c.foreign_deadletter_streams(w)), exited,
+                   stopped, problems, facts)
+
+
+def _log(w: World, tag: str) -> Path:
+    return w.tmp / f"{tag}.log"
+
+
+def _pending(w: World, c: Consumer) -> int:
+    r = w.root()
+    total = 0
+    for s in c.group_streams(w):
+        try:
+            total += int(r.xpending(s, c.group(w.settings))["pending"])
+        except Exception:  # noqa: BLE001 - no group yet
+            pass
+    return total
+
+
+def _feed(c: Consumer, w: World, runs: dict[str, list[str]]) -> set[str]:
+    c.feed(w, runs)
+    if isinstance(c, ExporterConsumer):
+        c.wait_fed(w, set(runs))
+    return set(runs)
+
+
+# ------------------------------------------------------------------------------------ a
+def lost_group(c: Consumer, tmp: Path) -> Outcome:
+    """The consumer's group destroyed on every stream it reads while it runs (an operator's
+    XGROUP DESTROY, a FLUSH): recreated at 0, and what came before and after all delivered once."""
+    with world(tmp) as w, c.target(w) as t:
+        runs = _feed(c, w, runs_of("lost-a"))
+        proc, _ = c.start(w, t, "a")
+        first = wait_until(lambda: c.account(w, t, runs).complete, DELIVER_TIMEOUT_S)
+        r = w.root()
+        destroyed = sum(r.xgroup_destroy(s, c.group(w.settings)) for s in c.group_streams(w))
+        runs |= _feed(c, w, runs_of("lost-b"))
+        recreated = wait_until(lambda: all(
+            any(g["name"].decode() == c.group(w.settings) for g in r.xinfo_groups(s)) for s in c.group_streams(w)), 60)
+        return _finish(c, w, t, runs, [proc], [_log(w, "a")], first_delivered=first, destroyed=destroyed,
+                       recreated=recreated)
+
+
+# ------------------------------------------------------------------------------------ b, g
+def _kill_and_restart(c: Consumer, tmp: Path, tag: str, when: Callable[[Consumer, World, Target, set[str]], bool],
+                      second_args: tuple[str, ...], first_args: tuple[str, ...] = ()) -> Outcome:
+    with world(tmp) as w, c.target(w) as t:
+        # The input arrives while the consumer runs (one batch after another), so a batch is read
+        # and not yet acknowledged many times over, whatever the machine's speed.
+        first, _ = c.start(w, t, f"{tag}-1", *first_args)
+        metrics_port(w.port_files[first.pid])
+        batch = runs_of(f"{tag}-x", copies=4)
+        runs = set(batch)
+        feeding, fed = background(lambda: _feed(c, w, batch))
+        caught = wait_until(lambda: when(c, w, t, runs), 90, interval=0.005)
+        pending = _pending(w, c)
+        kill(first)
+        delivered_before = c.account(w, t, runs).expected - len(c.account(w, t, runs).lost)
+        feeding.join()
+        if "error" in fed:
+            raise fed["error"]
+        second, _ = c.start(w, t, f"{tag}-2", *second_args)
+        out = _finish(c, w, t, runs, [second], [_log(w, f"{tag}-1"), _log(w, f"{tag}-2")],
+                      caught=caught, pending_at_kill=pending, delivered_before_kill=delivered_before)
+        return out
+
+
+def _has_pending(c: Consumer, w: World, t: Target, runs: set[str]) -> bool:
+    return _pending(w, c) > 0
+
+
+def _mid_batch(c: Consumer, w: World, t: Target, runs: set[str]) -> bool:
+    return c.sent_some(t) and _pending(w, c) > 0
+
+
+def dead_consumer(c: Consumer, tmp: Path) -> Outcome:
+    """A consumer SIGKILLed with entries pending; another consumer (another name) reclaims them
+    after CLAIM_IDLE_MS (30 s at defaults)."""
+    names = (("--consumer", "contract-first"), ("--consumer", "contract-second")) if isinstance(c, PostgresConsumer) else ((), ())
+    return _kill_and_restart(c, tmp, "b", _has_pending, names[1], names[0])
+
+
+def killed_mid_batch(c: Consumer, tmp: Path) -> Outcome:
+    """SIGKILL with a batch read and not acknowledged (the OTLP exporter: after its first request
+    reached the collector, so a batch is between the collector's acceptance and the ack), then
+    the same command again (the PostgreSQL sink keeps its default consumer name, so it re-reads
+    its own pending entries at once; the worker and the OTLP exporter reclaim them after
+    CLAIM_IDLE_MS, 30 s at defaults)."""
+    return _kill_and_restart(c, tmp, "g", _mid_batch, ())
+
+
+# ------------------------------------------------------------------------------------ c
+def poison(c: Consumer, tmp: Path) -> Outcome:
+    """One poison entry among good runs: dead-lettered with a reason in the consumer's own
+    dead-letter stream (after at most MAX_DELIVERIES attempts), everything else delivered."""
+    with world(tmp) as w, c.target(w) as t:
+        key = c.poison(w, t, "poison-c")
+        runs = _feed(c, w, runs_of("poison-c")) - {key}
+        proc, _ = c.start(w, t, "c")
+        own = c.deadletter_streams(w)
+        dead = wait_until(lambda: any(key in str(d) for d in _dead(w, own)), DELIVER_TIMEOUT_S)
+        return _finish(c, w, t, runs, [proc], [_log(w, "c")], poison_key=key, dead_lettered=dead,
+                       max_deliveries=MAX_DELIVERIES)
+
+
+# ------------------------------------------------------------------------------------ d
+def redis_full(c: Consumer, tmp: Path) -> Outcome:
+    """Redis at maxmemory (noeviction; the limit just above what it uses with the input loaded)
+    for OUTAGE_S (> CLAIM_IDLE_MS x MAX_DELIVERIES at defaults), the consumer started into it and
+    running through it; then memory freed: 0 lost, 0 doubled, no traceback exit."""
+    with world(tmp) as w, c.target(w) as t:
+        runs = _feed(c, w, runs_of("full-d", copies=2))
+        r = w.root()
+        if w.feeder is not None:
+            stop(w.feeder)  # its work is done; it is not under test
+        r.config_set("maxmemory-policy", "noeviction")
+        used = int(r.info("memory")["used_memory"])
+        r.config_set("maxmemory", str(used + 64 * 1024))
+        started = time.monotonic()
+        proc, port_file = c.start(w, t, "d")
+        ready = []
+        while time.monotonic() - started < OUTAGE_S:
+            if proc.poll() is not None:
+                break
+            ready.append(readyz(metrics_port(port_file, timeout=1))[0])
+            time.sleep(5)
+        oom = int(r.info("errorstats").get("errorstat_OOM", {}).get("count", 0))
+        delivered_during = c.account(w, t, runs).expected - len(c.account(w, t, runs).lost)
+        r.config_set("maxmemory", "0")
+        return _finish(c, w, t, runs, [proc], [_log(w, "d")], oom_refusals=oom, readyz_during=ready,
+                       delivered_during_outage=delivered_during, outage_s=OUTAGE_S)
+
+
+# ------------------------------------------------------------------------------------ e
+def target_down(c: Consumer, tmp: Path) -> Outcome:
+    """The target unreachable for OUTAGE_S (> CLAIM_IDLE_MS x MAX_DELIVERIES at defaults) while
+    input keeps arriving, then back: 0 lost, 0 doubled, nothing dead-lettered, /readyz 503 with a
+    reason meanwhile. PostgreSQL: a private cluster stopped and started. Collector: first stopped
+    (connection refused), then answering 401, 403, 404, 429 and 503 in turn (an expired token, a
+    wrong path, a rate limit, an overloaded backend: outages, not rejections of the content)."""
+    from tests.consumers.targets import outage
+
+    with world(tmp) as w, outage(c, w) as (t, down, up):
+        runs = _feed(c, w, runs_of("down-e1"))
+        proc, port_file = c.start(w, t, "e")
+        first = wait_until(lambda: c.account(w, t, runs).complete, DELIVER_TIMEOUT_S)
+        port = metrics_port(port_file)
+        ready_before = readyz(port)
+        started = time.monotonic()
+        samples: list[tuple[float, int, str]] = []
+        phases = down()
+        runs |= _feed(c, w, runs_of("down-e2"))
+        for at, apply in phases:
+            while time.monotonic() - started < at:
+                samples.append((round(time.monotonic() - started, 1), *readyz(port)))
+                time.sleep(3)
+            apply()
+        while time.monotonic() - started < OUTAGE_S:
+            samples.append((round(time.monotonic() - started, 1), *readyz(port)))
+            time.sleep(3)
+        up()
+        back = wait_until(lambda: readyz(port)[0] == 200, DELIVER_TIMEOUT_S)
+        return _finish(c, w, t, runs, [proc], [_log(w, "e")], first_delivered=first, ready_before=ready_before,
+                       readyz_during=samples, ready_after=back, outage_s=OUTAGE_S)
+
+
+# ------------------------------------------------------------------------------------ f
+def slow_target(c: Consumer, tmp: Path) -> Outcome:
+    """Every request to the target takes 500 ms (a slow collector; PostgreSQL behind a proxy that
+    holds each client message 500 ms), with enough runs that exporting them takes longer than
+    CLAIM_IDLE_MS: 0 doubled (and 0 lost)."""
+    from tests.consumers.targets import slowed
+
+    with world(tmp) as w, slowed(c, w, 0.5) as t:
+        runs = _feed(c, w, runs_of("slow-f", copies=12))
+        proc, _ = c.start(w, t, "f")
+        return _finish(c, w, t, runs, [proc], [_log(w, "f")])
+
+
+CASES: dict[str, Callable[[Consumer, Path], Outcome]] = {
+    "lost_group": lost_group,
+    "dead_consumer": dead_consumer,
+    "poison": poison,
+    "redis_full": redis_full,
+    "target_down": target_down,
+    "slow_target": slow_target,
+    "killed_mid_batch": killed_mid_batch,
+}

@@ -1,0 +1,510 @@
+"""The parts of the consumer contract test: a private Redis with the shipped ACL users, the three
+consumers as real processes under their own users, their targets, and the accounting of what
+reached a target (lost = expected but absent, doubled = present more than once).
+
+Design: a consumer is described by a `Consumer` (how to start it, where its group lives, what it
+must deliver, how to read its target back); a case (tests/consumers/cases.py) is one function of
+(consumer, world) that injects a fault and returns an `Outcome`; the contract
+(tests/consumers/test_contract.py) asserts on outcomes. Each case of each consumer gets a redis-server
+of its own (its faults: a destroyed group, maxmemory, cannot touch another run's data), so the cases
+of the three consumers can run side by side in one wall-clock window.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import redis
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from pydantic import SecretStr
+
+from services.broker.acl import render, user_name
+from services.broker.embedded import EmbeddedRedis
+from services.export.otlp.mapping import GEN_AI_CONVERSATION_ID, GI_EVENT_ID, OP_INVOKE_AGENT
+from services.export.postgres.sink import DEFAULT_GROUP as POSTGRES_GROUP
+from services.settings import Settings
+from services.tap.publisher import Publisher
+from tests.fixtures import REPO, TRANSCRIPTS
+from tests.pipeline_helpers import ended_runs, events_by_run, expected_events
+from tests.support.otlp_receiver import Receiver, RunningReceiver
+from tests.support.postgres import ADMIN_DSN
+from tests.support.redis_server import cli_env
+from tests.test_acl import ROOT_LINE, ROOT_PASSWORD, ROOT_USER, load_acl, start_acl_server
+
+DEFAULTS = Settings.model_fields
+CLAIM_IDLE_MS: int = DEFAULTS["claim_idle_ms"].default
+MAX_DELIVERIES: int = DEFAULTS["max_deliveries"].default
+# The redelivery budget at defaults: an entry whose processing fails is re-claimed every
+# CLAIM_IDLE_MS and dead-lettered after MAX_DELIVERIES, so an outage longer than this is the one
+# that turns "retry later" into "lost" if a consumer counts outage attempts as deliveries.
+REDELIVERY_BUDGET_S = CLAIM_IDLE_MS * MAX_DELIVERIES / 1000
+ROLES = ("tap", "worker", "consumer", "otlp-exporter", "postgres-exporter", "admin")
+
+
+# ------------------------------------------------------------------------------------ the world
+@dataclass
+class World:
+    """One private redis-server with deploy/redis/users.acl rendered for a namespace of its own."""
+
+    server: EmbeddedRedis
+    acl_path: Path
+    settings: Settings  # no credentials (a consumer gets its role's in its environment)
+    passwords: dict[str, str]
+    tmp: Path
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    feeder: subprocess.Popen | None = None  # the worker that writes an exporter's input (ExporterConsumer)
+    port_files: dict[int, Path] = field(default_factory=dict)  # pid -> its metrics port file
+
+    def as_role(self, role: str) -> Settings:
+        return self.settings.model_copy(update={"redis_username": user_name(role, self.settings.namespace),
+                                                "redis_password": SecretStr(self.passwords[role])})
+
+    @property
+    def root_settings(self) -> Settings:
+        """The test's own superuser (reads everything, injects the faults no role may)."""
+        return self.settings.model_copy(update={"redis_username": ROOT_USER, "redis_password": SecretStr(ROOT_PASSWORD)})
+
+    def root(self) -> redis.Redis:
+        return redis.Redis(port=self.server.port, username=ROOT_USER, password=ROOT_PASSWORD, socket_timeout=10)
+
+    def env(self, role: str, **extra: str) -> dict[str, str]:
+        credentials = {"GOOSE_INGEST_REDIS_USERNAME": user_name(role, self.settings.namespace),
+                       "GOOSE_INGEST_REDIS_PASSWORD": self.passwords[role]}
+        env = cli_env(self.settings, **{**credentials, **extra})
+        return {k: v for k, v in env.items() if not (k.startswith("OTEL_") and k not in extra)}
+
+    def spawn(self, role: str, args: list[str], log: Path, **extra: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=self.env(role, **extra),
+                                stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.procs:
+            stop(proc)
+        self.server.close()
+
+
+@contextmanager
+def world(tmp: Path) -> Iterator[World]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    server, acl_path = start_acl_server(tmp)
+    settings = Settings(redis_url=server.url, namespace=f"c{uuid.uuid4().hex[:6]}", shards=2,
+                        spool_dir=str(tmp / "spool"), host_label="contract-host")
+    passwords = {role: f"pw-{role}-{uuid.uuid4().hex[:8]}" for role in ROLES}
+    w = World(server, acl_path, settings, passwords, tmp)
+    try:
+        load_acl(server, acl_path, render(settings.layout, passwords) + ROOT_LINE)
+        yield w
+    finally:
+        w.close()
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30) -> int:
+    """SIGTERM and wait (SIGKILL after `timeout`); the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def kill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.25) -> bool:
+    """True once predicate() holds; False at the deadline (the caller reports what was missing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+# ------------------------------------------------------------------------------------ input
+def runs_of(tag: str, copies: int = 1) -> dict[str, list[str]]:
+    """`copies` runs of every goose fixture transcript, named `<tag>/<i>/<stem>`."""
+    return {f"{tag}/{i}/{p.stem}": p.read_text("utf-8").splitlines() for i in range(copies) for p in TRANSCRIPTS}
+
+
+def publish(w: World, runs: dict[str, list[str]]) -> None:
+    """Each run into the raw log as the tap's user, ended with an eof."""
+    tap = w.as_role("tap")
+    for run, lines in runs.items():
+        with Publisher(tap, run, {"host": "contract"}) as pub:
+            for line in lines:
+                pub.add_line(line)
+            pub.add_eof(0)
+
+
+# ------------------------------------------------------------------------------------ accounting
+@dataclass
+class Account:
+    expected: int
+    lost: list[str]
+    doubled: dict[str, int]
+    details: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return not self.lost
+
+
+def account(expected: Counter[str] | set[str], observed: Counter[str], details: str = "") -> Account:
+    lost = sorted(k for k in expected if observed[k] == 0)
+    doubled = {k: n for k, n in observed.items() if n > 1}
+    return Account(len(expected), lost, doubled, details)
+
+
+def topic_entries(w: World) -> tuple[list[dict], list[dict]]:
+    """(events, run records) on the topics, as written (data decoded)."""
+    r = w.root()
+    layout = w.settings.layout
+    return _decoded(r, layout.events_partitions()), _decoded(r, layout.runs_partitions())
+
+
+def _decoded(r: redis.Redis, streams: list[str]) -> list[dict]:
+    """The entries' data documents; a poison entry a case wrote (no JSON object) is not one."""
+    out = []
+    for s in streams:
+        for _, f in r.xrange(s):
+            try:
+                doc = orjson.loads(f.get(b"data", b""))
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("runId"), str):
+                out.append(doc)
+    return out
+
+
+def metrics_port(port_file: Path, timeout: float = 60) -> int | None:
+    found: list[int] = []
+
+    def read() -> bool:
+        try:
+            parts = port_file.read_text().split()
+        except OSError:
+            return False
+        if len(parts) == 2 and parts[1].isdigit():
+            found.append(int(parts[1]))
+            return True
+        return False
+
+    return found[-1] if wait_until(read, timeout) else None
+
+
+def readyz(port: int | None) -> tuple[int, str]:
+    if port is None:
+        return 0, "no metrics port"
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as reply:
+            return reply.status, reply.read().decode(errors="replace").strip()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace").strip()
+    except OSError as exc:
+        return 0, f"unreachable: {type(exc).__name__}"
+
+
+# ------------------------------------------------------------------------------------ consumers
+@dataclass
+class Target:
+    """What a consumer writes into, live for one case."""
+
+    receiver: RunningReceiver | None = None
+    dsn: str = ""
+    drop: Callable[[], None] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rx(self) -> Receiver:
+        assert self.receiver is not None
+        return self.receiver.receiver
+
+
+class Consumer:
+    """One consumer under the contract. Subclasses say how it runs, what it owes and where it lands."""
+
+    name: str
+    role: str
+    args: list[str]
+    exporter: str = ""  # its name in key names and ACL roles (services/broker/acl.py EXPORTERS)
+    has_external_target: bool = True
+
+    def group(self, s: Settings) -> str:
+        raise NotImplementedError
+
+    def group_streams(self, w: World) -> list[str]:
+        """The streams this consumer's group reads."""
+        layout = w.settings.layout
+        return layout.events_partitions() + layout.runs_partitions()
+
+    def deadletter_streams(self, w: World) -> list[str]:
+        return w.settings.layout.export_deadletter_partitions(self.exporter)
+
+    def foreign_deadletter_streams(self, w: World) -> list[str]:
+        layout = w.settings.layout
+        own = set(self.deadletter_streams(w))
+        every = layout.deadletter_partitions() + [s for e in ("otlp", "postgres") for s in layout.export_deadletter_partitions(e)]
+        return [s for s in every if s not in own]
+
+    @contextmanager
+    def target(self, w: World) -> Iterator[Target]:
+        yield Target()
+
+    def env(self, w: World, t: Target, port_file: Path) -> dict[str, str]:
+        return {"GOOSE_INGEST_METRICS_PORT": "0", "GOOSE_INGEST_METRICS_PORT_FILE": str(port_file)}
+
+    def start(self, w: World, t: Target, tag: str, *args: str, **extra: str) -> tuple[subprocess.Popen, Path]:
+        port_file = w.tmp / f"{tag}.port"
+        log = w.tmp / f"{tag}.log"
+        env = {**self.env(w, t, port_file), **extra}
+        proc = w.spawn(self.role, [*self.args, *args], log, **env)
+        w.port_files[proc.pid] = port_file
+        return proc, port_file
+
+    def feed(self, w: World, runs: dict[str, list[str]]) -> None:
+        """Put runs where this consumer reads them."""
+        raise NotImplementedError
+
+    def fed(self, w: World, runs: set[str]) -> bool:
+        """Whether what feed() put in place is all readable by this consumer."""
+        return True
+
+    def poison(self, w: World, t: Target, tag: str) -> str:
+        """Put one poison entry among the input of runs `<tag>/...`; its key in a dead letter (a run
+        it names is left out of what the target owes)."""
+        raise NotImplementedError
+
+    def account(self, w: World, t: Target, runs: set[str]) -> Account:
+        raise NotImplementedError
+
+    def sent_some(self, t: Target) -> bool:
+        """A cheap sign that the target got something (when a case kills mid-batch)."""
+        return True
+
+
+class WorkerConsumer(Consumer):
+    """`worker`: raw log -> topics. Its target is the topics, compared with one normalizer pass over
+    the raw entries as stored (the golden test's expectation, tests/test_golden.py)."""
+
+    name = "worker"
+    role = "worker"
+    args = ["worker"]
+    has_external_target = False
+
+    def group(self, s: Settings) -> str:
+        return s.group
+
+    def group_streams(self, w: World) -> list[str]:
+        return w.settings.layout.raw_streams()
+
+    def deadletter_streams(self, w: World) -> list[str]:
+        return w.settings.layout.deadletter_partitions()
+
+    def feed(self, w: World, runs: dict[str, list[str]]) -> None:
+        publish(w, runs)
+
+    def poison(self, w: World, t: Target, tag: str) -> str:
+        # a raw entry whose seq is no number: the sequencer cannot place it (tests/test_poison_batches.py)
+        w.root().xadd(w.settings.layout.raw_stream(0), {"run": "poison/raw", "seq": "--5", "ts": "1", "line": "x"})
+        return "poison/raw"
+
+    def account(self, w: World, t: Target, runs: set[str]) -> Account:
+        s = w.root_settings
+        published = events_by_run(s)
+        expected: Counter[str] = Counter()
+        observed: Counter[str] = Counter()
+        wrong = []
+        for run in sorted(runs):
+            want = expected_events(s, run)
+            got = published.get(run, [])
+            expected.update(e["eventId"] for e in want)
+            observed.update(e["eventId"] for e in got)
+            if got != want and len(got) >= len(want):
+                wrong.append(run)
+        ended = ended_runs(s)
+        for run in runs:  # the run's end record counts as one unit of its output
+            expected[f"{run}#ended"] += 1
+            if run in ended:
+                observed[f"{run}#ended"] += 1
+        return account(expected, observed, f"runs differing from the normalizer's events: {wrong}" if wrong else "")
+
+
+class ExporterConsumer(Consumer):
+    """An exporter reads the topics a worker wrote; `feed` runs a feeder worker (under the worker's
+    user, default settings) until the runs ended, so the exporter sees the worker's real output."""
+
+    def feed(self, w: World, runs: dict[str, list[str]]) -> None:
+        publish(w, runs)
+        if w.feeder is None or w.feeder.poll() is not None:
+            w.feeder = w.spawn("worker", ["worker"], w.tmp / "feeder-worker.log", GOOSE_INGEST_METRICS_PORT="0")
+
+    def fed(self, w: World, runs: set[str]) -> bool:
+        return runs <= ended_runs(w.root_settings)
+
+    def wait_fed(self, w: World, runs: set[str], timeout: float = 120) -> None:
+        if not wait_until(lambda: self.fed(w, runs), timeout):
+            raise AssertionError(f"the feeder worker did not end {sorted(runs - ended_runs(w.root_settings))[:5]}")
+
+    def expected_units(self, w: World, runs: set[str]) -> Counter[str]:
+        raise NotImplementedError
+
+
+class OtlpConsumer(ExporterConsumer):
+    """`export otlp` -> a real OTLP/HTTP receiver (tests/support/otlp_receiver.py). Units: one root
+    span per ended run, one tool span per tool event, one span event of the root per other event."""
+
+    name = "export otlp"
+    role = "otlp-exporter"
+    exporter = "otlp"
+    args = ["export", "otlp"]
+
+    def group(self, s: Settings) -> str:
+        return s.otlp_group
+
+    @contextmanager
+    def target(self, w: World) -> Iterator[Target]:
+        rx = RunningReceiver()
+        t = Target(receiver=rx)
+        try:
+            yield t
+        finally:
+            t.receiver.close()  # type: ignore[union-attr] (a case may have replaced it)
+
+    def env(self, w: World, t: Target, port_file: Path) -> dict[str, str]:
+        return {**super().env(w, t, port_file), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": t.rx.endpoint}
+
+    def poison(self, w: World, t: Target, tag: str) -> str:
+        # The collector refuses the content of one run (HTTP 400 on a well-formed request, its
+        # validation): the only rejection that is permanent. An undecodable event is no poison
+        # here: the exporter keeps it as an "unmappable" span event of its root (docs/otel.md).
+        run = f"{tag}/0/{TRANSCRIPTS[0].stem}"
+        t.rx.reject_runs.add(run)
+        return run
+
+    def sent_some(self, t: Target) -> bool:
+        return t.rx.requests > 0
+
+    def account(self, w: World, t: Target, runs: set[str]) -> Account:
+        events, records = topic_entries(w)
+        expected: Counter[str] = Counter()
+        for e in events:
+            if e["runId"] in runs:
+                expected[e["eventId"]] += 1
+        for r in records:
+            if r["runId"] in runs and r.get("state") in ("ended", "abandoned"):
+                expected[f"root:{r['runId']}"] += 1
+        observed: Counter[str] = Counter()
+        with t.rx.lock:
+            spans = list(t.rx.spans)
+        for span in spans:
+            if span.name.startswith(OP_INVOKE_AGENT):
+                observed[f"root:{span.attributes.get(GEN_AI_CONVERSATION_ID)}"] += 1
+                observed.update(str(attrs.get(GI_EVENT_ID)) for _, attrs in span.events if GI_EVENT_ID in attrs)
+            else:
+                observed[str(span.attributes.get(GI_EVENT_ID))] += 1
+        return account(expected, observed)
+
+
+class PostgresConsumer(ExporterConsumer):
+    """`export postgres` -> a real PostgreSQL (a database of its own per case on the server of
+    tests/support/postgres.py, or a private cluster a case stops). Units: event rows by eventId,
+    run-record rows by recordId."""
+
+    name = "export postgres"
+    role = "postgres-exporter"
+    exporter = "postgres"
+    args = ["export", "postgres"]
+
+    def group(self, s: Settings) -> str:
+        return POSTGRES_GROUP
+
+    @contextmanager
+    def target(self, w: World) -> Iterator[Target]:
+        name = f"goose_contract_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            yield Target(dsn=make_conninfo(ADMIN_DSN, dbname=name, connect_timeout="5"))
+        finally:
+            with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+    def env(self, w: World, t: Target, port_file: Path) -> dict[str, str]:
+        return {**super().env(w, t, port_file), "GOOSE_INGEST_POSTGRES_DSN": t.dsn}
+
+    def poison(self, w: World, t: Target, tag: str) -> str:
+        # PostgreSQL refuses a NUL in text (22P05): a data error, the sink's own content rejection
+        layout = w.settings.layout
+        doc = {"eventId": "poison/pg:0", "runId": "poison/pg", "seq": 0, "type": "agent",
+               "timestamp": "2026-11-30T10:00:00.000Z", "lines": [0, 0], "message": "nul \u0000 here"}
+        w.root().xadd(layout.events_partition(layout.shard_of("poison/pg")),
+                      {"eventId": "poison/pg:0", "runId": "poison/pg", "seq": "0", "type": "agent", "data": orjson.dumps(doc)})
+        return "poison/pg:0"
+
+    def account(self, w: World, t: Target, runs: set[str]) -> Account:
+        events, records = topic_entries(w)
+        expected: Counter[str] = Counter()
+        expected.update(e["eventId"] for e in events if e["runId"] in runs)
+        expected.update(f"record:{r['recordId']}" for r in records if r["runId"] in runs)
+        observed: Counter[str] = Counter()
+        dsn = t.extra.get("read_dsn", t.dsn)
+        try:
+            with psycopg.connect(dsn, connect_timeout=5) as conn:
+                for (event_id, run) in conn.execute("SELECT event_id, run_key FROM events").fetchall():
+                    if run in runs:
+                        observed[event_id] += 1
+                for (record_id, run) in conn.execute("SELECT record_id, run_key FROM run_records").fetchall():
+                    if run in runs:
+                        observed[f"record:{record_id}"] += 1
+        except psycopg.Error as exc:  # not migrated yet, or the case has the database down
+            return account(expected, observed, f"database unreadable: {type(exc).__name__}")
+        return account(expected, observed)
+
+
+CONSUMERS: dict[str, Consumer] = {c.name: c for c in (WorkerConsumer(), OtlpConsumer(), PostgresConsumer())}
+
+
+def log_problems(path: Path) -> list[str]:
+    """Lines of a consumer's log that show a crash (a traceback) or a refused permission."""
+    if not path.exists():
+        return []
+    text = path.read_text(errors="replace")
+    return [line for line in text.splitlines() if "Traceback" in line or "NOPERM" in line][:5]
+
+
+def background(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test that asked
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, box
+

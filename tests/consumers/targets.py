@@ -1,0 +1,109 @@
+"""Targets a case can break: a collector that goes away and then answers with outage statuses, a
+private PostgreSQL cluster that stops, a PostgreSQL behind a slow proxy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from psycopg.conninfo import make_conninfo
+
+from tests.consumers.harness import Consumer, OtlpConsumer, PostgresConsumer, Target, World
+from tests.support.otlp_receiver import RunningReceiver
+from tests.support.postgres import PG_BIN, PrivateCluster, _as_postgres, free_port
+from tests.support.slow_proxy import SlowProxy
+
+Phase = tuple[float, Callable[[], None]]  # (seconds after the outage began, what changes then)
+OUTAGE_STATUSES = (401, 403, 404, 429, 503)
+
+
+@contextmanager
+def private_cluster() -> Iterator[PrivateCluster]:
+    if PG_BIN is None or not (PG_BIN / "initdb").exists():
+        raise RuntimeError("no /usr/lib/postgresql/*/bin/initdb (the postgresql package)")
+    base = Path(tempfile.mkdtemp(prefix="goose-contract-pg-"))
+    try:
+        if os.geteuid() == 0:
+            shutil.chown(base, "postgres", "postgres")
+        datadir = base / "data"
+        subprocess.run([str(PG_BIN / "initdb"), "-D", str(datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                        "--no-sync"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **_as_postgres())
+        cluster = PrivateCluster(datadir, free_port())
+        cluster.start()
+        try:
+            yield cluster
+        finally:
+            try:
+                cluster.stop("immediate")
+            except RuntimeError:
+                pass
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _reopen(t: Target, fail_status: int | None) -> None:
+    """A receiver on the same port again (the old one's spans carried over), answering `fail_status`."""
+    old = t.receiver
+    assert old is not None
+    port, spans = old.receiver.port, old.receiver.spans
+    old.close()
+    new = RunningReceiver(port)
+    new.receiver.spans.extend(spans)
+    new.receiver.fail_status = fail_status
+    t.receiver = new
+
+
+@contextmanager
+def outage(c: Consumer, w: World) -> Iterator[tuple[Target, Callable[[], list[Phase]], Callable[[], None]]]:
+    if isinstance(c, OtlpConsumer):
+        with c.target(w) as t:
+            def down() -> list[Phase]:
+                assert t.receiver is not None
+                t.extra["port"] = t.receiver.receiver.port
+                t.receiver.close()  # connection refused
+                span = 150.0 / len(OUTAGE_STATUSES)
+                return [(30.0 + i * span, lambda s=s: _reopen(t, s)) for i, s in enumerate(OUTAGE_STATUSES)]
+
+            def up() -> None:
+                assert t.receiver is not None
+                t.receiver.receiver.fail_status = None
+
+            # the receiver is closed at down(): spans delivered before stay readable through t.receiver
+            yield t, down, up
+        return
+    if isinstance(c, PostgresConsumer):
+        with private_cluster() as cluster:
+            t = Target(dsn=cluster.dsn)
+
+            def pg_down() -> list[Phase]:
+                cluster.stop("fast")
+                return []
+
+            yield t, pg_down, cluster.start
+        return
+    raise ValueError(f"{c.name} has no external target")
+
+
+@contextmanager
+def slowed(c: Consumer, w: World, delay_s: float) -> Iterator[Target]:
+    if isinstance(c, OtlpConsumer):
+        with c.target(w) as t:
+            t.rx.delay_s = delay_s
+            yield t
+        return
+    if isinstance(c, PostgresConsumer):
+        with c.target(w) as t:
+            proxy = SlowProxy(5432, delay_s)
+            try:
+                t.extra["read_dsn"] = t.dsn
+                t.dsn = make_conninfo(t.dsn, host="127.0.0.1", port=str(proxy.port))
+                yield t
+            finally:
+                proxy.close()
+        return
+    raise ValueError(f"{c.name} has no external target")
