@@ -149,8 +149,8 @@ def main() -> int:
 
     from services.backfill.importer import Importer
     from services.backfill.sessions_db import list_sessions, open_readonly, read_messages
+    from services.broker.connect import sync_client_with_timeouts
     from services.broker.embedded import start_redis
-    from services.broker.helpers import sync_client_with_timeouts
     from services.settings import Settings
 
     with tempfile.TemporaryDirectory(prefix="bench-import-") as tmp:
@@ -188,7 +188,7 @@ def main() -> int:
             import_s = time.perf_counter() - t0
             conn.close()
             assert published == total, published
-            raw = sum(client.xlen(k) for k in settings.raw_streams())
+            raw = sum(client.xlen(k) for k in settings.layout.raw_streams())
             assert raw == total + 2 * args.sessions + odd, raw  # + complete + eof per session, + evidence
 
             floor_rate = total / floor_s

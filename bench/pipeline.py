@@ -43,9 +43,9 @@ import redis
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from contracts.keys import shard_of  # noqa: E402
 from contracts.topics import EVENT, RECORD, TopicEntry  # noqa: E402
 from services.broker.embedded import start_redis  # noqa: E402
-from services.broker.keys import shard_of  # noqa: E402
 from services.native import PURE_ENV, core_kind  # noqa: E402
 from services.normalizer import Limits  # noqa: E402
 from services.sequencer.entries import Entry  # noqa: E402

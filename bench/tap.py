@@ -41,8 +41,8 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from contracts.keys import KeyLayout  # noqa: E402
 from services.broker.embedded import start_redis  # noqa: E402
-from services.broker.keys import KeyLayout  # noqa: E402
 
 EMITTER = textwrap.dedent(
     """

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from contracts.events import EVENT_TYPES, harness_event_adapter
+from contracts.keys import KeyLayout
 from contracts.raw import DEAD_LETTER_REASONS, RawEntry
 from contracts.runs import RUN_STATES, run_record_adapter
 
@@ -59,9 +60,7 @@ def _event_entry(description: str) -> dict[str, Any]:
 
 
 def _describe_cluster_partitions(channels: dict[str, Any]) -> None:
-    """On a Redis Cluster every stream is one per shard, in that shard's slot (services/broker/keys.py)."""
-    from services.broker.keys import KeyLayout  # the names' one source; not needed to import the models
-
+    """On a Redis Cluster every stream is one per shard, in that shard's slot (contracts/keys.py)."""
     cluster = KeyLayout(shards=1, cluster=True)
     names = {cluster.raw_stream(0): "goose.raw.{shard}", cluster.control_stream(0): "goose.control.{shard}"}
     for channel in channels.values():

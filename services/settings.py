@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, SecretStr, TypeAdapter, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.keys import KeyLayout
 from contracts.raw import DEFAULT_MAX_HELD_BYTES, DEFAULT_MAX_PENDING_TOOL_BYTES
-from services.broker.keys import KeyLayout
 
 if TYPE_CHECKING:  # imported where used: commands that never redact do not compile the rules
     from services.redaction import Redactor
@@ -279,7 +279,7 @@ class Settings(BaseSettings):
 
     @property
     def layout(self) -> KeyLayout:
-        """Every key and stream name (services/broker/keys.py).
+        """Every key and stream name (contracts/keys.py).
 
         Not a cached_property: `model_copy(update=...)` copies the instance dict, cache included,
         and would keep the names of the settings it was copied from. The layout is memoised by
@@ -313,21 +313,3 @@ class Settings(BaseSettings):
     def key(self, name: str) -> str:
         return self.layout.key(name)
 
-    # Single-node topic names; the cluster-aware partition lists are on `layout`.
-    def topic_for(self, event_type: str) -> str:
-        return self.key(f"{self.events_topic}.{event_type}")
-
-    def all_events_topic(self) -> str:
-        return self.key(self.events_topic)
-
-    def runs_stream(self) -> str:
-        return self.key(self.runs_topic)
-
-    def deadletters(self) -> str:
-        return self.key(self.deadletter_stream)
-
-    def raw_stream(self, shard: int) -> str:
-        return self.layout.raw_stream(shard)
-
-    def raw_streams(self) -> list[str]:
-        return self.layout.raw_streams()

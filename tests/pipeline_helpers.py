@@ -27,7 +27,7 @@ def client(settings: Settings) -> redis.Redis:
 def raw_entries(settings: Settings) -> list:
     r = client(settings)
     out = []
-    for stream in settings.raw_streams():
+    for stream in settings.layout.raw_streams():
         for sid, fields in r.xrange(stream):
             try:
                 out.append(parse_fields(fields, sid.decode()))

@@ -13,9 +13,9 @@ import orjson
 import pytest
 import redis
 
+from contracts.keys import KeyLayout
 from services.broker.acl import ROLE_NAMES, exporter_role, render, user_name
 from services.broker.embedded import EmbeddedRedis, start_redis
-from services.broker.keys import KeyLayout
 from services.settings import Settings
 from tests.fixtures import REPO, TRANSCRIPTS
 from tests.pipeline_helpers import stop, wait_until

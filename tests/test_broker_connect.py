@@ -21,9 +21,9 @@ from services.broker.connect import (
     async_client,
     parse_broker_url,
     sync_client,
+    sync_client_with_timeouts,
 )
 from services.broker.embedded import start_redis
-from services.broker.helpers import sync_client_with_timeouts
 from services.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent

@@ -19,9 +19,16 @@ from redis.crc import key_slot
 
 from services.broker.cluster import xadd_batch
 from services.broker.connect import sync_client
-from services.broker.errors import TOPOLOGY_CODES, TRANSIENT_CODES, describe, is_outage, reply_code, server_message
+from services.broker.errors import (
+    TOPOLOGY_CODES,
+    TRANSIENT_CODES,
+    describe,
+    is_outage,
+    is_transient,
+    reply_code,
+    server_message,
+)
 from services.tap.publisher import STILL_FAILING_REPORT_S, Publisher
-from services.worker.commit import is_transient
 
 SECRET_LINE = '{"type":"message","text":"token ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"}'
 SECRET = "ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"

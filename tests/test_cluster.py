@@ -15,6 +15,7 @@ import pytest
 from redis.crc import key_slot
 
 from contracts.events import EVENT_TYPES
+from contracts.keys import KeyLayout
 from services.broker.cluster import (
     ShardCountMismatch,
     cluster_health,
@@ -25,7 +26,6 @@ from services.broker.cluster import (
 )
 from services.broker.connect import BrokerConfigError, async_client, sync_client
 from services.broker.embedded import free_port
-from services.broker.keys import KeyLayout
 from services.settings import Settings
 from tests.support.redis_cluster import (
     RecordedCommand,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.broker.keys import KeyLayout
+from contracts.keys import KeyLayout
 from tests.test_helm_chart import by_kind, helm, kubeconfig, render  # noqa: F401 (fixtures)
 
 CLUSTER_VALUES = {

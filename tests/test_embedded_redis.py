@@ -118,10 +118,10 @@ def test_settings_fixture_isolates_and_wipes(settings, redis_url):
     client = redis.Redis.from_url(redis_url)
     try:
         client.set(settings.key("a"), "1")
-        client.xadd(settings.raw_stream(0), {"x": "1"})
+        client.xadd(settings.layout.raw_stream(0), {"x": "1"})
         client.set("other-ns:keep", "1")
         assert wipe_namespace(redis_url, settings.namespace) == 2
-        assert client.exists(settings.key("a"), settings.raw_stream(0)) == 0
+        assert client.exists(settings.key("a"), settings.layout.raw_stream(0)) == 0
         assert client.get("other-ns:keep") == b"1"
     finally:
         client.delete("other-ns:keep")

@@ -78,7 +78,7 @@ def test_fetch_errors_become_one_line_per_change_and_a_count_per_minute():
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import ResponseError
 
-    from services.worker.command import FETCH_ERROR_REPEAT_S, FetchErrorDigest
+    from services.logs import FETCH_ERROR_REPEAT_S, FetchErrorDigest
 
     now = [0.0]
     digest = FetchErrorDigest(clock=lambda: now[0])
@@ -134,7 +134,7 @@ def test_a_worker_logs_a_broker_outage_in_a_few_lines_without_tracebacks(private
 
 
 def test_repeated_worker_warnings_are_shown_once_a_minute_with_a_count():
-    from services.worker.command import FETCH_ERROR_REPEAT_S, RepeatDigest
+    from services.logs import FETCH_ERROR_REPEAT_S, RepeatDigest
 
     now = [0.0]
     digest = RepeatDigest(clock=lambda: now[0])

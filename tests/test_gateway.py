@@ -111,11 +111,11 @@ class Deployment:
 
     def raw(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
         r = self.root()
-        return [e for s in self.settings.raw_streams() for e in r.xrange(s)]
+        return [e for s in self.settings.layout.raw_streams() for e in r.xrange(s)]
 
     def raw_count(self) -> int:
         r = self.root()
-        return sum(r.xlen(s) for s in self.settings.raw_streams())
+        return sum(r.xlen(s) for s in self.settings.layout.raw_streams())
 
 
 @pytest.fixture(scope="module")

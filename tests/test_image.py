@@ -368,14 +368,14 @@ def test_image_worker_stopped_mid_batch_exits_0_and_loses_nothing(image, setting
     not committed is completed by the next worker, every event once."""
     import redis
 
-    from services.broker.keys import shard_of
+    from contracts.keys import shard_of
 
     lines = FIXTURE.read_text().splitlines()
     runs = [f"image/mid-{i}" for i in range(100)]
     r = redis.Redis.from_url(settings.redis_url)
     pipe = r.pipeline(transaction=False)
     for run in runs:
-        stream = settings.raw_stream(shard_of(run, settings.shards))
+        stream = settings.layout.raw_stream(shard_of(run, settings.shards))
         for seq, line in enumerate(lines):
             pipe.xadd(stream, {"run": run, "seq": seq, "ts": 1_790_000_000_000 + seq, "line": line})
         pipe.xadd(stream, {"run": run, "seq": len(lines), "ts": 1_790_000_000_000 + len(lines), "kind": "eof", "exit": 0})

@@ -77,7 +77,7 @@ def imp(settings, db: Path, *args: str, now: str = LATER) -> subprocess.Complete
 def raw_fields(settings) -> list[dict[str, str]]:
     r = redis.Redis.from_url(settings.redis_url)
     out = []
-    for stream in settings.raw_streams():
+    for stream in settings.layout.raw_streams():
         for _sid, f in r.xrange(stream):
             out.append({k.decode(): v.decode() for k, v in f.items()})
     return out
@@ -85,7 +85,7 @@ def raw_fields(settings) -> list[dict[str, str]]:
 
 def raw_len(settings) -> int:
     r = redis.Redis.from_url(settings.redis_url)
-    return sum(r.xlen(s) for s in settings.raw_streams())
+    return sum(r.xlen(s) for s in settings.layout.raw_streams())
 
 
 def by_run(entries: list[dict]) -> dict[str, list[dict]]:
@@ -158,7 +158,7 @@ def test_fixture_import_matches_normalizer_and_stream(settings, fixture_db, work
     assert eof["kind"] == "eof" and "exit" not in eof
 
     # the run's lifecycle records carry the ledger usage (same as the stream's complete)
-    records = [r for r in topic(settings, settings.runs_stream()) if r["runId"] == run]
+    records = [r for r in topic(settings, settings.layout.runs_partition(0)) if r["runId"] == run]
     assert [r["state"] for r in records] == ["started", "completed", "ended"]
 
     # semantic comparison with the live stream of the same run, via `goose-ingest normalize`
@@ -446,7 +446,7 @@ def test_open_run_abandoned_by_the_worker_continues_as_new_part(settings, fixtur
         res = cli(settings, str(fixture_db), *args, "--now", _iso(last + 10), env=env)
         assert res.returncode == 0, res.stderr
         wait_until(lambda: any(r["runId"] == run and r["state"] == "abandoned"
-                               for r in topic(settings, settings.runs_stream())), timeout=60)
+                               for r in topic(settings, settings.layout.runs_partition(0))), timeout=60)
         _grow(fixture_db, SID, last + 20, ["Back again."])
         res = cli(settings, str(fixture_db), *args, "--now", LATER, env=env)
         assert res.returncode == 0, res.stderr
@@ -466,7 +466,7 @@ def test_open_run_abandoned_by_the_worker_continues_as_new_part(settings, fixtur
 
 
 def topic_dead(settings) -> list:
-    return redis.Redis.from_url(settings.redis_url).xrange(settings.deadletters())
+    return redis.Redis.from_url(settings.redis_url).xrange(settings.layout.deadletter_partition(0))
 
 
 # --- odd values: one bad session never stops the others (issue 22 §1) ------------------------------
@@ -597,7 +597,7 @@ def test_evidence_becomes_unknown_events_and_both_runs_end(settings, tmp_path, w
     for run in runs:
         assert events[run] == expected_events(settings, run)
     assert not topic_dead(settings)
-    records = {r["runId"]: r for r in topic(settings, settings.runs_stream()) if r["state"] == "ended"}
+    records = {r["runId"]: r for r in topic(settings, settings.layout.runs_partition(0)) if r["state"] == "ended"}
     assert "costUsd" not in records[f"{NS}/{bad}"] and records[f"{NS}/{bad}"]["totalTokens"] > 0
     assert records[f"{NS}/{GOOD}"]["costUsd"] > 0
 

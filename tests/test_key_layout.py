@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.events import EVENT_TYPES
-from services.broker.keys import KeyLayout
+from contracts.keys import KeyLayout
 from services.settings import CLUSTER_SHARDS, SINGLE_NODE_SHARDS, Settings
 
 RUN = st.from_regex(r"[A-Za-z0-9._:/@-]{1,60}", fullmatch=True)

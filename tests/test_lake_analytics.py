@@ -17,8 +17,8 @@ import orjson
 import psycopg
 import pytest
 
+from contracts.keys import shard_of
 from services.broker.connect import sync_client
-from services.broker.keys import shard_of
 from tests.pipeline_helpers import REPO, ended_runs, start_worker, stop, wait_until
 from tests.support import postgres as pg_support
 from tests.support.archive_reading import archived_everything, publish_runs, runs_of, start_archive_process

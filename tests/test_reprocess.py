@@ -219,9 +219,9 @@ def test_outputs_go_to_the_reprocessed_topics_in_the_runs_partition(cluster):
 
 def test_a_run_whose_start_was_not_read_is_skipped_not_republished(settings):
     """Republishing a run from half its log would overwrite good rows with wrong events."""
+    from contracts.keys import shard_of
     from services.archive.reprocess import reprocess
     from services.archive.window import Window
-    from services.broker.keys import shard_of
 
     r = sync_client(settings)
     line = orjson.dumps({"type": "message", "message": {"id": "m", "role": "assistant", "content": [

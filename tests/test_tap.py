@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import settings as settings_h
 from hypothesis import strategies as st
 
-from services.broker.helpers import redact_url
-from services.broker.keys import shard_of
+from contracts.keys import shard_of
+from services.broker.url import redact_url
 from services.tap import resp
 from services.tap.command import _strip_newline, format_of_command
 from services.tap.lines import LineSplitter
@@ -54,7 +54,7 @@ def entries(settings, run: str) -> list[dict[str, bytes]]:
     """Entries of `run` in its shard stream, in stream order, as {field: value} with str keys."""
     client = redis.Redis.from_url(settings.redis_url)
     try:
-        rows = client.xrange(settings.raw_stream(shard_of(run, settings.shards)))
+        rows = client.xrange(settings.layout.raw_stream(shard_of(run, settings.shards)))
     finally:
         client.close()
     out = []
@@ -200,7 +200,7 @@ def test_publish_fixture_file(settings):
     assert list(eof) == EOF_FIELDS  # no exit code from a file
     assert eof["kind"] == b"eof" and eof["seq"] == str(len(expected)).encode()
     # only the run's own shard stream was written, and the spool is gone after a clean finish
-    other = settings.raw_stream(1 - shard_of(run, settings.shards))
+    other = settings.layout.raw_stream(1 - shard_of(run, settings.shards))
     assert redis.Redis.from_url(settings.redis_url).xlen(other) == 0
     assert not spool_path(settings, run).exists()
 

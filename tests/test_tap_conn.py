@@ -13,7 +13,7 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from services.broker.keys import shard_of
+from contracts.keys import shard_of
 from services.broker.url import parse_broker_url
 from services.tap.conn import AuthFailed, NoPermission, ReplyError, RespConnection
 from services.tap.publisher import Publisher
@@ -35,7 +35,7 @@ def root_client(server) -> redis.Redis:
 
 
 def raw_entries(client: redis.Redis, settings, run: str) -> list[dict[bytes, bytes]]:
-    rows = client.xrange(settings.raw_stream(shard_of(run, settings.shards)))
+    rows = client.xrange(settings.layout.raw_stream(shard_of(run, settings.shards)))
     return [f for _, f in rows if f.get(b"run") == run.encode()]
 
 

@@ -212,7 +212,7 @@ def test_redis_tls_true_with_a_redis_url_and_a_ca_file(tls_broker: TlsBroker, tm
     assert tail.returncode == 0 and tail.stdout == "", tail.stderr[-3000:]  # nothing processed: empty topics, read over TLS
     # no worker ran: the rebuilt run differs from the (absent) events, exit 1
     assert "replay: 1 runs rebuilt from the raw log" in replay.stdout, replay.stdout + replay.stderr[-3000:]
-    raw = [f for s in settings.raw_streams() for _, f in b.plain().xrange(s)]
+    raw = [f for s in settings.layout.raw_streams() for _, f in b.plain().xrange(s)]
     assert raw and {f[b"run"] for f in raw} == {b"tls/flag"}
 
 
@@ -410,7 +410,7 @@ def test_a_running_tap_spools_and_retries_through_a_tls_failure(tls_broker: TlsB
     with Publisher(settings.model_copy(update={"redis_tls_ca_file": str(b.files.ca)}), "tls/mid-run", {"host": "h"},
                    spool_dir=str(spool)) as resumed:
         resumed.add_eof(0)
-    lines = [f.get(b"line") for s in settings.raw_streams() for _, f in b.plain().xrange(s)]
+    lines = [f.get(b"line") for s in settings.layout.raw_streams() for _, f in b.plain().xrange(s)]
     assert lines == [b"kept while TLS fails", None]
 
 

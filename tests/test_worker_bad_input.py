@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from services.broker.keys import shard_of
+from contracts.keys import shard_of
 from services.replay.command import compare
 from tests.pipeline_helpers import (
     dead_letters,
@@ -33,7 +33,7 @@ def worker(settings, tmp_path):
 
 def _xadd(settings, fields: dict, run: str = "bad/run") -> None:
     r = redis.Redis.from_url(settings.redis_url)
-    r.xadd(settings.raw_stream(shard_of(run, settings.shards)), fields)
+    r.xadd(settings.layout.raw_stream(shard_of(run, settings.shards)), fields)
 
 
 def _good_run(settings, run: str, n: int = 2) -> None:
@@ -77,7 +77,7 @@ def test_invalid_entries_are_dead_lettered_with_reason_and_original_fields(setti
     assert any("too large" in d for d in details) and any("not a run key" in d for d in details)
     # The original fields travel with the reason.
     assert any(d.get("raw.run") == b"bad/\xff" for d in invalid)
-    assert all(d["source"].startswith(settings.raw_stream(0).rsplit(".", 1)[0].encode()) for d in invalid)
+    assert all(d["source"].startswith(settings.layout.raw_stream(0).rsplit(".", 1)[0].encode()) for d in invalid)
 
 
 def test_oversize_line_is_dead_lettered_and_the_run_goes_on(settings, worker):
@@ -97,7 +97,7 @@ def test_oversize_line_is_dead_lettered_and_the_run_goes_on(settings, worker):
     # the warning names why (issue 22: it said only "never arrived")
     assert events[0]["message"] == "raw entries 1..1 of this run never arrived: dead-lettered (oversize)"
     assert events[1]["message"] == "beforeafter" and events[1]["lines"] == [0, 2]
-    (ended,) = [r for r in topic(settings, settings.runs_stream()) if r["runId"] == run and r["state"] == "ended"]
+    (ended,) = [r for r in topic(settings, settings.layout.runs_partition(0)) if r["runId"] == run and r["state"] == "ended"]
     assert ended["missing"] == [[1, 1]]
 
 
@@ -118,7 +118,7 @@ def test_seq_gap_that_never_fills_is_abandoned_and_reported(settings, worker):
     for seq in (0, 1, 3, 4):
         _xadd(settings, {"run": run, "seq": seq, "ts": 10 + seq, "line": TEXT % f"s{seq}"}, run)
     wait_until(lambda: run in ended_runs(settings), timeout=30)
-    records = [r for r in topic(settings, settings.runs_stream()) if r["runId"] == run]
+    records = [r for r in topic(settings, settings.layout.runs_partition(0)) if r["runId"] == run]
     assert [r["state"] for r in records] == ["started", "abandoned"]
     assert records[-1]["missing"] == [[2, 2]]
     events = events_by_run(settings)[run]

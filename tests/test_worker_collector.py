@@ -15,7 +15,7 @@ from services.metrics.server import MetricsPortUnavailable
 from services.settings import Settings
 from services.worker import collector
 from services.worker.collector import GC_THRESHOLDS
-from services.worker.command import serve_worker
+from services.worker.serve import serve_worker
 
 REPO_ROOT = collector.__file__.rsplit("/services/", 1)[0]
 

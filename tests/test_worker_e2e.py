@@ -57,12 +57,12 @@ def _assert_exact(settings, runs: set[str]) -> None:
         assert [e["eventId"] for e in got] == [f"{run}:{n}" for n in range(len(got))], "gap or duplicate"
         assert got == expected_events(settings, run)
     total = sum(len(v) for v in published.values())
-    per_type = {t: len(topic(settings, settings.topic_for(t))) for t in EVENT_TYPES}
+    per_type = {t: len(topic(settings, settings.layout.type_partition(t, 0))) for t in EVENT_TYPES}
     assert sum(per_type.values()) == total
     assert {t: n for t, n in per_type.items() if n} == dict(Counter(e["type"] for v in published.values() for e in v))
     for event in (e for v in published.values() for e in v):
         harness_event_adapter.validate_python(event)
-    records = topic(settings, settings.runs_stream())
+    records = topic(settings, settings.layout.runs_partition(0))
     for record in records:
         run_record_adapter.validate_python(record)
     states = Counter((r["runId"], r["state"]) for r in records)
@@ -70,7 +70,7 @@ def _assert_exact(settings, runs: set[str]) -> None:
         assert states[(run, "started")] == 1 and states[(run, "ended")] == 1
     # Every raw entry was acknowledged by the commit that consumed it.
     r = redis.Redis.from_url(settings.redis_url)
-    assert sum(r.xpending(s, settings.group)["pending"] for s in settings.raw_streams()) == 0
+    assert sum(r.xpending(s, settings.group)["pending"] for s in settings.layout.raw_streams()) == 0
 
 
 def test_three_workers_one_killed_one_restarted_nothing_lost_nothing_doubled(settings, tmp_path):
@@ -81,7 +81,7 @@ def test_three_workers_one_killed_one_restarted_nothing_lost_nothing_doubled(set
         runs: set[str] = set()
         publisher.start()
         # Kill one worker mid-stream, without any chance to clean up.
-        wait_until(lambda: len(topic(settings, settings.all_events_topic())) > 20, timeout=60)
+        wait_until(lambda: len(topic(settings, settings.layout.events_partition(0))) > 20, timeout=60)
         workers[0].send_signal(signal.SIGKILL)
         workers[0].wait()
         # Restart another one gracefully.
@@ -102,26 +102,26 @@ def test_entries_read_by_a_worker_that_died_before_acknowledging_are_reclaimed(s
     from services.streams.groups import ensure_groups  # noqa: F401  (the worker creates them too)
 
     r = _redis.Redis.from_url(settings.redis_url)
-    for stream in settings.raw_streams():
+    for stream in settings.layout.raw_streams():
         r.xgroup_create(stream, settings.group, id="0", mkstream=True)
     runs = _publish_runs(settings, 1)
     # A consumer reads everything and vanishes: all entries are pending on it.
-    for stream in settings.raw_streams():
+    for stream in settings.layout.raw_streams():
         r.xreadgroup(settings.group, "dead-consumer", {stream: ">"}, count=100_000)
-    assert sum(r.xpending(s, settings.group)["pending"] for s in settings.raw_streams()) > 0
+    assert sum(r.xpending(s, settings.group)["pending"] for s in settings.layout.raw_streams()) > 0
     worker = start_worker(settings, tmp_path / "w.log")
     try:
         wait_until(lambda: ended_runs(settings) >= runs, timeout=60)
     finally:
         stop(worker)
     _assert_exact(settings, runs)
-    assert sum(r.xpending(s, settings.group)["pending"] for s in settings.raw_streams()) == 0
+    assert sum(r.xpending(s, settings.group)["pending"] for s in settings.layout.raw_streams()) == 0
 
 
 def test_out_of_order_and_duplicated_delivery_gives_the_one_pass_events(settings, tmp_path):
     import redis as _redis
 
-    from services.broker.keys import shard_of
+    from contracts.keys import shard_of
 
     rng = random.Random(7)
     r = _redis.Redis.from_url(settings.redis_url)
@@ -138,7 +138,7 @@ def test_out_of_order_and_duplicated_delivery_gives_the_one_pass_events(settings
     shuffled = entries + dupes
     rng.shuffle(shuffled)
     for run, fields in shuffled:
-        r.xadd(settings.raw_stream(shard_of(run, settings.shards)), fields)
+        r.xadd(settings.layout.raw_stream(shard_of(run, settings.shards)), fields)
     workers = [start_worker(settings, tmp_path / "w.log", GOOSE_INGEST_BATCH_SIZE="7") for _ in range(2)]
     try:
         wait_until(lambda: ended_runs(settings) >= runs, timeout=60)

@@ -73,7 +73,7 @@ def test_mixed_formats_in_the_same_shards_survive_a_killed_worker(settings, tmp_
     try:
         for job in jobs:
             job.start()
-        wait_until(lambda: len(topic(settings, settings.all_events_topic())) > 20, timeout=60)
+        wait_until(lambda: len(topic(settings, settings.layout.events_partition(0))) > 20, timeout=60)
         workers[0].send_signal(signal.SIGKILL)
         workers[0].wait()
         stop(workers[1])
@@ -98,7 +98,7 @@ def test_mixed_formats_in_the_same_shards_survive_a_killed_worker(settings, tmp_
         assert got == want, run
         for event in got:
             harness_event_adapter.validate_python(event)
-    records = topic(settings, settings.runs_stream())
+    records = topic(settings, settings.layout.runs_partition(0))
     for record in records:
         run_record_adapter.validate_python(record)
     ended = {r["runId"]: r for r in records if r["state"] == "ended"}

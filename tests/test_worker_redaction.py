@@ -10,8 +10,8 @@ import orjson
 import pytest
 import redis
 
+from contracts.keys import shard_of
 from services.broker.embedded import free_port
-from services.broker.keys import shard_of
 from services.replay.command import compare
 from tests.pipeline_helpers import ended_runs, events_by_run, start_worker, stop, topic, wait_until
 
@@ -43,7 +43,7 @@ def _lines() -> list[bytes]:
 def test_events_are_redacted_and_the_raw_log_is_not(settings, tmp_path, enabled):
     run = "redact/run"
     r = redis.Redis.from_url(settings.redis_url)
-    stream = settings.raw_stream(shard_of(run, settings.shards))
+    stream = settings.layout.raw_stream(shard_of(run, settings.shards))
     lines = _lines()
     for seq, line in enumerate(lines):
         r.xadd(stream, {"run": run, "seq": seq, "ts": 1_000 + seq, "line": line})
@@ -122,7 +122,7 @@ def _family_lines() -> list[tuple[str, bytes]]:
 def test_every_family_is_redacted_on_the_live_path_and_replays(settings, tmp_path):
     run = "redact/families"
     r = redis.Redis.from_url(settings.redis_url)
-    stream = settings.raw_stream(shard_of(run, settings.shards))
+    stream = settings.layout.raw_stream(shard_of(run, settings.shards))
     lines = _family_lines()
     for seq, (std, line) in enumerate(lines):
         r.xadd(stream, {"run": run, "seq": seq, "ts": 1_000 + seq, "stream": std, "line": line,

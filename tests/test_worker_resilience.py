@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from services.broker.keys import shard_of
+from contracts.keys import shard_of
 from services.settings import Settings
 from tests.pipeline_helpers import (
     dead_letters,
@@ -27,7 +27,7 @@ TEXT = '{"type":"message","message":{"id":"m%d","role":"assistant","content":[{"
 
 def _publish(settings: Settings, run: str, n: int, eof: bool = True) -> None:
     r = redis.Redis.from_url(settings.redis_url)
-    stream = settings.raw_stream(shard_of(run, settings.shards))
+    stream = settings.layout.raw_stream(shard_of(run, settings.shards))
     pipe = r.pipeline(transaction=False)
     for seq in range(n):
         pipe.xadd(stream, {"run": run, "seq": seq, "ts": 1_790_000_000_000 + seq, "line": TEXT % (seq, seq)})
@@ -160,8 +160,8 @@ def test_sigterm_finishes_the_batch_and_loses_nothing(settings, tmp_path):
 def test_an_entry_delivered_too_often_is_dead_lettered(settings, tmp_path):
     r = redis.Redis.from_url(settings.redis_url)
     run = "poison/run"
-    stream = settings.raw_stream(shard_of(run, settings.shards))
-    for s in settings.raw_streams():
+    stream = settings.layout.raw_stream(shard_of(run, settings.shards))
+    for s in settings.layout.raw_streams():
         r.xgroup_create(s, settings.group, id="0", mkstream=True)
     _publish(settings, run, 3)
     # Simulate workers that crash on the entries: each read bumps the delivery count.
@@ -184,11 +184,11 @@ def test_an_entry_delivered_too_often_is_dead_lettered(settings, tmp_path):
 def test_retention_never_trims_uncommitted_raw_entries(settings, tmp_path):
     """Raw retention 0.0001 h (~0.4 s): committed entries go, unread and pending ones stay."""
     r = redis.Redis.from_url(settings.redis_url)
-    for s in settings.raw_streams():
+    for s in settings.layout.raw_streams():
         r.xgroup_create(s, settings.group, id="0", mkstream=True)
     _publish(settings, "keep/pending", 5)
     # Read by a consumer that dies: pending, never committed.
-    for s in settings.raw_streams():
+    for s in settings.layout.raw_streams():
         r.xreadgroup(settings.group, "dead", {s: ">"})
     time.sleep(1.0)
     worker = start_worker(settings, tmp_path / "w.log", GOOSE_INGEST_RAW_RETENTION_HOURS="0.0001",
@@ -197,7 +197,7 @@ def test_retention_never_trims_uncommitted_raw_entries(settings, tmp_path):
         from services.worker.housekeeping import Housekeeper  # noqa: F401  (trim runs in the worker)
 
         time.sleep(3.0)
-        total = sum(r.xlen(s) for s in settings.raw_streams())
+        total = sum(r.xlen(s) for s in settings.layout.raw_streams())
         assert total == 6, "pending (uncommitted) entries were trimmed"
     finally:
         stop(worker)

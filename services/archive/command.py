@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.worker.command import configure_logging
+    from services.logs import configure_logging
 
     configure_logging(args.log_level)
     settings = Settings().for_command("archive")

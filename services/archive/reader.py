@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from contracts.keys import KeyLayout
 from services.archive.segments import (
     EVENTS_PREFIX,
     RAW_PREFIX,
@@ -49,7 +50,6 @@ from services.archive.segments import (
 )
 from services.archive.store import ArchiveStore
 from services.archive.window import DAY_MS, Window
-from services.broker.keys import KeyLayout
 from services.replay.rebuild import LogEntry, sid_key
 
 RAW, CONTROL = STREAM_KINDS  # the stream kinds of the format (segments.py): the one spelling

@@ -35,9 +35,9 @@ from typing import Any, TextIO
 
 import orjson
 
+from contracts.keys import KeyLayout
 from services.archive import reader
 from services.archive.window import Window
-from services.broker.keys import KeyLayout
 from services.normalizer import Limits
 from services.replay.rebuild import Rebuilt, rebuild
 from services.settings import ConfigError, Settings

@@ -20,7 +20,8 @@ from services.backfill.importer import (
 )
 from services.backfill.sessions_db import SessionsDbError, list_sessions, open_readonly
 from services.broker.cluster import ensure_shard_count
-from services.broker.helpers import redact_url, sync_client_with_timeouts
+from services.broker.connect import sync_client_with_timeouts
+from services.broker.url import redact_url
 from services.settings import Settings
 from services.tap.spool import SpoolCorrupt, SpoolLocked
 

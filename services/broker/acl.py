@@ -1,6 +1,6 @@
 """Redis ACL users of goose-ingest, one per role, each the least it needs (docs/architecture.md).
 
-Key patterns come from the names of `services/broker/keys.py` (`KeyLayout`: namespace prefix,
+Key patterns come from the names of `contracts/keys.py` (`KeyLayout`: namespace prefix,
 raw and control stream prefixes, topic names, key families), and cover the single-node and the
 cluster layout alike (``goose.raw.*`` matches ``goose.raw.3`` and ``goose.raw.{s3}``), so one
 file serves both; on a cluster every node loads it. `deploy/redis/users.acl` is `render()` of the
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.broker.keys import (
+from contracts.keys import (
     ACTIVE_RUNS,
     EXPORT_GROUP_OPEN,
     EXPORT_GROUP_STATE,

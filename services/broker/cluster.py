@@ -27,6 +27,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from contracts.keys import KeyLayout
 from services.broker.connect import connection_kwargs, target
 from services.broker.errors import TOPOLOGY_CODES, reply_code
 from services.broker.facts import META_LAYOUT as META_LAYOUT
@@ -34,7 +35,6 @@ from services.broker.facts import META_SHARDS as META_SHARDS
 from services.broker.facts import ShardCountMismatch as ShardCountMismatch
 from services.broker.facts import check_deployment_facts, judge_meta
 from services.broker.facts import layout_name as _layout_name
-from services.broker.keys import KeyLayout
 from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.broker")

@@ -28,8 +28,9 @@ server refuses is a `BrokerTLSError` (a configuration error: one line, exit 2), 
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
@@ -237,6 +238,19 @@ def sync_client(settings: Settings) -> Any:
     return redis.Redis.from_url(pool_url(t), **single_node_kwargs(settings, t, asyncio=False))
 
 
+def sync_client_with_timeouts(settings: Settings, socket_timeout: float | None, connect_timeout: float) -> Any:
+    """Like ``connect.sync_client`` but with explicit timeouts (for producers that must notice a hung broker)."""
+    t = target(settings)
+    timeouts = {"socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout}
+    if settings.redis_cluster:
+        nodes = [ClusterNode(s.host, s.port) for s in t.seeds]
+        try:
+            return RedisCluster(startup_nodes=nodes, **{**_cluster_kwargs(settings, t), **timeouts})
+        except RedisClusterException as exc:
+            raise _cluster_error(exc, t) from None
+    return redis.Redis.from_url(pool_url(t), **{**single_node_kwargs(settings, t, asyncio=False), **timeouts})
+
+
 def pool_url(t: BrokerTarget) -> str:
     """The URL for ``Redis.from_url`` next to `single_node_kwargs`: ``rediss://`` spelled ``redis://``,
     since TLS comes from our ``connection_class`` and redis.asyncio's ``from_url`` would replace
@@ -280,3 +294,33 @@ __all__ = [
     "tls_failure",
     "tls_options",
 ]
+
+
+async def wait_for_broker(settings: Settings, log: logging.Logger, say: Callable[[str], None] | None = None) -> None:
+    """Wait until the broker answers, instead of crashing: a worker usually starts before Redis.
+
+    ``say`` gets each retry's reason (an early /readyz shows it, services/metrics/startup.py)."""
+    from redis.exceptions import AuthenticationError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from services.broker.connect import async_client
+    from services.broker.url import redact_url
+
+    delay = 0.2
+    while True:
+        client = async_client(settings)
+        try:
+            await client.ping()
+            return
+        except AuthenticationError:
+            raise  # a ConnectionError in redis-py, but waiting will not fix credentials: one line, exit 2
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.warning("broker %s unreachable (%s); retrying in %.1fs", redact_url(settings.redis_url),
+                        type(exc).__name__, delay)
+            if say is not None:
+                say(f"waiting for the broker {redact_url(settings.redis_url)}: unreachable ({type(exc).__name__})")
+        finally:
+            await client.aclose()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)

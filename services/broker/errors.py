@@ -74,3 +74,9 @@ def describe(exc: BaseException) -> str:
     if code and not text.startswith(code):
         text = f"{code} {text}"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def is_transient(exc: BaseException) -> bool:
+    """An error reply about the broker's state, not the batch's content: never a reason to split the
+    batch or dead-letter an entry."""
+    return reply_code(exc) in TRANSIENT_CODES

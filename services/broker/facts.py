@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from services.broker.keys import KeyLayout
+from contracts.keys import KeyLayout
 from services.broker.url import BrokerConfigError
 
 META_SHARDS = "shards"

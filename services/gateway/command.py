@@ -73,7 +73,7 @@ def _check_shard_count(client: object, settings: object) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from services.broker.helpers import sync_client_with_timeouts
+    from services.broker.connect import sync_client_with_timeouts
     from services.gateway.app import Gateway
     from services.gateway.http import MAX_HEAD_BYTES, protocol_class
     from services.metrics.server import write_port_file

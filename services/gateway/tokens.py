@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
+from contracts.keys import KeyLayout
 from contracts.raw import RUN_KEY_PATTERN
-from services.broker.keys import KeyLayout
 
 TOKEN_PREFIX = "gik_"
 _TOKEN_RE = re.compile(r"gik_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")

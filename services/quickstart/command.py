@@ -114,8 +114,9 @@ def _on_preferred_port(start: Any, port: int | None) -> Any:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    from services.logs import configure_logging, stdout_to_stderr
     from services.metrics.server import check_bindable
-    from services.worker.command import configure_logging, serve_worker, stdout_to_stderr
+    from services.worker.serve import serve_worker
 
     stdout_to_stderr()  # `up` promises nothing on stdout; FastStream must not write there either
     configure_logging("INFO")
@@ -182,8 +183,8 @@ def _print_run(client: Any, settings: Settings, run: str) -> None:
     # client: sync_client's Redis or RedisCluster (bytes replies); redis-py types replies for both decode modes
     """The run's events and records in commit order (STARTED first), as `tail` prints them."""
     from contracts.topics import EVENT, RECORD, TopicEntry
-    from services.tail.command import Followed, commit_order
     from services.tail.format import event_line, record_line
+    from services.tail.order import Followed, commit_order
 
     layout = settings.layout
     shard = layout.shard_of(run)

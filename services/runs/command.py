@@ -1,7 +1,7 @@
 """`goose-ingest runs`: the runs the workers have open, from what they already keep.
 
 The source is the workers' active-runs index (a sorted set per shard, run -> its last activity in
-Redis ms, written by every commit; services/broker/keys.py) and each run's stored state (host, agent,
+Redis ms, written by every commit; contracts/keys.py) and each run's stored state (host, agent,
 format, entries and events so far). A run's start is its `started` record on the runs topic: the
 topic is read backwards from its end, at most MAX_SCANNED_RECORDS records, so a run started long ago
 in a busy fleet may show its age as `?`.

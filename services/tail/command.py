@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, TextIO
 
 import orjson
@@ -25,11 +24,11 @@ from contracts.topics import EVENT, RECORD, TopicEntry, TopicEntryError
 from services.broker.connect import sync_client
 from services.settings import ConfigError, Settings
 from services.tail.format import event_line, record_line
+from services.tail.order import Followed, commit_order
 
 PAGE = 500  # entries per stream per read
 FOLLOW_BLOCK_MS = 1000  # one stream group: how long a read waits for news
 POLL_INTERVAL_S = 0.2  # several groups (cluster partitions): pause between rounds of non-blocking reads
-RECORD_RANK, EVENT_RANK = 0, 1  # a record written when the run had N events comes before event N
 HOLD_MARGIN_MS = 1000  # entries this close to an unfinished page wait for it (a commit takes far less)
 
 
@@ -49,60 +48,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--count", type=int, help="stop after this many lines")
     p.add_argument("--no-follow", action="store_true", help="print what the topics hold now and exit")
     p.set_defaults(func=run)
-
-
-@dataclass(frozen=True)
-class Followed:
-    """A decoded topic entry waiting to be printed, with where it was read (for the commit order)."""
-
-    stream: str
-    sid: str
-    is_record: bool
-    data: dict[str, Any]
-
-    @property
-    def ms(self) -> int:
-        return int(self.sid.partition("-")[0])
-
-    @property
-    def time_order(self) -> tuple[int, int]:
-        ms, _, n = self.sid.partition("-")
-        return int(ms), int(n or 0)
-
-    @property
-    def run_order(self) -> tuple[float, int, int, int]:
-        """Position inside its run: by event index, a record before the event it preceded."""
-        ms, _, n = self.sid.partition("-")
-        position: float
-        if self.is_record:
-            counts = self.data.get("counts")
-            if isinstance(counts, dict):
-                position = sum(v for v in counts.values() if isinstance(v, int))
-            else:  # not a contract record: STARTED first, anything else after the run's events
-                position = 0 if self.data.get("state") == "started" else float("inf")
-            rank = RECORD_RANK
-        else:
-            seq = self.data.get("seq")
-            position = seq if isinstance(seq, int) else float("inf")
-            rank = EVENT_RANK
-        return position, rank, int(ms), int(n or 0)
-
-    @property
-    def run(self) -> str:
-        return str(self.data.get("runId", ""))
-
-
-def commit_order(entries: list[Followed]) -> list[Followed]:
-    """Entries by stream-id time, each run's entries then put in run order within the slots it holds."""
-    by_time = sorted(entries, key=lambda e: e.time_order)
-    slots: dict[str, list[int]] = {}
-    for i, entry in enumerate(by_time):
-        slots.setdefault(entry.run, []).append(i)
-    ordered = list(by_time)
-    for indexes in slots.values():
-        for i, entry in zip(indexes, sorted((by_time[i] for i in indexes), key=lambda e: e.run_order), strict=True):
-            ordered[i] = entry
-    return ordered
 
 
 def stream_groups(settings: Settings, args: argparse.Namespace) -> list[tuple[list[str], set[str]]]:

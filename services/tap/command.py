@@ -295,7 +295,7 @@ def _check_credentials_cluster(settings: Settings, run: str) -> None:
     from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
     from services.broker.cluster import ensure_shard_count
-    from services.broker.helpers import sync_client_with_timeouts
+    from services.broker.connect import sync_client_with_timeouts
 
     try:
         client = sync_client_with_timeouts(settings, socket_timeout=CREDENTIAL_CHECK_TIMEOUT_S,

@@ -156,7 +156,7 @@ class ClusterTransport:
     def __init__(self, settings: Settings, stream_key: str, client: Any = None) -> None:
         import redis
 
-        from services.broker.helpers import sync_client_with_timeouts
+        from services.broker.connect import sync_client_with_timeouts
 
         self.settings = settings
         self.url = settings.redis_url

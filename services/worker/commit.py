@@ -3,7 +3,7 @@ records, and their encoding into the script's single msgpack argument.
 
 One commit = one shard: its raw stream's acknowledgements, the states (and held entries) of the
 runs routed to it, and outputs to that shard's topic partitions; in cluster mode every key carries
-the shard's hash tag (services/broker/keys.py), so the script stays in one slot.
+the shard's hash tag (contracts/keys.py), so the script stays in one slot.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import msgpack
 import orjson
 from redis.exceptions import ResponseError
 
-from services.broker.errors import TRANSIENT_CODES, reply_code
+from services.broker.errors import is_transient
 from services.sequencer import Entry, HeldChanges
 
 COMMIT_LUA = resources.files("services.worker").joinpath("commit.lua").read_text()
@@ -49,12 +49,6 @@ class RunArgs(NamedTuple):
     last_ms: int  # score in the active-runs zset
     held_set: list[bytes]  # field, value, ... to write (held entries, pending calls' blocks)
     held_del: list[bytes]  # fields to delete
-
-
-def is_transient(exc: BaseException) -> bool:
-    """An error reply about the broker's state, not the batch's content: never a reason to split the
-    batch or dead-letter an entry."""
-    return reply_code(exc) in TRANSIENT_CODES
 
 
 class LeaseLost(RuntimeError):

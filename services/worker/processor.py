@@ -51,7 +51,7 @@ from contracts.raw import (
     stream_id_ms,
 )
 from contracts.topics import event_fields, record_fields
-from services.broker.errors import describe, is_outage
+from services.broker.errors import describe, is_outage, is_transient
 from services.normalizer import Limits
 from services.sequencer import (
     Entry,
@@ -74,7 +74,6 @@ from services.worker.commit import (
     RunWrite,
     decode_calls,
     decode_held,
-    is_transient,
 )
 
 log = logging.getLogger("goose_ingest.worker")

@@ -27,7 +27,7 @@ def register(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def run(args: argparse.Namespace) -> int:
     from services.export.otlp.config import mapping_config_from_env
     from services.export.otlp.sink import SinkConfigError, scrub_url_queries_in_logs, sink_from_env
-    from services.worker.command import configure_logging, stdout_to_stderr
+    from services.logs import configure_logging, stdout_to_stderr
 
     # As the worker: one plain format on stderr, FastStream's loggers included (no ANSI-coloured
     # "callback for Task-N" INFO lines on stdout, and its fetch-error tracebacks digested).
@@ -51,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve_exporter(settings: Settings, sink, cfg) -> int:
+    from services.broker.connect import wait_for_broker
     from services.export.otlp.app import build_app
     from services.metrics.server import serve_early
     from services.metrics.startup import StopOnSignal
-    from services.worker.command import wait_for_broker
 
     log = logging.getLogger("goose_ingest.export.otlp")
     # /healthz at once, /readyz saying what we wait for, SIGTERM/SIGINT -> exit 0 while waiting

@@ -64,7 +64,7 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.worker.command import configure_logging
+    from services.logs import configure_logging
 
     configure_logging(args.log_level)
     try:

@@ -54,7 +54,7 @@ from services.streams.readiness import READY, Readiness, not_ready
 log = logging.getLogger("goose_ingest.export.postgres")
 
 DEFAULT_GROUP = "goose-ingest-postgres"
-EXPORTER = "postgres"  # its key names (services/broker/keys.py) and ACL role (services/broker/acl.py)
+EXPORTER = "postgres"  # its key names (contracts/keys.py) and ACL role (services/broker/acl.py)
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 MAINTENANCE_INTERVAL_S = 3600.0  # partitions ahead and retention
