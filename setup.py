@@ -57,7 +57,7 @@ def _extensions() -> list:
     try:
         return mypycify(
             # The compiled modules are checked as strictly as ever; what they import (contracts, the
-            # shell) is only read for its types: its own checks are tests/test_static_checks.py's.
+            # shell) is only read for its types: its own checks are tests/core/test_static_checks.py's.
             ["--config-file", "pyproject.toml", "--follow-imports", "silent", *native["source_paths"]()],
             opt_level="3",
             group_name=native["GROUP_NAME"],

@@ -63,7 +63,7 @@ from services.archive.window import Window  # noqa: E402
 from services.normalizer import Limits  # noqa: E402
 from services.replay.rebuild import rebuild  # noqa: E402
 from services.settings import Settings  # noqa: E402
-from tests.fixtures import TRANSCRIPTS, transcript_lines  # noqa: E402
+from tests.support.fixtures import TRANSCRIPTS, transcript_lines  # noqa: E402
 
 T0 = 1_790_000_000_000
 

@@ -42,7 +42,7 @@ from services.broker.cluster import xadd_batch  # noqa: E402
 from services.broker.connect import sync_client  # noqa: E402
 from services.broker.embedded import start_redis  # noqa: E402
 from services.settings import Settings  # noqa: E402
-from tests.fixtures import TRANSCRIPTS  # noqa: E402
+from tests.support.fixtures import TRANSCRIPTS  # noqa: E402
 from tests.support.redis_cluster import start_cluster  # noqa: E402
 
 BATCH = 500

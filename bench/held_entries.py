@@ -36,7 +36,7 @@ from services.settings import Settings  # noqa: E402
 from services.streams.groups import ensure_groups  # noqa: E402
 from services.worker.commit import encode_held  # noqa: E402
 from services.worker.processor import BatchProcessor  # noqa: E402
-from tests.fixtures import TRANSCRIPTS, transcript_lines  # noqa: E402
+from tests.support.fixtures import TRANSCRIPTS, transcript_lines  # noqa: E402
 
 
 @dataclass

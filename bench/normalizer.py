@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from services.native import core_kind  # noqa: E402
 from services.normalizer import FORMATS, RunNormalizer  # noqa: E402
 from services.normalizer.timefmt import format_ms  # noqa: E402
-from tests.fixtures import SHARED, transcript_lines  # noqa: E402
+from tests.support.fixtures import SHARED, transcript_lines  # noqa: E402
 
 TARGET = 0.60
 T0 = 1_790_000_000_000

@@ -51,7 +51,7 @@ from services.normalizer import Limits  # noqa: E402
 from services.sequencer.entries import Entry  # noqa: E402
 from services.sequencer.run import RunSequencer  # noqa: E402
 from services.settings import Settings  # noqa: E402
-from tests.fixtures import TRANSCRIPTS, transcript_lines  # noqa: E402
+from tests.support.fixtures import TRANSCRIPTS, transcript_lines  # noqa: E402
 
 SHARDS = 4
 BATCH = 500

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from services.normalizer import RunNormalizer  # noqa: E402
 from services.redaction import Redactor, SecretFieldTracker  # noqa: E402
-from tests.fixtures import TRANSCRIPTS, transcript_lines  # noqa: E402
+from tests.support.fixtures import TRANSCRIPTS, transcript_lines  # noqa: E402
 
 T0 = 1_790_000_000_000
 Event = dict[str, Any]

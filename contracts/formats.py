@@ -4,7 +4,7 @@ Everything outside the mapping itself that names a format reads this table: the 
 command or npm package is which format), the workers' format decision (F2 agent products, F3 the
 first JSON object's record type), the exit error's product name, the demo's transcripts, and the
 checks that hold ``contracts.events.InputFormat``, ``services/native.py``'s compiled modules and
-the Grafana dashboard's `format` variable equal to it (tests/test_formats_registry.py). Adding a
+the Grafana dashboard's `format` variable equal to it (tests/core/test_formats_registry.py). Adding a
 format is a row here plus its module ``services/normalizer/formats/<module>.py`` (docs/architecture.md,
 "How to add a format").
 

@@ -23,7 +23,7 @@ USAGE_ERROR = 2
 SUBCOMMAND = "cli_subcommand"  # not "command": `tap` has a positional of that name (the command it wraps)
 
 # The subcommands each module registers: a command line naming one imports only its module (a tap
-# must not pay for the worker's FastStream or the exporters' clients). tests/test_tap_conn.py holds
+# must not pay for the worker's FastStream or the exporters' clients). tests/tap/test_tap_conn.py holds
 # this map equal to what the modules register. Each module exposes register(subparsers); the parser
 # it adds sets `func(args) -> int`.
 _MODULE_OF = {

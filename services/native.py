@@ -7,7 +7,7 @@ that sits beside each ``.py`` file. Without a compiler the install keeps the Pyt
 
 ``GOOSE_INGEST_PURE_PYTHON=1`` makes a process import the Python files even where the compiled
 ones exist: the reference path, for the property tests that compare both byte for byte
-(``tests/test_native_core.py``) and for anyone who suspects the compiled code.
+(``tests/core/test_native_core.py``) and for anyone who suspects the compiled code.
 
 This module is never compiled itself, and imports nothing but the standard library, because
 ``setup.py`` reads it before anything is built.
@@ -35,7 +35,7 @@ COMPILED_MODULES = (
     "services.normalizer.shell",
     "services.normalizer.tools",
     "services.normalizer.machinery",
-    # One line per input format (contracts/formats.py; tests/test_formats_registry.py checks it).
+    # One line per input format (contracts/formats.py; tests/core/test_formats_registry.py checks it).
     "services.normalizer.formats.goose",
     "services.normalizer.formats.claude_code",
     "services.normalizer.formats.codex",

@@ -62,7 +62,7 @@ def fixture_db(tmp_path: Path) -> Path:
     """The shared sessions.db fixture (SQL) loaded into a fresh SQLite file."""
     import sqlite3
 
-    from tests.fixtures import FIXTURES
+    from tests.support.fixtures import FIXTURES
 
     path = tmp_path / "sessions.db"
     conn = sqlite3.connect(path)

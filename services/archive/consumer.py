@@ -63,7 +63,7 @@ ROW_GROUP_ENTRIES = 10_000
 _ENCODED: dict[bytes, bytes] = {}  # the fields of an entry already in a row group (dropped)
 _BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 # Tests only (GOOSE_INGEST_TEST_* is never a setting): hold this long between writing a segment and
-# acknowledging it, so a test can SIGKILL the process exactly there (tests/test_archive.py).
+# acknowledging it, so a test can SIGKILL the process exactly there (tests/archive/test_archive.py).
 _HOLD_BEFORE_ACK = "GOOSE_INGEST_TEST_ARCHIVE_HOLD_BEFORE_ACK_S"
 
 

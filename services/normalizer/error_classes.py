@@ -37,7 +37,7 @@ AGENT_EXIT: Final = "agent_exit"
 OTHER: Final = "other"
 
 # The closed vocabulary is the contract's (contracts/events.py ErrorClass); each name above is one of it
-# (tests/test_error_classes.py holds them equal), and a metric label takes only these.
+# (tests/core/test_error_classes.py holds them equal), and a metric label takes only these.
 __all__ = ["ERROR_CLASSES", "RETRY_WARNING_CODES", "classify", "event_class"]
 
 # Warnings that announce a retry of one of these causes (Claude Code's `api_retry` and

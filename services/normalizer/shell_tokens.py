@@ -6,7 +6,7 @@ Pure, stdlib-only, linear-time and never raising; tokenizing is lazy (it stops a
 first simple command). Skipping leading assignments (``ASSIGN_RE``) and taking the program's
 basename are ``shell``'s, which reads the words this module returns. Decisions taken where the
 contract is silent (each one has a test in
-tests/test_shell_classify.py):
+tests/core/test_shell_classify.py):
 
 Tokenizer
   * Blanks are space, tab, CR, FF and VT (CR is treated as a blank so CRLF

@@ -1,7 +1,7 @@
 """Splitting a pipe's byte chunks into lines, in bulk (the tap reads its child's output in large chunks).
 
 Same lines as ``readline()`` on the whole stream followed by stripping one ``\\n`` and then one ``\\r``:
-a last line without a newline is kept as it is (``\\r`` included). A property test in tests/test_tap.py
+a last line without a newline is kept as it is (``\\r`` included). A property test in tests/tap/test_tap.py
 holds the two together for arbitrary bytes and chunkings.
 """
 

@@ -86,7 +86,7 @@ class LineEncoder:
     """A run's line entries as spool records and as XADD commands, from constant parts built once.
 
     ``record`` is the general form (a dict through orjson, any ``extra``/``source``); ``records`` and
-    ``commands`` are the hot path for plain lines. Property tests in tests/test_tap.py hold them equal to
+    ``commands`` are the hot path for plain lines. Property tests in tests/tap/test_tap.py hold them equal to
     the reference encoders: ``spool.encode_record(Publisher._fields(Entry...))`` for records, and
     ``resp.xadd_records`` of the record (itself byte-equal to redis-py's XADD) for commands."""
 

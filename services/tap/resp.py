@@ -3,7 +3,7 @@
 Why: redis-py builds every XADD through its command layer (argument checks, per-argument encoding, a
 Python list per command, then its serializer), which cost the tap more CPU per line than everything
 else it does. A spool record already holds the entry's fields in their final order, so the command's
-bytes can be written in one pass. ``tests/test_tap.py`` proves the bytes equal redis-py's
+bytes can be written in one pass. ``tests/tap/test_tap.py`` proves the bytes equal redis-py's
 ``pipe.xadd(stream, fields)`` for the same fields and that a real Redis stores identical entries.
 
 Pure functions only (no I/O): the publisher owns the socket.

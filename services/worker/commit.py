@@ -30,7 +30,7 @@ VERSION_FIELD, STATE_FIELD = b"v", b"s"
 
 
 class ReplyCode(IntEnum):
-    """The first element of commit.lua's reply (the script names them alike: tests/test_commit_lua_names.py)."""
+    """The first element of commit.lua's reply (the script names them alike: tests/worker/test_commit_lua_names.py)."""
 
     CONFLICT = 0  # followed by the 1-based indexes of the runs whose version moved; nothing written
     COMMITTED = 1
@@ -39,7 +39,7 @@ class ReplyCode(IntEnum):
 
 class RunArgs(NamedTuple):
     """One run as commit.lua receives it, in this order; the script unpacks it into locals of these
-    names (tests/test_commit_lua_names.py holds them equal)."""
+    names (tests/worker/test_commit_lua_names.py holds them equal)."""
 
     key: str  # the run's state hash
     version: str  # expected current version

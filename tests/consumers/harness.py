@@ -40,12 +40,12 @@ from services.export.otlp.mapping import GEN_AI_CONVERSATION_ID, GI_EVENT_ID, OP
 from services.export.postgres.sink import DEFAULT_GROUP as POSTGRES_GROUP
 from services.settings import Settings
 from services.tap.publisher import Publisher
-from tests.fixtures import REPO, TRANSCRIPTS
-from tests.pipeline_helpers import ended_runs, events_by_run, expected_events
+from tests.broker.test_acl import ROOT_LINE, ROOT_PASSWORD, ROOT_USER, load_acl, start_acl_server
+from tests.support.fixtures import REPO, TRANSCRIPTS
 from tests.support.otlp_receiver import Receiver, RunningReceiver
+from tests.support.pipeline import ended_runs, events_by_run, expected_events
 from tests.support.postgres import ADMIN_DSN
 from tests.support.redis_server import cli_env
-from tests.test_acl import ROOT_LINE, ROOT_PASSWORD, ROOT_USER, load_acl, start_acl_server
 
 DEFAULTS = Settings.model_fields
 CLAIM_IDLE_MS: int = DEFAULTS["claim_idle_ms"].default
@@ -307,7 +307,7 @@ class Consumer:
 
 class WorkerConsumer(Consumer):
     """`worker`: raw log -> topics. Its target is the topics, compared with one normalizer pass over
-    the raw entries as stored (the golden test's expectation, tests/test_golden.py)."""
+    the raw entries as stored (the golden test's expectation, tests/core/test_golden.py)."""
 
     name = "worker"
     role = "worker"
@@ -327,7 +327,7 @@ class WorkerConsumer(Consumer):
         publish(w, runs)
 
     def poison(self, w: World, t: Target, tag: str) -> str:
-        # a raw entry whose seq is no number: the sequencer cannot place it (tests/test_poison_batches.py)
+        # a raw entry whose seq is no number: the sequencer cannot place it (tests/worker/test_poison_batches.py)
         w.root().xadd(w.settings.layout.raw_stream(0), {"run": "poison/raw", "seq": "--5", "ts": "1", "line": "x"})
         return "poison/raw"
 

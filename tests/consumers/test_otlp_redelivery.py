@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from tests.test_export_otlp import (  # the exporter's own test helpers: one way to build its input
+from tests.export.test_export_otlp import (  # the exporter's own test helpers: one way to build its input
     make_exporter,
     metric,
     publish_events,

@@ -1,5 +1,5 @@
 """Helpers for the tests of replay, reprocessing and the lake over the archive (tests/test_archive_replay*.py,
-tests/test_reprocess*.py, tests/test_lake_analytics.py).
+tests/test_reprocess*.py, tests/archive/test_lake_analytics.py).
 
 `start_archive_process` runs the real `goose-ingest archive`; `archive_from_redis` writes what Redis
 holds with the same format functions (services/archive/segments.py) through the same store client,
@@ -24,8 +24,8 @@ from services.archive.segments import (
 from services.archive.store import ArchiveStore, open_store
 from services.broker.connect import sync_client
 from services.settings import Settings
-from tests.fixtures import TRANSCRIPTS
-from tests.pipeline_helpers import REPO
+from tests.support.fixtures import TRANSCRIPTS
+from tests.support.pipeline import REPO
 from tests.support.redis_server import cli_env
 
 

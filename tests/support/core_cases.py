@@ -2,7 +2,7 @@
 and return everything it produced as bytes.
 
 The compiled core and the Python core are compared by running the same procedure on the same case
-in two processes, one of each kind (``tests/test_native_core.py`` in this process,
+in two processes, one of each kind (``tests/core/test_native_core.py`` in this process,
 ``tests/support/pure_core.py`` beside it), and comparing the bytes. This file is test code and
 never compiled: both sides run it as it is.
 

@@ -1,0 +1,141 @@
+"""Alerts delivered for real: workers -> Prometheus (the rules) -> Alertmanager (the shipped config) -> webhooks.
+
+Real worker processes normalize published goose runs; a real Prometheus scrapes them and evaluates
+deploy/prometheus/rules.yml time-scaled 60x (tests/support/prometheus_server.py, as in
+tests/deploy/test_prometheus_live.py: windows and `for` shrink, thresholds and names do not); it sends its
+alerts to a real Alertmanager running deploy/alertmanager/alertmanager.yml with the webhook URLs
+pointed at a receiver in this test. Group waits are the shipped ones (30 s): they are what lets a
+cause's alert arrive before the alert it inhibits.
+
+The fleet is calm for a scaled hour (a baseline for GooseIngestErrorSpike), then a storm: every run
+is rate-limited (two `Rate limit exceeded` errors) and its shell call fails. Expected at the
+webhooks: GooseIngestRateLimited (class rate_limit) and GooseIngestToolFailing (tool shell) as
+tickets, each its own group; GooseIngestErrorSpike fires in Prometheus but is inhibited by the
+named cause and never delivered. ~2.5 minutes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.request
+
+import orjson
+import pytest
+import yaml
+
+from services.broker.embedded import free_port
+from tests.deploy.test_alertmanager import CONFIG, Webhooks, _test_config
+from tests.deploy.test_prometheus_live import (
+    CALM_MARGIN_S,
+    MESSAGE,
+    RunStream,
+    Stack,
+    _baseline_window_s,
+)
+from tests.support.normalizer import req, resp
+from tests.support.prometheus_server import require_binary
+
+pytestmark = pytest.mark.e2e
+
+RATE_LIMITED = orjson.dumps({"type": "error", "error": "Rate limit exceeded: 429 Too Many Requests"})
+SHELL_CALL = req("call_1", "developer__shell", {"command": "make test"}).encode()
+SHELL_FAILED = resp("call_1", status="error").encode()
+STORM_RUN = [MESSAGE, RATE_LIMITED, RATE_LIMITED, SHELL_CALL, SHELL_FAILED]  # agent, 2 x rate_limit, failed command
+DELIVERY_TIMEOUT_S = 120.0
+
+
+class StormStream(RunStream):
+    def _next_run(self) -> list[bytes]:
+        return STORM_RUN if self.mode == "storm" else super()._next_run()
+
+
+class AlertingStack(Stack):
+    """Stack (workers + scaled Prometheus) whose Prometheus sends to a real Alertmanager."""
+
+    def __init__(self, settings, tmp_path, alertmanager_port: int):
+        self.alertmanager_port = alertmanager_port
+        super().__init__(settings, tmp_path)
+        self.stream = StormStream(settings, self.stream.events_per_s)
+
+    def _config(self, ports: list[int]) -> dict:
+        config = super()._config(ports)
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]}
+        return config
+
+
+@pytest.fixture
+def delivery(settings, tmp_path):
+    binary = require_binary("prometheus-alertmanager")
+    hooks = Webhooks()
+    config = _test_config(hooks.port)
+    # the shipped group timings: only the webhook URLs change (see the module docstring)
+    config["route"] = yaml.safe_load(CONFIG.read_text())["route"]
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    port = free_port()
+    log = (tmp_path / "alertmanager.log").open("wb")
+    am = subprocess.Popen([binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
+                           f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                          stdout=log, stderr=subprocess.STDOUT)
+    stack = None
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert am.poll() is None, (tmp_path / "alertmanager.log").read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "alertmanager not ready"
+                time.sleep(0.2)
+        (tmp_path / "stack").mkdir()
+        stack = AlertingStack(settings, tmp_path / "stack", port)
+        yield stack, hooks
+    finally:
+        if stack is not None:
+            stack.close()
+        am.terminate()
+        am.wait(timeout=10)
+        hooks.close()
+        log.close()
+
+
+def test_a_rate_limit_storm_and_a_failing_tool_reach_the_webhooks_and_the_spike_is_inhibited(delivery):
+    stack, hooks = delivery
+    prom, stream = stack.prom, stack.stream
+    base_range_s, base_offset_s = _baseline_window_s()
+    stream.start()
+    try:
+        # 1. calm for a (scaled) hour: the spike alert gets its baseline; nothing fires
+        end = time.monotonic() + base_range_s + base_offset_s + CALM_MARGIN_S
+        while time.monotonic() < end:
+            stream.check()
+            time.sleep(0.5)
+        assert prom.query("ALERTS") == [], prom.query("ALERTS")
+        assert hooks.firing() == {}
+        # 2. the storm
+        stream.mode = "storm"
+        spike_fired = False
+        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+        wanted = {"GooseIngestRateLimited", "GooseIngestToolFailing"}
+        while not (wanted <= set(hooks.firing()) and spike_fired):
+            stream.check()
+            assert time.monotonic() < deadline, (f"delivered {sorted(hooks.firing())}, spike fired {spike_fired}\n"
+                                                 f"{stack.diagnostics()}")
+            spike_fired = spike_fired or any(a["state"] == "firing" for a in prom.alerts("GooseIngestErrorSpike"))
+            time.sleep(0.5)
+        time.sleep(5)  # the spike had its chance to be delivered after its own group wait
+        firing = hooks.firing()
+    finally:
+        stream.stop()
+    assert stream.error is None, stream.error
+    assert "GooseIngestErrorSpike" not in firing, "the spike was delivered although a named cause inhibits it"
+    (rate_limited,) = firing["GooseIngestRateLimited"]
+    assert rate_limited["labels"]["class"] == "rate_limit" and rate_limited["labels"]["severity"] == "warning"
+    assert rate_limited["_path"] == "/goose-ingest-tickets"
+    assert rate_limited["_group"] == {"alertname": "GooseIngestRateLimited", "job": stack.job, "class": "rate_limit"}
+    failing = firing["GooseIngestToolFailing"]
+    assert {a["labels"]["tool"] for a in failing} == {"shell"}
+    assert failing[0]["_group"] == {"alertname": "GooseIngestToolFailing", "job": stack.job, "tool": "shell"}
+    assert set(firing) <= {"GooseIngestRateLimited", "GooseIngestToolFailing"}, sorted(firing)
+

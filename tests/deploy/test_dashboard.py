@@ -1,0 +1,136 @@
+"""deploy/grafana/dashboard.json references only metrics a worker exports or rules.yml records."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from services.metrics import Metrics
+from tests.support.needs import missing
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboard.json"
+RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
+
+# a metric name that mentions goose_ingest_, including recorded names like job:goose_ingest_events:rate5m
+NAME = re.compile(r"(?<![A-Za-z0-9_:])(?:[a-z_]+:)?goose_ingest_[a-z_]+(?::[a-z0-9_]+)?")
+
+REQUIRED_SUBJECTS = {
+    # what the brief asks the dashboard to show -> a metric that must be queried for it
+    "rates by event type": "job_type:goose_ingest_events:rate5m",
+    "error ratio": "job:goose_ingest_error_ratio:rate5m",
+    "unknown ratio": "job:goose_ingest_unknown_ratio:rate5m",
+    "tool events by tool and outcome": "job_tool_outcome:goose_ingest_tool_events:rate5m",
+    "latency quantiles": "goose_ingest_event_latency_seconds_bucket",
+    "lag by shard": "goose_ingest_consumer_lag",
+    "pending by shard": "goose_ingest_pending_entries",
+    "dead letters by reason": "goose_ingest_dead_letters_total",
+    "tokens by kind": "goose_ingest_tokens_total",
+    "cost": "goose_ingest_cost_usd_total",
+    "runs by state": "goose_ingest_runs_total",
+}
+
+
+def exported_names() -> set[str]:
+    """Every series name a Metrics() exports, with the suffixes of its type.
+
+    Derived from the family type as well as from the samples, so a labelled family that has no
+    child yet (e.g. redactions before the first one) still counts as exported.
+    """
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "summary": ("_count", "_sum")}
+    names: set[str] = set()
+    for fam in Metrics().registry.collect():
+        names.add(fam.name)
+        names.update(fam.name + sfx for sfx in suffixes.get(fam.type, ()))
+        names.update(s.name for s in fam.samples)
+    return names
+
+
+def recorded_rules() -> dict[str, str]:
+    doc = yaml.safe_load(RULES.read_text())
+    return {r["record"]: r["expr"] for g in doc["groups"] for r in g["rules"] if "record" in r}
+
+
+def all_panels(panels: list[dict]):
+    for p in panels:
+        yield p
+        yield from all_panels(p.get("panels", []))
+
+
+def panel_exprs() -> list[tuple[str, str]]:
+    dash = json.loads(DASHBOARD.read_text())
+    return [(p.get("title", ""), t["expr"]) for p in all_panels(dash["panels"]) for t in p.get("targets", []) if "expr" in t]
+
+
+def resolve(name: str, rules: dict[str, str], exported: set[str], seen: tuple[str, ...] = ()) -> list[str]:
+    """Problems with `name`: not exported, or a recording rule built on something not exported."""
+    if name in exported:
+        return []
+    if name in rules:
+        if name in seen:
+            return [f"recording rule cycle at {name}"]
+        return [p for ref in NAME.findall(rules[name]) for p in resolve(ref, rules, exported, seen + (name,))]
+    return [f"{name} is neither exported by Metrics() nor recorded in rules.yml"]
+
+
+def test_dashboard_basics():
+    dash = json.loads(DASHBOARD.read_text())
+    assert 36 <= dash["schemaVersion"] <= 41
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    ids = [p["id"] for p in all_panels(dash["panels"])]
+    assert len(ids) == len(set(ids)), "duplicate panel ids"
+    for p in all_panels(dash["panels"]):
+        if p["type"] == "row":
+            continue
+        assert p["datasource"]["uid"] == "${datasource}", p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}", p["title"]
+
+
+def test_every_queried_metric_exists():
+    exported = exported_names()
+    rules = recorded_rules()
+    exprs = panel_exprs()
+    assert exprs, "no panel queries found"
+    problems = []
+    for title, expr in exprs:
+        names = NAME.findall(expr)
+        assert names, f"panel {title!r} queries no goose_ingest metric: {expr}"
+        for name in names:
+            problems += [f"panel {title!r}: {p}" for p in resolve(name, rules, exported)]
+    assert not problems, "\n".join(problems)
+
+
+def test_dashboard_covers_the_required_subjects():
+    queried = {n for _, e in panel_exprs() for n in NAME.findall(e)}
+    missing = {subject: metric for subject, metric in REQUIRED_SUBJECTS.items() if metric not in queried}
+    assert not missing
+
+
+def test_resolver_rejects_unknown_names():
+    exported = exported_names()
+    assert resolve("goose_ingest_no_such_metric_total", recorded_rules(), exported)
+    assert resolve("job:goose_ingest_nope:rate5m", recorded_rules(), exported)
+    assert not resolve("job:goose_ingest_error_ratio:rate5m", recorded_rules(), exported)
+
+
+def test_panel_queries_parse_as_promql(tmp_path):
+    """Each query, with Grafana's variables substituted, must parse (via `promtool check rules`)."""
+    tool = shutil.which("promtool")
+    if not tool:
+        missing("promtool", "apt-get install -y prometheus")
+    rules = []
+    for i, (_, expr) in enumerate(panel_exprs()):
+        expr = expr.replace("$__rate_interval", "5m").replace("$__range", "6h").replace("$job", ".*").replace("$format", ".*")
+        assert "$" not in expr, expr
+        rules.append({"record": f"dashboard:query_{i}", "expr": expr})
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    res = subprocess.run([tool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
