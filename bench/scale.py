@@ -44,7 +44,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -62,7 +61,7 @@ import redis
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from services.broker.embedded import start_redis  # noqa: E402
+from services.broker.embedded import free_port, start_redis  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 SHARDS = 4
@@ -95,12 +94,6 @@ class Point:
     lines_per_s: float
     worker_rss_mib: float
     redis_bytes_per_run: float
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _settings(url: str, ns: str) -> Settings:
@@ -194,7 +187,7 @@ def measure(url: str, sweep: str, x: int, runs: int, lines: int, size: int, work
     publish(client, settings, names, seqs, runs, size)
     for stream in settings.layout.raw_streams():
         client.xgroup_create(stream, GROUP, id="$", mkstream=True)
-    ports = [_free_port() for _ in range(workers)]
+    ports = [free_port() for _ in range(workers)]
     env = {**os.environ, "GOOSE_INGEST_REDIS_URL": url, "GOOSE_INGEST_NAMESPACE": ns,
            "GOOSE_INGEST_SHARD_LEASES": "true" if leases else "false",
            "GOOSE_INGEST_SHARDS": str(SHARDS)}

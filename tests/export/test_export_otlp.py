@@ -8,7 +8,6 @@ and exporter processes against Arize Phoenix.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
 from services.broker.connect import async_client, sync_client
+from services.broker.embedded import free_port
 from services.export.otlp import mapping as m
 from services.export.otlp.mapping import MappingConfig
 from services.export.otlp.processor import EXPORTER, TraceExporter
@@ -164,14 +164,8 @@ def test_end_record_before_the_events_waits_for_every_event(settings, r, receive
     assert [name for name, _ in roots[0].events] == ["goose_ingest.agent", "goose_ingest.error"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_unreachable_collector_loses_nothing_and_acks_nothing_until_it_answers(settings, r):
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}/v1/traces"
     started: dict = {}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from services.broker.embedded import free_port
 from tests.support.needs import missing
 
 ADMIN_DSN = os.environ.get("GOOSE_INGEST_TEST_PG_ADMIN_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
@@ -58,12 +58,6 @@ def pg_dsn(pg_database: str) -> Iterator[str]:
     yield make_conninfo(pg_database, options=f"-csearch_path={schema}")
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from services.broker.embedded import free_port
 
 ACCESS_KEY = "goose-test-key"  # moto accepts any credentials unless told to check them
 SECRET_KEY = "goose-test-secret"
@@ -29,12 +30,6 @@ def _moto_server() -> str:
     if not Path(found).exists():
         raise RuntimeError("moto_server not found: pip install 'moto[server]' (the test extra)")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -94,7 +89,7 @@ def start_s3(workdir: Path, timeout: float = 60.0) -> S3Server:
     """Start moto_server on a free loopback port and wait until it answers."""
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "moto.log"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"}
     with open(log, "wb") as out:
         proc = subprocess.Popen([_moto_server(), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT,
