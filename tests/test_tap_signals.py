@@ -85,7 +85,8 @@ def test_sigterm_at_any_moment_of_the_start_stops_the_tap_and_leaves_nothing_run
         stderr = proc.stderr.read() if proc.stderr else ""
         # -15: the signal came before Python installed the tap's handlers (nothing was started then)
         assert proc.returncode in (128 + signal.SIGTERM, -signal.SIGTERM), (offset, proc.returncode, stderr[-2000:])
-        assert took < 5, (offset, took, stderr[-2000:])
+        # seconds, not the command's 300 s (on a starved machine a tap's exit alone took 5-7 s: the bound is loose)
+        assert took < 15, (offset, took, stderr[-2000:])
         assert "Traceback" not in stderr, stderr[-2000:]
         wait_until(lambda tag=tag: not _processes_with(tag), timeout=5, interval=0.05)  # nothing left of the command
         kind = ("before the handlers" if proc.returncode < 0 else

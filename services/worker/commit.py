@@ -76,6 +76,9 @@ class Commit:
     # unless the lease still names it. Empty: no lease is checked (leases off, tests, tools).
     lease: str = ""
     owner: str = ""
+    lease_ttl_ms: int = 0  # for taking back a lease that expired under the batch (commit.lua)
+    claim_idle_ms: int = 0  # a refused batch's entries are made this idle, for the owner's next sweep
+    retaken: bool = False  # set by `Committer.commit`: the commit took the lease back
 
 
 def held_field(seq: int) -> bytes:
@@ -120,13 +123,14 @@ def _argv(commit: Commit) -> list[Any]:
         runs.append((w.key, w.version, w.state, 1 if w.ended else 0, w.run, w.last_ms or now_ms, held_set, held_del))
     outputs = [(o.streams, o.fields) for o in commit.outputs]
     return [commit.group, commit.active_runs, str(commit.ttl_ms), _packb((runs, commit.acks, outputs)),
-            commit.lease, commit.owner]
+            commit.lease, commit.owner, str(commit.lease_ttl_ms), str(commit.claim_idle_ms)]
 
 
 class Committer:
     """Runs commit.lua. `commit` returns the indexes (0-based, into `Commit.runs`) of runs whose
     version moved (nothing was written then), or an empty list when everything was written; it
-    raises LeaseLost when the shard is no longer this worker's."""
+    raises LeaseLost when the shard is no longer this worker's (`commit.retaken` says whether the
+    commit took back a lease that had expired under it)."""
 
     def __init__(self, client: Any) -> None:
         self.script = client.register_script(COMMIT_LUA)
@@ -138,7 +142,8 @@ class Committer:
             if is_transient(exc):
                 raise  # the broker's state, not this batch's content: the entries stay pending
             raise CommitFailed(type(exc).__name__) from exc  # e.g. a value above Redis's limits
-        if int(reply[0]) == 1:
+        if int(reply[0]) in (1, 3):
+            commit.retaken = int(reply[0]) == 3
             return []
         if int(reply[0]) == 2:
             raise LeaseLost(commit.lease)
