@@ -76,27 +76,45 @@ def wrong_shard(run: str, shard: int, shard_of: Callable[[str], int] | None) -> 
     return None if home == shard else f"run belongs to shard {home}, not {shard}"
 
 
-def feed(sequencer: RunSequencer, items: Sequence[RunItem], outcome: Outcome | None = None) -> Fed:
-    """Run a run's items (in stream order) through its sequencer."""
+def _no_step() -> None:
+    return None
+
+
+def feed(sequencer: RunSequencer, items: Sequence[RunItem], outcome: Outcome | None = None,
+         step: Callable[[], None] = _no_step, step_chars: int = 0) -> Fed:
+    """Run a run's items (in stream order) through its sequencer.
+
+    ``step`` runs before the run and after every ``step_chars`` characters of lines (0: never in
+    between): the worker renews its shard leases there, so a long run cannot outlast them
+    (docs/architecture.md, "Leases"); replay passes nothing. Cutting a stretch into steps changes
+    nothing the sequencer decides: ``accept_many`` of a stretch equals ``accept_many`` of its parts.
+    """
     out = Outcome() if outcome is None else outcome
+    step()
     last_ms = 0
-    entries: list[Entry] = []  # a stretch of entries between lost seqs: one accept_many call
+    last_dated: Entry | None = None
+    entries: list[Entry] = []  # a stretch between lost seqs (up to step_chars of lines): one accept_many
+    chars = 0
     for item in items:
         if isinstance(item, Lost):
             if entries:
                 sequencer.accept_many(entries, out)
-                entries = []
+                entries, chars = [], 0
             ms = stream_id_ms(item.sid)
             sequencer.lose(item.seq, ms, out, item.reason)
             last_ms = max(last_ms, ms)
             continue
         entries.append(item)
+        if item.kind != ABANDON:  # abandon markers come from the control stream: not activity of the run
+            last_dated = item
+        if step_chars:
+            chars += len(item.line)
+            if chars >= step_chars:
+                sequencer.accept_many(entries, out)
+                entries, chars = [], 0
+                step()
     if entries:
         sequencer.accept_many(entries, out)
-    # Items are in stream order, so the last dated one has the latest id (abandon markers come
-    # from the control stream: they are not activity of the run).
-    for entry in reversed(entries):
-        if entry.kind != ABANDON:
-            last_ms = max(last_ms, stream_id_ms(entry.sid))
-            break
+    if last_dated is not None:  # items are in stream order: the last dated one has the latest id
+        last_ms = max(last_ms, stream_id_ms(last_dated.sid))
     return Fed(out, last_ms)

@@ -200,6 +200,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         if settings.shard_leases:
             runtime.leases = ShardLeases(settings, client, runtime.consumer, on_acquire=housekeeper.take_over,
                                          metrics=metrics)
+            processor.pulse = runtime.leases.renew_if_due  # renewal between a long batch's steps (leases.py)
             try:
                 await runtime.leases.tick()  # this worker's share before its subscribers read
             except RedisError as exc:  # the lease loop tries again; the subscribers wait for a lease

@@ -14,18 +14,55 @@
 --             (commit.py's RunArgs: the same names, in this order)
 --   acks:    raw entry ids
 --   outputs: {{stream, ...}, {field, value, ...}}, ... (an event goes to two topics, one copy)
---   then the shard's lease key and the committing worker ("" and "": no lease is checked).
+--   then the shard's lease key, the committing worker ("" and "": no lease is checked), the
+--   lease's ttl ms, and CLAIM_IDLE_MS.
 -- Returns {COMMITTED} on success, {CONFLICT, i, j, ...}: the 1-based indexes of runs whose version
--- moved, or {LEASE_LOST}: the shard's lease names another worker (or nobody), so this worker may not
--- commit for it. The codes are commit.py's ReplyCode (tests/test_commit_lua_names.py holds them equal).
-local COMMITTED, CONFLICT, LEASE_LOST = 1, 0, 2
+-- moved, {LEASE_LOST}: the shard's lease names another worker (or nobody, see below), so this worker
+-- may not commit for it, or {RETAKEN}: success, after taking back the shard's lease. The codes are
+-- commit.py's ReplyCode (tests/worker/test_commit_lua_names.py holds them equal).
+--
+-- A lease that expired under the batch and that nobody took is taken back when every entry the
+-- batch acknowledges is still pending to this worker (the lease's owner is the group's consumer
+-- name): no other worker claimed them, so none can have processed them, and whatever another
+-- worker committed to the same runs meanwhile is caught by the version check below. Without
+-- acknowledgements (an abandon marker) there is nothing to prove it: {LEASE_LOST}. A lease given
+-- back (`released:<owner>`, services/worker/leases.py) is never taken back here.
+--
+-- When the commit is refused, the batch's entries that are still pending to this worker are made
+-- idle for CLAIM_IDLE_MS (XCLAIM to itself with IDLE and JUSTID: owner and delivery count stay):
+-- the shard's owner then reclaims them at its next sweep, instead of CLAIM_IDLE_MS after this read
+-- (e.g. a read in flight while the shard was given back, or a batch that outlasted a failover).
+local COMMITTED, CONFLICT, LEASE_LOST, RETAKEN = 1, 0, 2, 3
 local raw = KEYS[1]
 local group, active, ttl = ARGV[1], ARGV[2], ARGV[3]
-local lease, owner = ARGV[5], ARGV[6]
-if lease ~= '' and redis.call('GET', lease) ~= owner then return {LEASE_LOST} end
+local lease, owner, lease_ttl, claim_idle = ARGV[5], ARGV[6], tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0
 local batch = cmsgpack.unpack(ARGV[4])
 local runs, acks, outputs = batch[1], batch[2], batch[3]
 local CHUNK = 500  -- arguments per command (unpack of thousands overflows Lua's C stack)
+
+local function mine(id)
+  return #redis.call('XPENDING', raw, group, id, id, 1, owner) > 0
+end
+local function refuse()
+  if claim_idle > 0 then
+    for a = 1, #acks do
+      if mine(acks[a]) then redis.call('XCLAIM', raw, group, owner, 0, acks[a], 'IDLE', claim_idle, 'JUSTID') end
+    end
+  end
+  return {LEASE_LOST}
+end
+
+local retaken = false
+if lease ~= '' then
+  local holder = redis.call('GET', lease)
+  if holder ~= owner then
+    if holder or #acks == 0 or lease_ttl <= 0 then return refuse() end
+    for a = 1, #acks do
+      if not mine(acks[a]) then return refuse() end
+    end
+    retaken = true
+  end
+end
 
 -- Redis does not roll a script back when a command fails halfway, so everything that could make
 -- a write fail is checked first: versions, and the type of every key written.
@@ -102,5 +139,9 @@ for o = 1, #outputs do
   for s = 1, #streams do
     redis.call('XADD', streams[s], '*', unpack(fields))
   end
+end
+if retaken then
+  redis.call('SET', lease, owner, 'PX', lease_ttl)  -- last: a refused commit above takes nothing
+  return {RETAKEN}
 end
 return {COMMITTED}

@@ -35,6 +35,7 @@ class ReplyCode(IntEnum):
     CONFLICT = 0  # followed by the 1-based indexes of the runs whose version moved; nothing written
     COMMITTED = 1
     LEASE_LOST = 2  # the shard's lease names another worker (or nobody); nothing written
+    RETAKEN = 3  # committed, after taking back the shard's lease that had expired under the batch
 
 
 class RunArgs(NamedTuple):
@@ -95,6 +96,9 @@ class Commit:
     # unless the lease still names it. Empty: no lease is checked (leases off, tests, tools).
     lease: str = ""
     owner: str = ""
+    lease_ttl_ms: int = 0  # for taking back a lease that expired under the batch (commit.lua)
+    claim_idle_ms: int = 0  # a refused batch's entries are made this idle, for the owner's next sweep
+    retaken: bool = False  # set by `Committer.commit`: the commit took the lease back
 
 
 def held_field(seq: int) -> bytes:
@@ -139,13 +143,14 @@ def _argv(commit: Commit) -> list[Any]:
         runs.append(RunArgs(w.key, w.version, w.state, 1 if w.ended else 0, w.run, w.last_ms or now_ms, held_set, held_del))
     outputs = [(o.streams, o.fields) for o in commit.outputs]
     return [commit.group, commit.active_runs, str(commit.ttl_ms), _packb((runs, commit.acks, outputs)),
-            commit.lease, commit.owner]
+            commit.lease, commit.owner, str(commit.lease_ttl_ms), str(commit.claim_idle_ms)]
 
 
 class Committer:
     """Runs commit.lua. `commit` returns the indexes (0-based, into `Commit.runs`) of runs whose
     version moved (nothing was written then), or an empty list when everything was written; it
-    raises LeaseLost when the shard is no longer this worker's."""
+    raises LeaseLost when the shard is no longer this worker's (`commit.retaken` says whether the
+    commit took back a lease that had expired under it)."""
 
     def __init__(self, client: Any) -> None:
         self.script = client.register_script(COMMIT_LUA)
@@ -158,7 +163,8 @@ class Committer:
                 raise  # the broker's state, not this batch's content: the entries stay pending
             raise CommitFailed(type(exc).__name__) from exc  # e.g. a value above Redis's limits
         code = int(reply[0])
-        if code == ReplyCode.COMMITTED:
+        if code in (ReplyCode.COMMITTED, ReplyCode.RETAKEN):
+            commit.retaken = code == ReplyCode.RETAKEN
             return []
         if code == ReplyCode.LEASE_LOST:
             raise LeaseLost(commit.lease)

@@ -13,6 +13,14 @@ Totality (nothing a tap writes can cost another run its data):
 - a commit that Redis refuses (not a conflict, not a broker outage) is bisected: each half is
   processed and committed on its own, down to the single entry, which is dead-lettered.
 
+Steps: the computation of a batch is a series of bounded steps, and between two steps it calls
+`pulse()`. The worker sets that to the shard leases' `renew_if_due` (services/worker/leases.py),
+so however long a batch computes, its leases are renewed on time and its commit is not fenced
+off. A step is one event's redaction (the sequencers get the redactor wrapped in `_StepRedactor`:
+the costly part, and it happens where the core decides, e.g. every pending tool call of a run at
+its eof at once), or at most STEP_CHARS characters of a run's lines (cutting a run's entries into
+several `accept_many` calls changes nothing: it is defined as one `accept` per entry).
+
 A broker outage (a lost connection, a failover, a topology change: `services/broker/errors.py`,
 `is_outage`) is not the batch's fault: the same read or commit is sent again at once, then with a
 short backoff, on whatever topology the client has found meanwhile, for up to CLAIM_IDLE_MS. Only
@@ -95,6 +103,10 @@ MAX_CONFLICT_BACKOFF_S = 0.2
 # time redis-py has re-read the slot map), the next ones back off up to this.
 OUTAGE_BACKOFF_S = 0.05
 MAX_OUTAGE_BACKOFF_S = 1.0
+# The computation's step (see the module's docstring): ~0.25 s of the slowest lines measured
+# (a 475 KB line that is all flags to redact costs ~0.9 s), so `pulse` runs several times a second
+# in a long batch and a normal batch (lines of a few KB) makes only a few calls.
+STEP_CHARS = 128 * 1024
 _DETAILS = {
     AFTER_END: "the run had already ended (eof or abandoned) and this seq is not part of it",
     OUT_OF_WINDOW: "seq is too far ahead of the run's next expected seq",
@@ -181,7 +193,8 @@ class BatchProcessor:
         self.client = client
         self.committer = Committer(client)
         self.limits = Limits(settings.max_span_chars, settings.max_pending_tools, settings.max_pending_tool_bytes)
-        self.redactor = settings.redactor()
+        redactor = settings.redactor()
+        self.redactor = None if redactor is None else _StepRedactor(redactor, self)
         self.ttl_ms = int(settings.run_state_ttl_hours * 3_600_000)
         self._topics: dict[tuple[str, int], str] = {}
         # Run sequencers kept between batches (LRU, `run_cache_size`): what bounds the worker's RSS.
@@ -190,6 +203,8 @@ class BatchProcessor:
         self._check_cache_until = 0.0  # monotonic time until which cached runs are version-checked
         self.conflicts = 0  # runs whose commit met a moved version (each was recomputed)
         self.outage_retries = 0  # reads and commits sent again because of a broker outage
+        # Called between two steps of a batch's computation (see the module's docstring).
+        self.pulse: Callable[[], None] = _no_pulse
 
     def new_sequencer(self, run: str) -> RunSequencer:
         s = self.settings
@@ -280,6 +295,9 @@ class BatchProcessor:
                 await self._compute(todo, batch, computed)
                 commit = self._commit(batch, computed)
                 conflicts = await self.through_outage(functools.partial(self.committer.commit, commit))
+                if commit.retaken:
+                    log.warning("the lease of shard %d expired under a batch and nobody had taken it: the batch's "
+                                "commit took it back", batch.shard)
                 if not conflicts:
                     break
                 runs = list(computed)
@@ -434,7 +452,8 @@ class BatchProcessor:
                     sequencer.guarded = False
 
     def _feed(self, run: str, version: str, sequencer: RunSequencer, items: list[RunItem]) -> RunResult:
-        fed = feed(sequencer, items)  # the loop replay runs too (services/sequencer/feed.py)
+        # the loop replay runs too (services/sequencer/feed.py), in steps that renew the leases
+        fed = feed(sequencer, items, step=self.pulse, step_chars=STEP_CHARS)
         return RunResult(run, version, sequencer, fed.outcome, fed.last_ms, sequencer.take_held_changes())
 
     def _give_up(self, batch: _Batch, run: str, items: list[RunItem], error: str) -> None:
@@ -452,6 +471,7 @@ class BatchProcessor:
                         acks=batch.acks, outputs=list(batch.dead))
         if self.lease_owner is not None:
             commit.lease, commit.owner = layout.shard_lease(shard), self.lease_owner
+            commit.lease_ttl_ms, commit.claim_idle_ms = self.settings.lease_ttl_ms, self.settings.claim_idle_ms
         # With thousands of active runs a batch carries one line of many runs: what is the same
         # for all of them is worked out once per batch, not once per run.
         all_events, runs_topic = layout.events_partition(shard), layout.runs_partition(shard)
@@ -492,6 +512,31 @@ class BatchProcessor:
                      shard: int) -> None:
         letter = DeadLetter(reason, detail, self.layout.raw_stream(shard), sid, raw=fmap)  # contracts/deadletters.py
         outputs.append(Output((self.layout.deadletter_partition(shard),), letter.flat()))
+
+
+def _no_pulse() -> None:
+    return None
+
+
+class _StepRedactor:
+    """The processor's redactor as the sequencers see it: each event's redaction is one step of the
+    computation, so the processor's `pulse` runs before it (the sequencers take any redactor)."""
+
+    __slots__ = ("_redactor", "_processor")
+
+    def __init__(self, redactor: Any, processor: BatchProcessor) -> None:
+        self._redactor = redactor
+        self._processor = processor
+
+    def redact_event(self, event: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        self._processor.pulse()
+        return self._redactor.redact_event(event, *args, **kwargs)
+
+    def redact_text(self, text: str) -> Any:
+        return self._redactor.redact_text(text)
+
+    def __getattr__(self, name: str) -> Any:  # rule_names and the rest: the redactor's own
+        return getattr(self._redactor, name)
 
 
 def _flat(fields: dict[bytes, bytes]) -> tuple[bytes, ...]:

@@ -34,7 +34,7 @@ from services.redaction.rules import (
     secret_key_kind,
 )
 
-_DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "redaction_corpus.json").read_text("utf-8"))
+_DATA = json.loads((Path(__file__).resolve().parents[2] / "data" / "redaction_corpus.json").read_text("utf-8"))
 CORPUS = _DATA["cases"]
 EVENT_CORPUS = _DATA["event_cases"]
 R = Redactor()
