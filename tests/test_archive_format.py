@@ -84,6 +84,10 @@ def test_decode_leaves_the_cyclic_collector_as_it_was() -> None:
             with pytest.raises(sg.SegmentError):
                 sg.decode_raw_segment(data[: len(data) // 2])
             assert gc.isenabled() is enabled
+            with pytest.raises(RuntimeError), sg._no_cyclic_gc():  # an error while the entries are built
+                assert not gc.isenabled()
+                raise RuntimeError("boom")
+            assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
 
