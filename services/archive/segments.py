@@ -289,7 +289,8 @@ def decode_raw_segment(data: bytes) -> list[ArchivedEntry]:
     is ~5 % of the time; building the Python objects is the rest, and CPython's cyclic collector
     took as long again (a full collection triggered by the new entries traverses everything the
     process holds: a replay holds every entry read so far), so it is paused while they are built
-    (_no_cyclic_gc): the entries form no cycles, and nothing else runs meanwhile."""
+    (_no_cyclic_gc): the entries form no cycles. Another thread's collections are only delayed by
+    it, for the tens of milliseconds a segment takes."""
     table = _read(data, ["shard", "stream", "id", "fields"])
     missing = {"shard", "stream", "id", "fields"} - set(table.column_names)
     if missing:
