@@ -13,15 +13,17 @@ Variants, interleaved over ``--rounds`` rounds in the same process (CPU speed dr
   Parquet encoding and zstd alone cost, to show where the rest of the time goes;
 - ``archive``: the archive's write path: ``encode_raw_segment`` (services/archive/segments.py)
   and ``ArchiveStore.put`` to a ``file://`` store (a whole-object atomic put, as the consumer does);
-- ``archive, flat fields``: the same put, the segment encoded by ``encode_flat`` below, a
-  prototype that builds the ``fields`` column from two flat binary arrays and an offsets array
-  instead of one Python dict per field (same schema; the test below decodes the same entries):
-  where the archive's time goes, and what a change to ``encode_raw_segment`` would give.
+- ``archive, dict per field``: the same put, the segment encoded by ``encode_dicts`` below, the
+  encoder as it was before ``encode_raw_segment`` built the ``fields`` column from flat arrays
+  (one Python dict per field; same schema, same decoded entries, checked below): what the flat
+  arrays gained, in the same run.
 
 Then, from what ``archive`` wrote:
 - **bytes per raw line** in the archive (object bytes / entries) against what the same entries
   cost in Redis (``MEMORY USAGE`` of the shard streams of a private ``redis-server`` filled with
   them: the ~571 B/line figure of docs/scaling.md, measured again here);
+- **decode only**: lines/s of ``decode_raw_segment`` over the objects' bytes in memory, against
+  ``decode_before`` below (the decoder before its flat-array rewrite), interleaved;
 - **replay from the archive**: lines/s of ``read_raw`` (list, get, decode, window filter) plus
   ``merge``, and of the whole replay (that plus ``rebuild``, which a Redis replay pays too).
 
@@ -151,9 +153,6 @@ def archive_write(store, segment: list[ArchivedEntry], encode=encode_raw_segment
     return len(segment)
 
 
-_FIELDS = RAW_SCHEMA.field("fields").type
-
-
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("utf-8", errors="replace")
 
@@ -165,29 +164,41 @@ def _int(value: bytes | None) -> int | None:
         return None
 
 
-def encode_flat(records: list[ArchivedEntry]) -> bytes:
-    """encode_raw_segment's table, the `fields` column built from flat arrays plus offsets."""
-    cols: list[list[object]] = [[] for _ in range(10)]
-    names: list[bytes] = []
-    values: list[bytes] = []
-    offsets = [0]
+def encode_dicts(records: list[ArchivedEntry]) -> bytes:
+    """The encoder before the flat arrays: the same table with one Python dict per field (the path
+    tests/test_archive_format.py keeps as its reference), default Parquet options."""
+    cols: list[list[object]] = [[] for _ in range(11)]
     for rec in records:
         ms, _, sq = rec.id.partition("-")
         f = rec.fields
         for col, value in zip(cols, (rec.shard, rec.stream, rec.id, int(ms), int(sq or 0), _text(f.get(b"run")),
-                                     _int(f.get(b"seq")), _text(f.get(b"kind")), _text(f.get(b"ts")), f.get(b"line")),
+                                     _int(f.get(b"seq")), _text(f.get(b"kind")), _text(f.get(b"ts")), f.get(b"line"),
+                                     [{"name": k, "value": v} for k, v in f.items()]),
                               strict=True):
             col.append(value)
-        names.extend(f.keys())
-        values.extend(f.values())
-        offsets.append(len(names))
-    struct = pa.StructArray.from_arrays([pa.array(names, pa.binary()), pa.array(values, pa.binary())],
-                                        fields=list(_FIELDS.value_type))
-    fields = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), struct, type=_FIELDS)
-    arrays = [pa.array(c, t.type) for c, t in zip(cols, RAW_SCHEMA, strict=False)]
+    arrays = [pa.array(c, t.type) for c, t in zip(cols, RAW_SCHEMA, strict=True)]
     sink = io.BytesIO()
-    pq.write_table(pa.Table.from_arrays([*arrays, fields], schema=RAW_SCHEMA), sink, compression="zstd")
+    pq.write_table(pa.Table.from_arrays(arrays, schema=RAW_SCHEMA), sink, compression="zstd")
     return sink.getvalue()
+
+
+def decode_before(data: bytes) -> list[ArchivedEntry]:
+    """decode_raw_segment as it was before its flat-array rewrite (the same columns read, one
+    to_pylist per array, a keyword-built entry each, the cyclic collector left running)."""
+    table = pq.read_table(pa.BufferReader(data), columns=["shard", "stream", "id", "fields"])
+    lists = table.column("fields").combine_chunks()
+    offsets = lists.offsets.to_pylist()
+    names = lists.values.field("name").to_pylist()
+    values = lists.values.field("value").to_pylist()
+    return [ArchivedEntry(shard=s, stream=k, id=i, fields=dict(zip(names[lo:hi], values[lo:hi], strict=True)))
+            for s, k, i, lo, hi in zip(table.column("shard").to_pylist(), table.column("stream").to_pylist(),
+                                       table.column("id").to_pylist(), offsets[:-1], offsets[1:], strict=True)]
+
+
+def decode_all(decode: Callable[[bytes], list[ArchivedEntry]], objects: list[bytes]) -> int:
+    """Every object decoded, all of them held until the end (as read_raw holds them)."""
+    held = [decode(o) for o in objects]
+    return sum(map(len, held))
 
 
 def timed(fn: Callable[[], int]) -> float:
@@ -253,17 +264,17 @@ def main() -> None:
         f"segments of {args.segment} entries ({len(segs)} segments), {args.rounds} rounds interleaved")
     tables = [floor_table(s) for s in segs]
     rows = [floor_rows(t) for t in tables]
-    assert decode_raw_segment(encode_flat(segs[0])) == decode_raw_segment(encode_raw_segment(segs[0]))
-    results: dict[str, list[float]] = {"floor": [], "write only": [], "archive": [], "archive, flat fields": []}
+    assert decode_raw_segment(encode_dicts(segs[0])) == decode_raw_segment(encode_raw_segment(segs[0])) == segs[0]
+    results: dict[str, list[float]] = {"floor": [], "write only": [], "archive": [], "archive, dict per field": []}
     ratios: list[float] = []
-    flat_ratios: list[float] = []
+    dict_ratios: list[float] = []
     store_dir = work / "store"
     try:
         for rnd in range(args.rounds):
             (work / "floor").mkdir(exist_ok=True)
             shutil.rmtree(store_dir, ignore_errors=True)
             store = open_store(Settings(archive_url=f"file://{store_dir}"))  # type: ignore[call-arg]
-            order = ["floor", "write only", "archive", "archive, flat fields"]
+            order = ["floor", "write only", "archive", "archive, dict per field"]
             order = order[rnd % 4:] + order[:rnd % 4]  # rotated: no variant always first
             got: dict[str, float] = {}
             for name in order:
@@ -274,20 +285,20 @@ def main() -> None:
                 elif name == "archive":
                     got[name] = timed(lambda: sum(archive_write(store, s) for s in segs))  # noqa: B023
                 else:
-                    got[name] = timed(lambda: sum(archive_write(store, s, encode_flat) for s in segs))  # noqa: B023
+                    got[name] = timed(lambda: sum(archive_write(store, s, encode_dicts) for s in segs))  # noqa: B023
                 results[name].append(got[name])
             ratios.append(got["archive"] / got["floor"])
-            flat_ratios.append(got["archive, flat fields"] / got["floor"])
+            dict_ratios.append(got["archive, dict per field"] / got["floor"])
             say(f"round {rnd + 1}: floor {got['floor']:,.0f} lines/s, write only {got['write only']:,.0f} lines/s, "
-                f"archive {got['archive']:,.0f} lines/s (ratio {ratios[-1]:.2f}), flat fields "
-                f"{got['archive, flat fields']:,.0f} lines/s (ratio {flat_ratios[-1]:.2f})")
+                f"archive {got['archive']:,.0f} lines/s (ratio {ratios[-1]:.2f}), dict per field (before) "
+                f"{got['archive, dict per field']:,.0f} lines/s (ratio {dict_ratios[-1]:.2f})")
         say(f"write: floor median {statistics.median(results['floor']):,.0f} lines/s, write-only median "
             f"{statistics.median(results['write only']):,.0f} lines/s, archive median "
             f"{statistics.median(results['archive']):,.0f} lines/s, ratio archive/floor median {statistics.median(ratios):.2f} "
             f"(min {min(ratios):.2f}, max {max(ratios):.2f}; target >= 0.5)")
-        say(f"prototype: archive with a flat fields column median {statistics.median(results['archive, flat fields']):,.0f} "
-            f"lines/s, ratio to floor median {statistics.median(flat_ratios):.2f} "
-            f"(min {min(flat_ratios):.2f}, max {max(flat_ratios):.2f})")
+        say(f"before: archive with a dict per field median {statistics.median(results['archive, dict per field']):,.0f} "
+            f"lines/s, ratio to floor median {statistics.median(dict_ratios):.2f} "
+            f"(min {min(dict_ratios):.2f}, max {max(dict_ratios):.2f})")
 
         archived = sum(p.stat().st_size for p in store_dir.rglob("*.parquet"))
         in_redis = redis_bytes_per_line(shards)
@@ -300,6 +311,19 @@ def main() -> None:
         unique = len(encode_raw_segment(once)) / len(once)
         say(f"bytes per raw line without repetition (each transcript once, one segment of {len(once)} entries): "
             f"{unique:.1f} B: {in_redis / unique:.1f}x smaller than Redis")
+
+        # Decode alone, the objects' bytes already in memory, every decoded segment held until the
+        # round ends (as read_raw holds them): the current decoder against the one before it.
+        objects = [p.read_bytes() for p in sorted(store_dir.rglob("*.parquet"))]
+        assert [e for o in objects for e in decode_raw_segment(o)] == [e for o in objects for e in decode_before(o)]
+        decodes: dict[str, list[float]] = {"now": [], "before": []}
+        for rnd in range(args.rounds):
+            for name in (["now", "before"] if rnd % 2 == 0 else ["before", "now"]):
+                fn = decode_raw_segment if name == "now" else decode_before
+                decodes[name].append(timed(lambda: decode_all(fn, objects)))  # noqa: B023
+        say(f"decode only (decode_raw_segment, bytes in memory): median {statistics.median(decodes['now']):,.0f} lines/s; "
+            f"the decoder before (a to_pylist per array, collector running) {statistics.median(decodes['before']):,.0f} "
+            f"lines/s; ratio {statistics.median(a / b for a, b in zip(decodes['now'], decodes['before'], strict=True)):.2f}")
 
         store = open_store(Settings(archive_url=f"file://{store_dir}"))  # type: ignore[call-arg]
         settings = Settings()

@@ -25,11 +25,11 @@ Ids are zero-padded to 20 digits (a uint64's width) so object names sort like th
 
 from __future__ import annotations
 
-import array
+import contextlib
+import gc
 import io
-import itertools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -241,15 +241,15 @@ def raw_table(records: Sequence[ArchivedEntry]) -> pa.Table:
 
 
 def _binary(items: list[bytes]) -> pa.Array:
-    """A non-null binary array from its two buffers (offsets, the joined bytes): measured ~2x faster
-    than pa.array on a list of bytes. ValueError past the 2 GiB an int32 offset can address (the
+    """A non-null binary array of `items` by one pa.array call. (Building it from its two buffers,
+    offsets by itertools.accumulate and the joined bytes, measured 3-4x slower with pyarrow 26 on
+    the bench's 50,000-entry segments: 140-150 ms against 32-48 ms for names and values.) ValueError
+    past the 2 GiB an int32 offset can address, where Arrow would split the array into chunks (the
     segment limits keep a segment far below: ARCHIVE_SEGMENT_MAX_BYTES <= 512 MiB)."""
-    offsets = array.array("i", [0])
-    try:
-        offsets.extend(itertools.accumulate(map(len, items)))
-    except OverflowError:
-        raise ValueError("a segment's fields exceed 2 GiB") from None
-    return pa.Array.from_buffers(pa.binary(), len(items), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(items))])
+    built = pa.array(items, pa.binary())
+    if isinstance(built, pa.ChunkedArray):
+        raise ValueError("a segment's fields exceed 2 GiB")
+    return built
 
 
 def _id_columns(ids: pa.Array) -> tuple[pa.Array, pa.Array]:
@@ -280,30 +280,61 @@ def _as_int(column: pa.Array) -> pa.Array:
 
 def decode_raw_segment(data: bytes) -> list[ArchivedEntry]:
     """The entries of a raw segment, in their order. SegmentError if it is not one (corrupt,
-    truncated, another schema): the caller names the object and goes on with the others."""
+    truncated, another schema): the caller names the object and goes on with the others.
+
+    Flat arrays, the mirror of raw_table: the `fields` column is read as its offsets and its two
+    flat name/value arrays, each converted by Arrow in one call, and each entry's dict is a slice of
+    them (no per-field Arrow scalar, no struct-to-dict conversion). Names are converted through
+    their dictionary (a few distinct names: one bytes object each, its hash computed once). Reading
+    is ~5 % of the time; building the Python objects is the rest, and CPython's cyclic collector
+    took as long again (a full collection triggered by the new entries traverses everything the
+    process holds: a replay holds every entry read so far), so it is paused while they are built
+    (_no_cyclic_gc): the entries form no cycles. Another thread's collections are only delayed by
+    it, for the ~0.2-0.5 s a full segment (50,000-100,000 entries) takes to decode."""
     table = _read(data, ["shard", "stream", "id", "fields"])
     missing = {"shard", "stream", "id", "fields"} - set(table.column_names)
     if missing:
         raise SegmentError(f"not a raw segment (no column {sorted(missing)[0]})")
     try:
-        shards = table.column("shard").to_pylist()
-        streams = table.column("stream").to_pylist()
-        ids = table.column("id").to_pylist()
         lists = table.column("fields").combine_chunks()
         if lists.null_count:
             raise SegmentError("not a raw segment (an entry without fields)")
-        offsets = lists.offsets.to_pylist()
-        pairs = lists.values  # offsets index into the whole child array (a slice keeps its offset)
-        names = pairs.field("name").to_pylist()
-        values = pairs.field("value").to_pylist()
-        return [
-            ArchivedEntry(shard=s, stream=k, id=i, fields=dict(zip(names[lo:hi], values[lo:hi], strict=True)))
-            for s, k, i, lo, hi in zip(shards, streams, ids, offsets[:-1], offsets[1:], strict=True)
-        ]
+        with _no_cyclic_gc():
+            shards = table.column("shard").to_pylist()
+            streams = table.column("stream").to_pylist()
+            ids = table.column("id").to_pylist()
+            offsets = lists.offsets.to_pylist()
+            pairs = lists.values  # offsets index into the whole child array (a slice keeps its offset)
+            names = _binary_list(pairs.field("name"))
+            values = pairs.field("value").to_pylist()
+            fields = [dict(zip(names[lo:hi], values[lo:hi], strict=True)) for lo, hi in zip(offsets[:-1], offsets[1:], strict=True)]
+            return list(map(ArchivedEntry, shards, streams, ids, fields))  # one length: columns of one table
     except (TypeError, KeyError, ValueError, pa.ArrowException) as exc:
         if isinstance(exc, SegmentError):
             raise
         raise SegmentError(f"not a raw segment ({exc})") from None
+
+
+def _binary_list(column: pa.Array) -> list[bytes]:
+    """A binary array of few distinct values (field names) as Python bytes, through its dictionary:
+    equal values are one object, so building the entries' dicts hashes each name once."""
+    encoded = pc.dictionary_encode(column)
+    distinct: list[bytes] = encoded.dictionary.to_pylist()
+    return list(map(distinct.__getitem__, encoded.indices.to_pylist()))
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """CPython's cyclic collector paused for the block (reference counting still frees everything
+    as usual) and restored as it was: for building many acyclic objects at once. Collections that
+    would have run meanwhile run at the next allocation after it."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # Statistics (min/max per row group, for pruning) on the small columns only, and dictionary

@@ -4,11 +4,13 @@ columns, and a damaged object is refused with SegmentError (never taken as a seg
 
 from __future__ import annotations
 
+import gc
 import io
 from datetime import UTC, datetime
 
 import duckdb
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -32,6 +34,62 @@ def test_raw_segment_round_trips_arbitrary_bytes(entries: list[sg.ArchivedEntry]
     assert decoded == entries
     for got, want in zip(decoded, entries, strict=True):
         assert list(got.fields.items()) == list(want.fields.items())  # Redis order, not just equal dicts
+
+
+def _reference_encode(entries: list[sg.ArchivedEntry]) -> bytes:
+    """The path raw_table replaced: one Python dict per field, the rows through Arrow's generic
+    from_pylist, default Parquet options. Kept here only as the reference the fast path must equal."""
+    rows = []
+    for e in entries:
+        f = e.fields
+        ms, _, seq = e.id.partition("-")
+        number = sg._int_or_none(f.get(b"seq"))
+        rows.append({"shard": e.shard, "stream": e.stream, "id": e.id, "id_ms": int(ms), "id_seq": int(seq or 0),
+                     "run": sg._text(f.get(b"run")), "seq": number, "kind": sg._text(f.get(b"kind")),
+                     "ts": sg._text(f.get(b"ts")), "line": f.get(b"line"),
+                     "fields": [{"name": k, "value": v} for k, v in f.items()]})
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=sg.RAW_SCHEMA), sink, compression="zstd")
+    return sink.getvalue()
+
+
+def _reference_decode(data: bytes) -> list[sg.ArchivedEntry]:
+    """Arrow's generic to_pylist of the whole table, a struct per field (the path decode replaced)."""
+    return [sg.ArchivedEntry(r["shard"], r["stream"], r["id"], {p["name"]: p["value"] for p in r["fields"]})
+            for r in pq.read_table(io.BytesIO(data)).to_pylist()]
+
+
+@settings(max_examples=100, deadline=None)
+@given(_entries)
+def test_flat_array_paths_equal_the_dict_per_field_reference(entries: list[sg.ArchivedEntry]) -> None:
+    """Both directions against the reference: the fast decoder reads what the old encoder wrote (an
+    archive written before the change), the reference decoder reads what the fast encoder writes (any
+    other Parquet reader), and every column of the two files is equal, not only `fields`."""
+    fast, old = sg.encode_raw_segment(entries), _reference_encode(entries)
+    assert sg.decode_raw_segment(old) == _reference_decode(fast) == entries
+    assert pq.read_table(io.BytesIO(fast)).equals(pq.read_table(io.BytesIO(old)))
+    assert pq.read_schema(io.BytesIO(fast)).metadata == pq.read_schema(io.BytesIO(old)).metadata
+
+
+def test_decode_leaves_the_cyclic_collector_as_it_was() -> None:
+    """decode_raw_segment pauses the collector while it builds the entries (docstring): it must
+    restore it, enabled or disabled, also when the object is refused."""
+    data = sg.encode_raw_segment([sg.ArchivedEntry(0, "raw", "1-0", {b"a": b"b"})])
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            assert sg.decode_raw_segment(data)[0].fields == {b"a": b"b"}
+            assert gc.isenabled() is enabled
+            with pytest.raises(sg.SegmentError):
+                sg.decode_raw_segment(data[: len(data) // 2])
+            assert gc.isenabled() is enabled
+            with pytest.raises(RuntimeError), sg._no_cyclic_gc():  # an error while the entries are built
+                assert not gc.isenabled()
+                raise RuntimeError("boom")
+            assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 def test_raw_convenience_columns_and_duckdb(tmp_path) -> None:
