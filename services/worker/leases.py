@@ -62,8 +62,8 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import RedisError
 
+from services.broker.connect import sync_client_with_timeouts
 from services.broker.errors import describe, is_outage
-from services.broker.helpers import sync_client_with_timeouts
 from services.metrics import Metrics
 from services.settings import Settings
 
