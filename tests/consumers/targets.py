@@ -3,47 +3,24 @@ private PostgreSQL cluster that stops, a PostgreSQL behind a slow proxy."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import AbstractContextManager, contextmanager
 
 from psycopg.conninfo import make_conninfo
 
 from tests.consumers.harness import Consumer, OtlpConsumer, PostgresConsumer, Target, World
+from tests.support import postgres as postgres_support
 from tests.support.otlp_receiver import RunningReceiver
-from tests.support.postgres import PG_BIN, PrivateCluster, _as_postgres, free_port
+from tests.support.postgres import PrivateCluster
 from tests.support.slow_proxy import SlowProxy
 
 Phase = tuple[float, Callable[[], None]]  # (seconds after the outage began, what changes then)
 OUTAGE_STATUSES = (401, 403, 404, 429, 503)
 
 
-@contextmanager
-def private_cluster() -> Iterator[PrivateCluster]:
-    if PG_BIN is None or not (PG_BIN / "initdb").exists():
-        raise RuntimeError("no /usr/lib/postgresql/*/bin/initdb (the postgresql package)")
-    base = Path(tempfile.mkdtemp(prefix="goose-contract-pg-"))
-    try:
-        if os.geteuid() == 0:
-            shutil.chown(base, "postgres", "postgres")
-        datadir = base / "data"
-        subprocess.run([str(PG_BIN / "initdb"), "-D", str(datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                        "--no-sync"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **_as_postgres())
-        cluster = PrivateCluster(datadir, free_port())
-        cluster.start()
-        try:
-            yield cluster
-        finally:
-            try:
-                cluster.stop("immediate")
-            except RuntimeError:
-                pass
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+def private_cluster() -> AbstractContextManager[PrivateCluster]:
+    # its own prefix: other pytest sessions on the machine clean up their own temporary roots
+    return postgres_support.private_cluster("goose-contract-pg-")
 
 
 def _reopen(t: Target, fail_status: int | None) -> None:

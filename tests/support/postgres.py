@@ -10,6 +10,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,13 +103,14 @@ def _as_postgres() -> dict:
     return {"preexec_fn": demote}
 
 
-@pytest.fixture
-def private_postgres() -> Iterator[PrivateCluster]:
+@contextmanager
+def private_cluster(prefix: str = "goose-ingest-pg-") -> Iterator[PrivateCluster]:
+    """A PostgreSQL server of our own, started, stopped (immediate) and deleted at the end."""
     if PG_BIN is None or not (PG_BIN / "initdb").exists():
         missing("/usr/lib/postgresql/*/bin/initdb", "the postgresql package")
     # Not under pytest's tmp_path: its root is 0700 (and reset so by every pytest session), which
     # the postgres user cannot enter.
-    base = Path(tempfile.mkdtemp(prefix="goose-ingest-pg-"))
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         if os.geteuid() == 0:
             shutil.chown(base, "postgres", "postgres")
@@ -126,6 +128,12 @@ def private_postgres() -> Iterator[PrivateCluster]:
                 pass  # already stopped by the test
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivateCluster]:
+    with private_cluster() as cluster:
+        yield cluster
 
 
 def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1):
