@@ -440,8 +440,11 @@ class Redactor:
     def _key_info(self, k: str) -> tuple[int, str | None, tuple[tuple[str, int], ...]]:
         """What a nested object key is: its secret-key kind, and its redacted text (None when the
         text rules leave it alone) with their counts. Cached: keys repeat across events."""
-        kind = secret_key_kind(k)
         red, counts = self.redact_text(k)
+        # The key as it will be written decides too: a key the text rules turn into one that names
+        # a secret ("PROD_<jwt> PRIVATE KEY" -> "PROD_[REDACTED:jwt] PRIVATE KEY") would otherwise
+        # get its value replaced only by a second pass, and redaction must be idempotent.
+        kind = secret_key_kind(k) or secret_key_kind(red)
         info = (kind, red if red != k else None, tuple(counts.items()))
         if len(self._key_infos) >= _KEY_CACHE_MAX:
             self._key_infos.clear()

@@ -34,7 +34,7 @@ from services.redaction.rules import (
     secret_key_kind,
 )
 
-_DATA = json.loads((Path(__file__).resolve().parents[2] / "data" / "redaction_corpus.json").read_text("utf-8"))
+_DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "redaction_corpus.json").read_text("utf-8"))
 CORPUS = _DATA["cases"]
 EVENT_CORPUS = _DATA["event_cases"]
 R = Redactor()
@@ -450,6 +450,21 @@ _json = st.recursive(
                                                children, max_size=4)),
     max_leaves=12,
 )
+
+
+def test_a_key_the_rules_turn_into_a_secret_name_hides_its_value_on_the_first_pass():
+    """Found by the idempotence property in a full run: the key's JWT is redacted, and what remains
+    names a private key, so the value is a secret field at once, not only on a second pass."""
+    jwt = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
+           "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U")
+    event = {"eventId": "r:0", "runId": "r", "seq": 0, "type": "unknown", "timestamp": "2026-01-01T00:00:00.000Z",
+             "lines": [1, 1], "raw": {f"PROD_{jwt}-----END RSA PRIVATE KEY-----":
+                                      "ANTHROPIC_API_KEY=sk-ant-api03-AbCdEf123456-GhIjKl789012_MnOp"}}
+    once, _ = R.redact_event(event, [])
+    twice, counts = R.redact_event(once, [])
+    assert list(once["raw"].values()) == ["[REDACTED:secret-field]"]
+    assert jwt not in orjson.dumps(once).decode()
+    assert twice == once and sum(counts.values()) == 0
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
