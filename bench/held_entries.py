@@ -67,11 +67,9 @@ def publish(client: redis.Redis, stream: str, run: str, lines: list[str], order:
     pipe = client.pipeline(transaction=False)
     for seq in order:
         if seq == len(lines):
-            entry = Entry(run=run, seq=seq, ts=1_790_000_000_000 + seq, kind="eof", stream="stdout", line="", exit=0,
-                          host="bench", agent=None, sid="")
+            entry = Entry.of_eof(run, seq, 1_790_000_000_000 + seq, 0, host="bench")
         else:
-            entry = Entry(run=run, seq=seq, ts=1_790_000_000_000 + seq, kind="line", stream="stdout",
-                          line=lines[seq], exit=None, host="bench", agent=None, sid="")
+            entry = Entry.of_line(run, seq, 1_790_000_000_000 + seq, lines[seq], host="bench")
         pipe.xadd(stream, entry.to_fields())
     pipe.execute()
 
@@ -156,8 +154,7 @@ def main() -> int:
                   f"{f.bytes_per_entry:8.0f} B to Redis/entry  largest state {f.max_state:,} B  "
                   f"held fields up to {f.max_held_fields:,}")
     # What a state holding its entries inline would have sent: every commit rewrites all held so far.
-    held_json = [len(encode_held(Entry(run="bench/held", seq=i + 1, ts=1_790_000_000_000, kind="line", stream="stdout",
-                                       line=ln, exit=None, host="bench", agent=None, sid="1-0")))
+    held_json = [len(encode_held(Entry.of_line("bench/held", i + 1, 1_790_000_000_000, ln, host="bench", sid="1-0")))
                  for i, ln in enumerate(lines)]
     inline = sum(sum(held_json[:end]) for end in range(args.batch, args.held + 1, args.batch)) / args.held
     print(f"held / in order: time {held_us / floor_us:.2f}x, bytes written {held_b / floor_b:.2f}x; "

@@ -68,8 +68,8 @@ def small_line(i: int) -> str:
 
 
 def entry(run: str, seq: int, line: str) -> Entry:
-    return Entry(run=run, seq=seq, ts=TS + seq, kind="line", stream="stdout", line=line, exit=None, host="bench",
-                 agent="claude/2", sid="", format="claude-code" if seq == 0 else None)
+    return Entry.of_line(run, seq, TS + seq, line, host="bench", agent="claude/2",
+                         format="claude-code" if seq == 0 else None)
 
 
 def net_in(client: redis.Redis) -> int:

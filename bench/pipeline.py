@@ -138,9 +138,9 @@ def _bulk(a: bytes) -> bytes:
 
 def encode_entry(item: Item, ts_ms: int) -> dict[bytes, bytes]:
     """The raw entry's fields, encoded by the one encoder (Entry.to_fields), as the Python tap does."""
-    kind, line = ("eof", "") if item.line is None else ("line", item.line.decode("utf-8", "surrogateescape"))
-    entry = Entry(run=item.run, seq=item.seq, ts=ts_ms, kind=kind, stream="stdout", line=line, exit=None,
-                  host=HOST_LABEL.decode(), agent=AGENT_LABEL.decode(), sid="")
+    labels = {"host": HOST_LABEL.decode(), "agent": AGENT_LABEL.decode()}
+    entry = (Entry.of_eof(item.run, item.seq, ts_ms, None, **labels) if item.line is None
+             else Entry.of_line(item.run, item.seq, ts_ms, item.line.decode("utf-8", "surrogateescape"), **labels))
     fields = entry.to_fields()
     if item.line is not None:
         fields[b"line"] = item.line  # the bytes exactly as read

@@ -60,6 +60,25 @@ class Entry(NamedTuple):
     continues: str | None = None  # run key this run continues (a later part of an imported session)
     format: str | None = None  # the agent's output format label (goose | claude-code | codex | ...)
 
+    # ------------------------------------------------------------------ constructors
+    # One per kind, with the fields that kind has: eleven positional fields are easy to misplace.
+    @classmethod
+    def of_line(cls, run: str, seq: int, ts: int, line: str, *, stream: str = "stdout", sid: str = "",
+                host: str | None = None, agent: str | None = None, parent: str | None = None,
+                continues: str | None = None, format: str | None = None) -> Entry:
+        return cls(run, seq, ts, LINE, stream, line, None, host, agent, sid, -1, (), parent, continues, format)
+
+    @classmethod
+    def of_eof(cls, run: str, seq: int, ts: int, exit: int | None = 0, *, stream: str = "stdout", sid: str = "",
+               host: str | None = None, agent: str | None = None, parent: str | None = None,
+               continues: str | None = None, format: str | None = None) -> Entry:
+        return cls(run, seq, ts, EOF, stream, "", exit, host, agent, sid, -1, (), parent, continues, format)
+
+    @classmethod
+    def of_abandon(cls, run: str, seq: int, ts: int, through: int, missing: tuple[SeqRange, ...] = (), *,
+                   sid: str = "", host: str | None = None, agent: str | None = None) -> Entry:
+        return cls(run, seq, ts, ABANDON, "stdout", "", None, host, agent, sid, through, missing)
+
     # ------------------------------------------------------------------ serialized state
     def to_list(self) -> list[object]:
         return list(self)

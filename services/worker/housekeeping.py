@@ -17,10 +17,9 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 
 from contracts.events import EVENT_TYPES
-from contracts.raw import ABANDON, stream_id_ms
+from contracts.raw import stream_id_ms
 from services.metrics import Metrics
 from services.sequencer import Entry, missing_ranges, plan_abandon
-from services.sequencer.entries import STDOUT
 from services.settings import Settings
 from services.streams.groups import ensure_groups
 from services.streams.lag import read_backlog
@@ -197,8 +196,7 @@ class Housekeeper:
             await self.client.zrem(active, run)
             return False
         through, missing = plan_abandon(sequencer)
-        marker = Entry(run=run, seq=max(through, 0), ts=now_ms, kind=ABANDON, stream=STDOUT, line="",
-                       exit=None, host=None, agent=None, sid="0-0", through=through, missing=missing_ranges(missing))
+        marker = Entry.of_abandon(run, max(through, 0), now_ms, through, missing_ranges(missing), sid="0-0")
         result = await self.processor.abandon(run, marker)
 
         record_result(self.metrics, result, 0.0, 0)

@@ -28,14 +28,14 @@ def entries(draw: st.DrawFn) -> Entry:
         through = draw(st.integers(-1, 10_000))
         cuts = sorted(draw(st.sets(st.integers(0, max(through, 0)), max_size=6)))
         missing = tuple((a, b) for a, b in zip(cuts[::2], cuts[1::2], strict=False) if through >= 0)
-        return Entry(kind="abandon", stream="stdout", line="", exit=None, through=through, missing=missing, **common)
+        return Entry.of_abandon(common.pop("run"), common.pop("seq"), common.pop("ts"), through, missing, **common)
     labels = dict(parent=draw(st.none() | RUN), continues=draw(st.none() | RUN), format=draw(FORMAT))
     if kind == "eof":
-        return Entry(kind="eof", stream="stdout", line="", exit=draw(st.none() | st.integers(-(2**31), 2**31 - 1)),
-                     **common, **labels)
-    return Entry(kind="line", stream=draw(st.sampled_from(["stdout", "stderr"])),
-                 line=draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)), exit=None,
-                 **common, **labels)
+        return Entry.of_eof(common.pop("run"), common.pop("seq"), common.pop("ts"),
+                            draw(st.none() | st.integers(-(2**31), 2**31 - 1)), **common, **labels)
+    return Entry.of_line(common.pop("run"), common.pop("seq"), common.pop("ts"),
+                         draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)),
+                         stream=draw(st.sampled_from(["stdout", "stderr"])), **common, **labels)
 
 
 def _normal(e: Entry) -> Entry:

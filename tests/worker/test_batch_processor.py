@@ -28,14 +28,12 @@ TS = 1_790_000_000_000
 
 
 def line(run: str, seq: int, text: str | None = None) -> dict[bytes, bytes]:
-    entry = Entry(run=run, seq=seq, ts=TS + seq, kind="line", stream="stdout",
-                  line=TEXT % (seq, text if text is not None else f"part {seq}"), exit=None, host="h", agent=None, sid="")
+    entry = Entry.of_line(run, seq, TS + seq, TEXT % (seq, text if text is not None else f"part {seq}"), host="h")
     return entry.to_fields()
 
 
 def eof(run: str, seq: int, exit_code: int | None = 0) -> dict[bytes, bytes]:
-    return Entry(run=run, seq=seq, ts=TS + seq, kind="eof", stream="stdout", line="", exit=exit_code, host="h",
-                 agent=None, sid="").to_fields()
+    return Entry.of_eof(run, seq, TS + seq, exit_code, host="h").to_fields()
 
 
 class Harness:

@@ -45,8 +45,10 @@ def small_line(i: int) -> str:
 
 
 def entry(run: str, seq: int, line: str = "", kind: str = "line") -> Entry:
-    return Entry(run=run, seq=seq, ts=TS + seq, kind=kind, stream="stdout", line=line, exit=0 if kind == "eof" else None,
-                 host="h", agent="claude/2", sid=f"{TS + seq}-0", format="claude-code" if seq == 0 else None)
+    labels = {"host": "h", "agent": "claude/2", "sid": f"{TS + seq}-0", "format": "claude-code" if seq == 0 else None}
+    if kind == "eof":
+        return Entry.of_eof(run, seq, TS + seq, 0, **labels)
+    return Entry.of_line(run, seq, TS + seq, line, **labels)
 
 
 def the_issue_case(run: str, calls: int = CALLS, small: int = SMALL) -> list[Entry]:
