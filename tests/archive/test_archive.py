@@ -28,19 +28,8 @@ from services.metrics.server import read_port_file
 from tests.broker.test_acl import REPO, AclBroker, acl_broker  # noqa: F401 (fixture)
 from tests.support.pipeline import wait_until
 from tests.support.s3_proxy import S3Proxy
-from tests.support.s3_server import S3Server, start_s3
-
-BUCKET = "goose-archive-test"
-
-
-@pytest.fixture
-def s3(tmp_path: Path):
-    server = start_s3(tmp_path / "moto")
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.close()
+from tests.support.s3_server import TEST_BUCKET as BUCKET
+from tests.support.s3_server import S3Server
 
 
 # ------------------------------------------------------------------------------------------ helpers

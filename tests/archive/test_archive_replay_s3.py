@@ -18,21 +18,11 @@ from tests.archive.test_archive import stop as stop_archive
 from tests.broker.test_acl import AclBroker, acl_broker  # noqa: F401 (fixture)
 from tests.support.fixtures import TRANSCRIPTS
 from tests.support.pipeline import REPO, wait_until
-from tests.support.s3_server import S3Server, start_s3
+from tests.support.s3_server import TEST_BUCKET as BUCKET
+from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.e2e
 
-BUCKET = "goose-replay-test"
-
-
-@pytest.fixture
-def s3(tmp_path: Path):
-    server = start_s3(tmp_path / "moto")
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.close()
 
 
 def _ended(b: AclBroker) -> set[str]:

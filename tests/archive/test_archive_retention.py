@@ -13,26 +13,16 @@ import asyncio
 import time
 from pathlib import Path
 
-import pytest
 from pydantic import SecretStr
 
 from services.broker.connect import async_client
 from services.settings import Settings
 from services.worker.housekeeping import Housekeeper
-from tests.archive.test_archive import BUCKET, Objects, archive_done, expected_raw, http, publish, start_archive, stop
+from tests.archive.test_archive import Objects, archive_done, expected_raw, http, publish, start_archive, stop
 from tests.broker.test_acl import AclBroker, acl_broker  # noqa: F401 (fixture)
 from tests.support.pipeline import wait_until
-from tests.support.s3_server import S3Server, start_s3
-
-
-@pytest.fixture
-def s3(tmp_path: Path):
-    server = start_s3(tmp_path / "moto")
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.close()
+from tests.support.s3_server import TEST_BUCKET as BUCKET
+from tests.support.s3_server import S3Server
 
 
 def _trim(b: AclBroker, archive_url: str | None) -> None:

@@ -32,6 +32,9 @@ def _moto_server() -> str:
     return found
 
 
+TEST_BUCKET = "goose-archive-test"  # the bucket tests/archive/conftest.py makes
+
+
 @dataclass
 class S3Server:
     port: int
