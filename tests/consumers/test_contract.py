@@ -58,9 +58,7 @@ class ConsumerContract:
         return cls.consumer.has_external_target or case not in cls.NEEDS_TARGET
 
     def outcome(self, contract_outcomes, case: str) -> Outcome:
-        if not self.applies(case):
-            pytest.skip(f"{self.consumer.name} has no external target: its only target is Redis, whose outage "
-                        "is test_redis_full")
+        assert self.applies(case), f"{self.consumer.name}: {case} does not apply (see NEEDS_TARGET)"
         return contract_outcomes(case, self.consumer.name)
 
     def test_lost_group(self, contract_outcomes):
@@ -143,6 +141,10 @@ class ConsumerContract:
 
 class TestWorker(ConsumerContract):
     consumer = WorkerConsumer()
+    # The worker has no external target: its only target is Redis, whose outage is test_redis_full.
+    # Not collected rather than skipped (the cases of NEEDS_TARGET).
+    test_target_down = None
+    test_slow_target = None
 
 
 class TestExportOtlp(ConsumerContract):
