@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 from typing import Any, cast
 
 from services.settings import ConfigError, Settings
@@ -52,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from services.archive.store import StoreError, open_store
     from services.broker.connect import sync_client
     from services.metrics.server import serve as serve_metrics
+    from services.metrics.startup import stop_on_signals
 
     store = open_store(settings)
     assert store is not None  # archive_url is set
@@ -78,12 +78,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("archive to %s, group %s, consumer %s; metrics on %s:%d", store.describe(), archiver.group,
              archiver.consumer, server.host, server.port)
 
-    def _stop(signum: int, _frame: Any) -> None:
-        log.info("signal %d: writing what was read, then stopping", signum)
-        archiver.stop()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop_on_signals(log, "writing what was read, then stopping", archiver.stop)
     try:
         archiver.run()
     finally:

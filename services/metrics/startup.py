@@ -67,3 +67,15 @@ class StopOnSignal:
             raise
         finally:
             self._targets.remove(task.cancel)
+
+
+def stop_on_signals(logger: logging.Logger, doing: str, stop: Callable[[], object]) -> None:
+    """SIGTERM/SIGINT call ``stop`` in a synchronous consumer (`export postgres`, `archive`): its loop
+    ends after ``doing`` (what it finishes first, said in the log line)."""
+
+    def _stop(signum: int, _frame: object) -> None:
+        logger.info("signal %d: %s", signum, doing)
+        stop()
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _stop)

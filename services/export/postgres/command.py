@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from datetime import timedelta
 from typing import Any, cast
@@ -118,6 +117,7 @@ def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None)
     from services.export.postgres.sink import DEFAULT_GROUP, Sink, SinkOptions, redact_dsn
     from services.export.postgres.store import Store
     from services.metrics.server import serve as serve_metrics
+    from services.metrics.startup import stop_on_signals
     from services.streams.names import stable_consumer
 
     options = SinkOptions(
@@ -136,19 +136,13 @@ def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None)
     try:
         server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, sink.is_ready,
                                port_file=settings.metrics_port_file)
-    except OSError as exc:
+    except ConfigError:  # the port is taken (MetricsPortUnavailable): one line, exit 2
         store.close()
-        raise ConfigError(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} ({exc.strerror}); "
-                          "set GOOSE_INGEST_METRICS_PORT") from None
+        raise
     log.info("export postgres to %s, group %s, consumer %s; metrics on %s:%d",
              redact_dsn(dsn), options.group, options.consumer, server.host, server.port)
 
-    def _stop(signum: int, _frame: Any) -> None:
-        log.info("signal %d: finishing the current batch", signum)
-        sink.stop()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop_on_signals(log, "finishing the current batch", sink.stop)
     try:
         sink.run()
     finally:
