@@ -7,7 +7,7 @@ with one warning line, never a traceback (issue 20 finding 3): nothing is lost b
 A group Redis lost (restarted empty, flushed: NOGROUP on read) is recreated at 0 and read again;
 the consumers' writes are idempotent, so re-reading what they had exported doubles nothing.
 
-Moved here from services/broker/groups.py (which re-exports these names).
+Moved here from services/broker/groups.py.
 """
 
 from __future__ import annotations

@@ -465,7 +465,7 @@ def _close_quietly(client: Any) -> None:
 def gate_reads(sub: Any, may_read: Callable[[], bool], idle_s: float) -> None:
     """Wrap a FastStream stream subscriber's XREADGROUP so it reads only while `may_read()`;
     otherwise it waits as long as an idle read would and returns nothing (like
-    services/broker/groups.guard_missing_group, the wrapped method is FastStream's read call)."""
+    services/streams/groups.guard_missing_group, the wrapped method is FastStream's read call)."""
     read: Callable[..., Awaitable[Any]] = sub._xreadgroup
 
     async def gated(**kwargs: Any) -> Any:
