@@ -33,7 +33,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 from opentelemetry.sdk.trace import ReadableSpan
@@ -152,6 +152,15 @@ def decode_entry(entry_id: Any, fmap: dict[Any, Any]) -> Decoded:
     if isinstance(body.get("seq"), int) and not isinstance(body.get("seq"), bool):
         seq = body["seq"]
     return Decoded(sid, run or None, seq, body)
+
+
+class RunFlags(NamedTuple):
+    """What a run's export state says before a batch is finished (`TraceExporter._flags`)."""
+
+    done: bool  # its root went out
+    dead: bool  # it was dead-lettered
+    complete: bool  # done, and not by timeout: every event its terminal record counts was seen
+    sent: set[int]  # seqs of this batch's tool events already seen (their spans are out)
 
 
 class TraceExporter:
@@ -398,8 +407,8 @@ class TraceExporter:
                                    args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s]))
 
     # ------------------------------------------------------------------ batches
-    async def _flags(self, work: dict[str, RunWork]) -> dict[str, tuple[bool, bool, bool, set[int]]]:
-        """(done, dead, complete, sent) of each run's state.
+    async def _flags(self, work: dict[str, RunWork]) -> dict[str, RunFlags]:
+        """The RunFlags of each run's state.
 
         complete: the root went out because every event its terminal record counts had been seen;
         sent: the seqs of this batch's tool events already seen. An event is noted seen only after
@@ -413,13 +422,13 @@ class TraceExporter:
             seqs = [seq for seq, _ in work[run].tool_spans]
             pipe.hmget(self.state_key(run), "done", "dead", "w", *[f"s:{q}" for q in seqs], *[f"t:{q}" for q in seqs])
         answers = await pipe.execute()
-        out: dict[str, tuple[bool, bool, bool, set[int]]] = {}
+        out: dict[str, RunFlags] = {}
         for run, values in zip(runs, answers, strict=True):
             done, dead, mark = values[0], values[1], int(values[2] or 0)
             seqs = [seq for seq, _ in work[run].tool_spans]
             marks, legacy = values[3:3 + len(seqs)], values[3 + len(seqs):]
             sent = {q for q, m, t in zip(seqs, marks, legacy, strict=True) if q < mark or m is not None or t is not None}
-            out[run] = (done is not None, dead is not None, done is not None and done != b"timeout", sent)
+            out[run] = RunFlags(done is not None, dead is not None, done is not None and done != b"timeout", sent)
         return out
 
     def _heartbeat(self, stream: str, ids: Sequence[str]) -> Callable[[], Awaitable[None]]:
@@ -533,24 +542,24 @@ class TraceExporter:
             flags = await self._broker(partial(self._flags, work))
             spans: dict[str, list[tuple[str, ReadableSpan]]] = {}
             for run, w in work.items():
-                done, dead, complete, sent = flags[run]
-                if dead:
+                f = flags[run]
+                if f.dead:
                     for _ in w.tool_spans:
                         self.metrics.spans_dead_lettered.labels(kind="tool").inc()
                     continue
-                if complete:
+                if f.complete:
                     continue  # its events were all in the root and its tool spans are out (see _flags)
-                if done:
+                if f.done:
                     late = sum(1 for ev in w.events.values() if ev is not None)
                     self.metrics.late_events.inc(late)
-                spans[run] = [("tool", span) for seq, span in w.tool_spans if seq not in sent]
+                spans[run] = [("tool", span) for seq, span in w.tool_spans if seq not in f.sent]
             rejected = await self.deliver(spans, self._heartbeat(stream, ids))
             for run, detail in rejected.items():
                 await self.kill_run(stream, run, work[run].entry_ids[0], detail)
             ready: list[str] = []
             now_ms = int(time.time() * 1000)
             for run, w in work.items():
-                if run in rejected or flags[run][0] or flags[run][1]:
+                if run in rejected or flags[run].done or flags[run].dead:
                     continue
                 args: list[Any] = [
                     run,
