@@ -7,6 +7,7 @@ side)."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,8 +136,7 @@ def _kill_and_restart(c: Consumer, tmp: Path, tag: str, when: Callable[[Consumer
         batch = runs_of(f"{tag}-x", copies=4)
         runs = set(batch)
         feeding, fed = background(lambda: _feed(c, w, batch))
-        caught = wait_until(lambda: when(c, w, t, runs), 90, interval=0.005)
-        pending = _pending(w, c)
+        caught, pending = _freeze_when(first, lambda: when(c, w, t, runs), lambda: _pending(w, c))
         kill(first)
         delivered_before = c.account(w, t, runs).expected - len(c.account(w, t, runs).lost)
         feeding.join()
@@ -146,6 +146,24 @@ def _kill_and_restart(c: Consumer, tmp: Path, tag: str, when: Callable[[Consumer
         out = _finish(c, w, t, runs, [second], [_log(w, f"{tag}-1"), _log(w, f"{tag}-2")],
                       caught=caught, pending_at_kill=pending, delivered_before_kill=delivered_before)
         return out
+
+
+def _freeze_when(proc: Any, when: Callable[[], bool], pending: Callable[[], int],
+                 timeout: float = 90) -> tuple[bool, int]:
+    """Stop `proc` (SIGSTOP) the moment `when` holds, and keep it stopped if `when` still holds and
+    entries are pending then; else let it go on (SIGCONT) and wait again. A stopped process acks
+    nothing, so what is pending at the kill that follows is what was seen here: without the freeze
+    a busy test thread could see an entry pending and the consumer ack it before the kill."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if when():
+            os.kill(proc.pid, signal.SIGSTOP)
+            seen = pending()
+            if seen > 0 and when():
+                return True, seen
+            os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.005)
+    return False, pending()
 
 
 def _has_pending(c: Consumer, w: World, t: Target, runs: set[str]) -> bool:
