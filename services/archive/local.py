@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +39,49 @@ class LocalArchive:
     def stop(self, timeout: float = 30.0) -> None:
         self.archiver.stop()
         self.thread.join(timeout)
+
+    def unread(self) -> int | None:
+        """Entries of the archived streams its group has not read yet (None: not known yet, e.g. the
+        group does not exist on a stream). Read entries are in its open segments or written."""
+        total = 0
+        for src in self.archiver.all:
+            try:
+                groups = self.archiver.client.xinfo_groups(src.stream)
+            except Exception:  # noqa: BLE001 - no stream yet, broker hiccup: not known
+                return None
+            mine = next((g for g in groups if _text(g.get("name", b"")) == self.archiver.group), None)
+            if mine is None or mine.get("lag") is None:
+                return None
+            total += int(mine["lag"])
+        return total
+
+    def finish(self, timeout: float) -> int:
+        """A one-shot command's end (`demo`): wait until the archive has read everything, then stop it,
+        which writes what it read (flush_on_stop). Returns how many entries stay unarchived (pending
+        or unread: they are rewritten on the next start against the same broker)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.unread() != 0:
+            time.sleep(0.1)
+        self.stop(timeout=max(1.0, deadline - time.monotonic()))
+        left = 0
+        for src in self.archiver.all:
+            try:
+                left += int(self.archiver.client.xpending(src.stream, self.archiver.group)["pending"])
+            except Exception:  # noqa: BLE001 - counted as what we could not check
+                return -1
+        return left + (self.unread() or 0)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def archives_here(settings: Settings, embedded: bool) -> bool:
+    """Whether `up`/`demo` archive in-process: with their own embedded broker, or when
+    GOOSE_INGEST_ARCHIVE_URL says where. On a configured broker without one, the archive group may be
+    a deployment's `goose-ingest archive`: a local thread in that group would take its entries into a
+    folder on this machine, a gap in the deployment's log of record."""
+    return embedded or bool(settings.archive_url)
 
 
 def start_local_archive(settings: Settings) -> tuple[Settings, LocalArchive]:

@@ -44,6 +44,7 @@ def default_transcripts() -> list[Transcript]:
             out.append(Transcript(path, fmt, f"{fmt}-{path.stem}"))
     return out
 WORKER_STOP_TIMEOUT_S = 15.0
+ARCHIVE_FINISH_TIMEOUT_S = 30.0  # demo: the archive reads what the worker wrote, then writes it on stop
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,7 +64,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="push goose transcripts through a live pipeline and show the events",
         description="Publish transcripts (default: the shared goose fixtures and one Claude Code and one Codex "
         "transcript) as runs through a real worker process -- on an embedded redis-server unless a broker is "
-        "configured -- and print the harness events and run records they became, one run after another.",
+        "configured -- and print the harness events and run records they became, one run after another. With its "
+        "embedded broker (or GOOSE_INGEST_ARCHIVE_URL set) it also archives the runs (docs/archive.md \"Locally\").",
     )
     demo.add_argument("files", nargs="*", help="stream-json / exec --json transcripts (default: the shared fixtures); "
                       "their format is detected by the workers")
@@ -139,10 +141,16 @@ def run_up(args: argparse.Namespace) -> int:
         # An URL exported in this shell (perhaps long ago) wins over the embedded server: say so, once.
         print(f"goose-ingest: using the broker GOOSE_INGEST_REDIS_URL={redact_url(url or '')} from the environment, "
               "no embedded redis-server (unset the variable to start one)", file=sys.stderr, flush=True)
-    from services.archive.local import start_local_archive  # the log of record beside it (docs/archive.md)
+    from services.archive.local import archives_here, start_local_archive  # the log of record (docs/archive.md)
 
+    archive = None
+    worker_settings = broker.settings
     try:
-        worker_settings, archive = start_local_archive(broker.settings)
+        if archives_here(broker.settings, broker.embedded is not None):
+            worker_settings, archive = start_local_archive(broker.settings)
+        else:
+            print("goose-ingest: not archiving (a configured broker may have its own `goose-ingest archive`; "
+                  "set GOOSE_INGEST_ARCHIVE_URL to archive from here)", file=sys.stderr, flush=True)
     except BaseException:
         broker.stop()
         raise
@@ -151,7 +159,8 @@ def run_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        archive.stop()
+        if archive is not None:
+            archive.stop()
         broker.stop()
 
 
@@ -213,10 +222,19 @@ def run_demo(args: argparse.Namespace) -> int:
         from services.export.otlp import demo as otlp_demo
 
         otlp_demo.check_endpoint(args.otlp)
+    from services.archive.local import archives_here, start_local_archive
+
     broker = _broker(Settings())
     settings = broker.settings
+    archive = None
+    if archives_here(settings, broker.embedded is not None):
+        try:
+            settings, archive = start_local_archive(settings)
+        except BaseException:
+            broker.stop()
+            raise
     env = dict(os.environ, GOOSE_INGEST_REDIS_URL=settings.redis_url or "", GOOSE_INGEST_METRICS_PORT="0",
-               GOOSE_INGEST_SHARDS=str(settings.shards))
+               GOOSE_INGEST_SHARDS=str(settings.shards), GOOSE_INGEST_ARCHIVE_URL=settings.archive_url or "")
     # The worker's output is log, never the demo's result: its stdout goes to our stderr.
     worker = subprocess.Popen([sys.executable, "-m", "services.cli", "worker", "--log-level", "WARNING"], env=env,
                               stdout=sys.stderr.fileno())
@@ -248,8 +266,16 @@ def run_demo(args: argparse.Namespace) -> int:
                 return 1
             for run in sorted(runs):
                 print(otlp_demo.trace_line(run))
+        if archive is not None:
+            left = archive.finish(ARCHIVE_FINISH_TIMEOUT_S)
+            where = archive.archiver.store.describe()
+            print(f"goose-ingest demo: archived the runs' raw log, events and run records to {where}" if left == 0 else
+                  f"goose-ingest demo: {'some' if left < 0 else left} entries not archived to {where} within "
+                  f"{ARCHIVE_FINISH_TIMEOUT_S:.0f}s (the embedded broker stops with them)", file=sys.stderr)
         return 0
     finally:
+        if archive is not None:
+            archive.stop()
         if exporter is not None:
             otlp_demo.stop(exporter)
         worker.terminate()

@@ -11,6 +11,11 @@ import time
 
 import pytest
 
+from services.archive.reader import read_lake_events, read_raw
+from services.archive.store import open_store
+from services.archive.window import Window
+from services.broker.connect import sync_client
+from services.settings import Settings
 from services.tap.publisher import Publisher
 from tests.support.fixtures import REPO, TRANSCRIPTS
 from tests.support.pipeline import ended_runs, start_worker, stop, wait_until
@@ -57,6 +62,18 @@ def test_tail_without_a_broker_says_how_to_get_one():
     assert out.returncode == 2 and "GOOSE_INGEST_REDIS_URL" in out.stderr
 
 
+def _archived(directory) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """What a local archive folder holds: raw seqs per run (eof included) and lake events per run."""
+    store = open_store(Settings(archive_url=directory.resolve().as_uri()))
+    assert store is not None
+    seqs: dict[str, list[int]] = {}
+    for e in read_raw(store, Window()).entries:
+        if b"run" in e.fields and b"seq" in e.fields:
+            seqs.setdefault(e.fields[b"run"].decode(), []).append(int(e.fields[b"seq"]))
+    events = {run: len(by_id) for run, by_id in read_lake_events(store, Window(), None).events.items()}
+    return seqs, events
+
+
 def test_demo_runs_the_fixtures_through_an_embedded_broker_and_a_worker(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
     env["GOOSE_INGEST_SPOOL_DIR"] = str(tmp_path / "spool")
@@ -69,6 +86,15 @@ def test_demo_runs_the_fixtures_through_an_embedded_broker_and_a_worker(tmp_path
     for fmt in ("claude-code", "codex"):  # each shown as its own run, with tool events of its own
         block = next(b for b in out.stdout.split("\n\n") if f"/{fmt}-a-read-edit-test" in b)
         assert " read " in block and " command " in block and "RUN ENDED" in block, block
+    # ... and archived beside the spool (docs/archive.md "Locally"): every line and eof of every
+    # run once, in order, and every run's events in the lake, before the embedded broker went away.
+    assert "archived the runs' raw log, events and run records to file://" in out.stderr, out.stderr[-2000:]
+    seqs, events = _archived(tmp_path / "archive")
+    demo_runs = {run for run in seqs if run.startswith("demo/")}
+    assert len(demo_runs) == runs, sorted(seqs)
+    for run in demo_runs:
+        assert seqs[run] == list(range(len(seqs[run]))), run  # 0..eof, no gap, no duplicate
+        assert events.get(run, 0) > 0, run
 
 
 def test_up_starts_a_broker_and_a_worker_that_process_a_run(settings, tmp_path):
@@ -91,6 +117,37 @@ def test_up_starts_a_broker_and_a_worker_that_process_a_run(settings, tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert proc.returncode == 0
+    # its archive thread wrote the run on the way out (a short segment: the stop flushes)
+    seqs, _ = _archived(tmp_path / "archive")
+    lines = len(TRANSCRIPTS[0].read_bytes().splitlines())
+    assert seqs.get("up/one") == list(range(lines + 1)), sorted(seqs)
+
+
+def test_up_on_a_configured_broker_does_not_archive_unless_told_where(settings, tmp_path):
+    """A configured broker may have a deployment's `goose-ingest archive` in the same group: a thread
+    of `up` in that group would carry its entries off to this machine. `up` says it does not archive."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    env.update(cli_env(settings), GOOSE_INGEST_METRICS_PORT="0", GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
+    env.pop("GOOSE_INGEST_ARCHIVE_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up"], cwd=REPO, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("not archiving" in line for line in seen):
+            seen.append(proc.stderr.readline())
+        assert any("not archiving" in line and "GOOSE_INGEST_ARCHIVE_URL" in line for line in seen), seen
+        _publish(settings, "up/configured", TRANSCRIPTS[0])
+        wait_until(lambda: "up/configured" in ended_runs(settings), timeout=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+    assert not (tmp_path / "archive").exists()
+    # the archive's group was never created on the raw log
+    client = sync_client(settings)
+    groups = {g["name"] for s in settings.layout.raw_streams() if client.exists(s) for g in client.xinfo_groups(s)}
+    assert groups and not groups & {settings.archive_group, settings.archive_group.encode()}, groups
 
 
 @pytest.mark.parametrize("command", [["replay"], ["tail"], ["import-sessions", "x.db", "--namespace", "ns"]])
@@ -133,3 +190,14 @@ def test_tail_reads_every_partition_of_a_cluster_one_slot_per_read():
     single = Settings(shards=4, namespace="ns")
     (one,) = stream_groups(single, args)
     assert one[0] == [single.layout.events_partition(0), single.layout.runs_partition(0)]
+
+
+def test_demo_with_an_archive_url_it_cannot_use_is_one_line_and_leaves_no_broker(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    env.update(GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"), GOOSE_INGEST_ARCHIVE_URL="ftp://archive.example/x")
+    out = subprocess.run([sys.executable, "-m", "services.cli", "demo"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "goose-ingest demo: GOOSE_INGEST_ARCHIVE_URL 'ftp://archive.example/x': unsupported scheme 'ftp' "
+        "(use file:///dir or s3://bucket/prefix)"], out.stderr
