@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, SecretStr, TypeAdapter, ValidationError, model_validator
+from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.keys import KeyLayout
@@ -169,6 +169,11 @@ class Settings(BaseSettings):
         default="",
         description="File the metrics server writes its bound `host port` to (read by the image's HEALTHCHECK); \"\": none.",
     )
+    metric_tools: list[str] = Field(
+        default_factory=list,
+        description='Extension or MCP tool names (as in the events\' `tool`, e.g. ["github__create_issue"]) '
+                    "that keep their own `tool` metric label instead of `mcp`/`other`; JSON list, capped (docs/operations.md).",
+    )
 
     # --- redaction ----------------------------------------------------------
     redaction_enabled: bool = Field(default=True, description="Redact credentials in every published event (never in the raw log).")
@@ -265,6 +270,25 @@ class Settings(BaseSettings):
         description="Field bytes the archive holds as objects across its open segments; past it the largest raw stream becomes a row group, the largest lake segment is cut (bounds its memory).",
     )
     archive_store_timeout_s: float = Field(default=30.0, gt=0, description="One request to the object store fails after this long.")
+
+    @field_validator("metric_tools")
+    @classmethod
+    def _metric_tools(cls, names: list[str]) -> list[str]:
+        if not names:
+            return names  # the default: a tap never imports the metrics or the redaction rules
+        from services.metrics.registry import metric_tools_problem
+        from services.redaction import Redactor
+
+        # A label value is published in every scrape and alert: a name a redaction rule would hide
+        # is refused without quoting it (the error line must not leak what it looks like).
+        redactor = Redactor()
+        for i, name in enumerate(names):
+            if redactor.redact_text(name)[0] != name:
+                raise ValueError(f"entry {i + 1} looks like a credential (a redaction rule matches it)")
+        problem = metric_tools_problem(names)
+        if problem is not None:
+            raise ValueError(problem)
+        return names
 
     @model_validator(mode="before")
     @classmethod

@@ -10,12 +10,14 @@ from services.metrics.registry import (
     DEAD_LETTER_REASONS,
     EVENT_TYPES,
     FORMAT_LABELS,
+    METRIC_TOOLS_MAX,
     RAW_OUTCOMES,
     RUN_STATES,
     TOKEN_KINDS,
     TOOL_LABELS,
     TOOL_OUTCOMES,
     Metrics,
+    metric_tools_problem,
     tool_label,
 )
 from services.metrics.server import MetricsServer, serve
@@ -24,6 +26,7 @@ __all__ = [
     "DEAD_LETTER_REASONS",
     "EVENT_TYPES",
     "FORMAT_LABELS",
+    "METRIC_TOOLS_MAX",
     "RAW_OUTCOMES",
     "RUN_STATES",
     "TOKEN_KINDS",
@@ -31,6 +34,7 @@ __all__ = [
     "TOOL_OUTCOMES",
     "Metrics",
     "MetricsServer",
+    "metric_tools_problem",
     "serve",
     "tool_label",
 ]

@@ -2,7 +2,9 @@
 
 Label values are always drawn from the bounded sets below: anything else (a run id, a path, a
 command, an MCP tool name, a misspelt outcome) is mapped to ``"other"`` / ``"mcp"`` so a
-misbehaving agent can never explode the number of series.
+misbehaving agent can never explode the number of series. The one extension: the tool names an
+operator lists in GOOSE_INGEST_METRIC_TOOLS (at most ``METRIC_TOOLS_MAX``, checked by
+``metric_tool_problem``) keep their own ``tool`` label, so the per-tool alert can name an MCP tool.
 
 Not multiprocess-safe by design: each worker process has its own registry and its own port.
 Never start workers with ``faststream run --workers N`` (N processes behind one port, each scrape
@@ -12,6 +14,7 @@ sees one of them); run N processes with N ports, or N pods.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter as _Tally
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -68,6 +71,12 @@ BATCH_ENTRIES_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 1000
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _BASE_NAMES = frozenset(TOOL_BASE_NAMES)
+# GOOSE_INGEST_METRIC_TOOLS: each listed name adds up to len(TOOL_OUTCOMES) series per worker, so the
+# list is capped; names are label values shown on dashboards and in alert notifications, so they are
+# plain identifiers (MCP tool names are: `server__tool`, `mcp__server__tool`), never free text.
+METRIC_TOOLS_MAX = 32
+METRIC_TOOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_RESERVED_TOOL_LABELS = frozenset(("mcp", OTHER))
 _RAW_OUTCOMES = frozenset(RAW_OUTCOMES)
 _DL_REASONS = frozenset(DEAD_LETTER_REASONS)
 _EVENT_TYPES = frozenset(EVENT_TYPES)
@@ -76,12 +85,13 @@ _FORMATS = frozenset(FORMATS)
 _RUN_STATES = frozenset(RUN_STATES)
 
 
-def tool_label(name: object) -> str:
+def tool_label(name: object, named: frozenset[str] = frozenset()) -> str:
     """Bounded `tool` label for a tool name exactly as goose sent it.
 
     The base name (after the first ``__``, or the whole name) lower-cased when it is one of the
-    contract's base names; else ``"mcp"`` for any other extension tool (``ext__name``); else
-    ``"other"``.
+    contract's base names; else the name itself when the operator listed it (`named`,
+    GOOSE_INGEST_METRIC_TOOLS, matched exactly); else ``"mcp"`` for any other extension tool
+    (``ext__name``); else ``"other"``.
     """
     if not isinstance(name, str):
         return OTHER
@@ -91,7 +101,35 @@ def tool_label(name: object) -> str:
     lowered = base.lower()
     if lowered in _BASE_NAMES:
         return lowered
+    if name in named:
+        return name
     return "mcp" if sep else OTHER
+
+
+def metric_tool_problem(name: str) -> str | None:
+    """Why `name` cannot be a GOOSE_INGEST_METRIC_TOOLS entry (None: it can). The name itself is
+    only quoted once it is known to be a plain identifier."""
+    if not METRIC_TOOL_NAME.fullmatch(name):
+        return ("not a tool name (letters, digits, '_', '.', '-', starting with a letter or digit, "
+                "at most 64 characters)")
+    if name in _RESERVED_TOOL_LABELS:
+        return f"{name!r} is a label of its own already"
+    base = tool_label(name)
+    if base in _BASE_NAMES:
+        return f"{name!r} is the contract tool {base!r}, labelled {base!r} already"
+    return None
+
+
+def metric_tools_problem(names: Iterable[str]) -> str | None:
+    """Why this list cannot be GOOSE_INGEST_METRIC_TOOLS (None: it can): the cap, then each name."""
+    names = list(names)
+    if len(names) > METRIC_TOOLS_MAX:
+        return f"{len(names)} tools, at most {METRIC_TOOLS_MAX} (each one adds series to every worker)"
+    for i, name in enumerate(names):
+        problem = metric_tool_problem(name)
+        if problem is not None:
+            return f"entry {i + 1}: {problem}"
+    return None
 
 
 def tool_outcome(ev: Mapping[str, Any]) -> str:
@@ -125,7 +163,13 @@ def _format_label(fmt: object) -> str:
 class Metrics:
     """All metrics of one worker process, in its own ``CollectorRegistry``."""
 
-    def __init__(self, registry: CollectorRegistry | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None, tools: Iterable[str] = ()):
+        tools = tuple(tools)
+        problem = metric_tools_problem(tools)
+        if problem is not None:  # Settings refuses these first; a direct caller gets the same bound
+            raise ValueError(f"metric tools: {problem}")
+        # Tool names that keep their own `tool` label (GOOSE_INGEST_METRIC_TOOLS).
+        self.named_tools: frozenset[str] = frozenset(tools)
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         # Optional upper bound for the `shard` label (set it to settings.shards); None: MAX_SHARDS.
@@ -277,7 +321,8 @@ class Metrics:
             (cls, fmt): self.error_retries.labels(cls, fmt) for cls in ERROR_CLASSES for fmt in FORMAT_LABELS
         }
         self._tool_children = {
-            (tool, outcome): self.tool_events.labels(tool, outcome) for tool in TOOL_LABELS for outcome in TOOL_OUTCOMES
+            (tool, outcome): self.tool_events.labels(tool, outcome)
+            for tool in (*TOOL_LABELS, *sorted(self.named_tools)) for outcome in TOOL_OUTCOMES
         }
         self._run_children = {(s, fmt): self.runs.labels(s, fmt) for s in RUN_STATES for fmt in FORMAT_LABELS}
         self._token_children = {kind: self.tokens.labels(kind) for kind in TOKEN_KINDS}
@@ -319,7 +364,7 @@ class Metrics:
             t = ev.get("type")
             by_type[t if t in _EVENT_TYPES else OTHER] += 1
             if t in TOOL_EVENT_TYPES or (t == "unknown" and "tool" in ev):
-                by_tool[(tool_label(ev.get("tool")), tool_outcome(ev))] += 1
+                by_tool[(tool_label(ev.get("tool"), self.named_tools), tool_outcome(ev))] += 1
             elif t == "error":
                 errors[_error_class(ev)] += 1
             elif t == "warning" and "errorClass" in ev:

@@ -28,7 +28,7 @@ async def serve_worker(settings: Settings) -> int:
         await stop.wait(wait_for_broker(settings, log, early.not_ready))
         if stop.requested:
             return 0
-        app, parts = build_app(settings, Metrics())
+        app, parts = build_app(settings, Metrics(tools=settings.metric_tools))
         stop.forward(app.exit)
 
         @app.after_startup

@@ -8,7 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from contracts import EVENT_TYPES, RawEntry, harness_event_adapter, run_record_adapter
+from contracts.events import ERROR_CLASSES
 from contracts.generate import HERE, documents
+from tests.support.fixtures import REPO
 
 
 @pytest.mark.parametrize("name", sorted(documents()))
@@ -84,3 +86,35 @@ def test_every_example_in_the_contract_doc_is_a_valid_event():
     for example in examples:
         event = json.loads(example.replace("…", "..."))
         harness_event_adapter.validate_python(event)
+
+
+# ------------------------------------------------------------------ contract 1.1: error classes
+CONTRACT_VERSION = "1.1.0"  # docs/contract.md, "Error classes (contract 1.1)": errorClass added
+
+
+def test_the_contract_version_is_1_1_0_in_the_document_and_in_the_docs():
+    checked_in = json.loads((HERE / "asyncapi.json").read_text())
+    assert checked_in["info"]["version"] == CONTRACT_VERSION
+    assert json.loads(documents()["asyncapi.json"])["info"]["version"] == CONTRACT_VERSION
+    docs = (REPO / "docs" / "contract.md").read_text()
+    assert "## Error classes (contract 1.1)" in docs and f"AsyncAPI `info.version` is\n{CONTRACT_VERSION}" in docs
+
+
+@pytest.mark.parametrize("where", ["asyncapi.json", "schemas/harness-event.schema.json"])
+def test_error_class_is_an_optional_closed_field_of_the_error_event_schema(where):
+    doc = json.loads((HERE / where).read_text())
+    defs = doc["components"]["schemas"] if where == "asyncapi.json" else doc["$defs"]
+    for name in ("ErrorEvent", "WarningEvent"):  # errors, and the warnings that are retries of a cause
+        schema = defs[name]
+        assert schema["properties"]["errorClass"]["enum"] == list(ERROR_CLASSES), name
+        assert schema["properties"]["errorClass"]["type"] == "string"
+        # optional: events published before 1.1 stay valid, ids unchanged
+        assert "errorClass" not in schema["required"], name
+
+
+def test_error_events_with_and_without_a_class_validate_and_an_unknown_class_is_refused():
+    error = {**ENVELOPE, "type": "error", "message": "Rate limit exceeded: 429"}
+    harness_event_adapter.validate_python(error)  # a 1.0 event
+    harness_event_adapter.validate_python({**error, "errorClass": "rate_limit"})
+    with pytest.raises(ValidationError):
+        harness_event_adapter.validate_python({**error, "errorClass": "rate-limited"})

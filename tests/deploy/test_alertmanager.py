@@ -13,6 +13,7 @@ worker is up) absent.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 from services.broker.embedded import free_port
+from tests.support import alert_delivery
 from tests.support.needs import missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,3 +220,36 @@ def test_a_real_alertmanager_delivers_grouped_labelled_and_inhibits(alertmanager
     assert auth["_group"] == {"alertname": "GooseIngestAuthErrors", "job": JOB, "class": "auth"}
     (no_workers,) = firing["GooseIngestNoWorkers"]
     assert no_workers["_path"] == "/goose-ingest-pager"
+
+
+def _seconds(text: str) -> int:
+    """'6 min 30 s' -> 390 (the docs table's durations)."""
+    parts = re.fullmatch(r"(?:(\d+) min)? ?(?:(\d+) s)?", text.strip())
+    assert parts and any(parts.groups()), f"not a duration of the table: {text!r}"
+    return int(parts.group(1) or 0) * 60 + int(parts.group(2) or 0)
+
+
+def test_the_docs_state_every_alerts_delivery_latency_as_the_shipped_files_give_it():
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text[text.index("#### Delivery latency"):]
+    rows = re.findall(r"^\| (GooseIngest\w+) \| (\w+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", section, re.M)
+    documented = {name: (sev, *(_seconds(x) for x in rest)) for name, sev, *rest in rows}
+    computed = {}
+    for name in alert_delivery.alert_rules():
+        lat = alert_delivery.latency(name)
+        computed[name] = (lat.severity, lat.for_ms // 1000, lat.evaluation_ms // 1000, lat.group_wait_ms // 1000,
+                          lat.bound_ms // 1000)
+    assert documented == computed
+
+
+def test_the_latency_model_picks_the_routes_group_wait():
+    # the fleet-wide critical causes take the 10 s route; a critical without such a class, and every
+    # warning, the root's 30 s (the same routes amtool names in the routing test above)
+    assert alert_delivery.latency("GooseIngestAuthErrors").group_wait_ms == 10_000
+    assert alert_delivery.latency("GooseIngestProviderUnavailable").group_wait_ms == 10_000
+    assert alert_delivery.latency("GooseIngestErrorSpike").group_wait_ms == 30_000
+    assert alert_delivery.latency("GooseIngestRateLimited").group_wait_ms == 30_000
+    assert alert_delivery.group_wait_ms({"severity": "critical", "class": "quota"}) == 10_000
+    assert alert_delivery.group_wait_ms({"severity": "warning", "class": "auth"}) == 30_000
+    with pytest.raises(ValueError, match="not name<op>"):
+        alert_delivery.group_wait_ms({"severity": "critical"}, {"group_wait": "30s", "routes": [{"matchers": ["bad"]}]})

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from contracts.events import ERROR_CLASSES
 from services.metrics import Metrics
 from tests.support.needs import missing
 
@@ -134,3 +135,51 @@ def test_panel_queries_parse_as_promql(tmp_path):
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     res = subprocess.run([tool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _panels_by_title() -> dict[str, dict]:
+    dash = json.loads(DASHBOARD.read_text())
+    return {p.get("title", ""): p for p in all_panels(dash["panels"]) if p["type"] != "row"}
+
+
+def _tool_alert_floor() -> int:
+    """The minimum number of calls of GooseIngestToolFailing, as written in rules.yml."""
+    doc = yaml.safe_load(RULES.read_text())
+    (rule,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "GooseIngestToolFailing"]
+    m = re.search(r"job_tool:goose_ingest_tool_calls:increase15m\s*>=\s*(\d+)", rule["expr"])
+    assert m, "GooseIngestToolFailing lost its minimum-calls floor"
+    return int(m.group(1))
+
+
+def test_one_panel_per_error_class_of_the_vocabulary():
+    # a class panel selects exactly one class (class="x"), errors and retries of it
+    by_class: dict[str, list[str]] = {}
+    for title, panel in _panels_by_title().items():
+        exprs = [t["expr"] for t in panel.get("targets", [])]
+        classes = {c for e in exprs for c in re.findall(r'\bclass="(\w+)"', e)}
+        if len(classes) == 1:
+            (cls,) = classes
+            by_class.setdefault(cls, []).append(title)
+            assert any("goose_ingest_errors" in e for e in exprs), title
+            assert any("goose_ingest_error_retries" in e for e in exprs), title
+    assert set(by_class) == set(ERROR_CLASSES), sorted(set(ERROR_CLASSES) ^ set(by_class))
+    assert all(len(titles) == 1 for titles in by_class.values()), by_class
+
+
+def test_the_top_failing_tools_table_keeps_the_alerts_minimum_calls_floor():
+    tables = [p for p in _panels_by_title().values() if p["type"] == "table"
+              and any("job_tool:goose_ingest_tool_failure_ratio:rate15m" in t["expr"] for t in p["targets"])]
+    assert len(tables) == 1, "no top-failing-tools table"
+    (expr,) = [t["expr"] for t in tables[0]["targets"]]
+    assert re.match(r"\s*topk\(\d+,", expr), expr
+    m = re.search(r"job_tool:goose_ingest_tool_calls:increase15m\{[^}]*\}\)\s*>=\s*(\d+)", expr)
+    assert m, f"the table has no minimum-calls floor: {expr}"
+    # the same floor as the alert: a tool the table lists is one the alert can name
+    assert int(m.group(1)) == _tool_alert_floor()
+    assert "by (tool)" in expr
+
+
+def test_the_open_runs_panel_shows_the_active_runs_gauge():
+    panel = _panels_by_title().get("Open runs")
+    assert panel is not None, "no 'Open runs' panel"
+    assert any(NAME.findall(t["expr"]) == ["goose_ingest_active_runs"] for t in panel["targets"]), panel["targets"]

@@ -325,6 +325,41 @@ def test_errors_by_class_per_1000_runs_of_each_agent(store):
     ]
 
 
+def test_errors_by_class_format_splits_the_classes_by_format_agent_and_host(store):
+    batch = [record("F1", 0, "started", "2026-11-30T10:00:00.000Z", agent="claude-code/2.1", format="claude-code", host="h1"),
+             record("F2", 0, "started", "2026-11-30T10:00:00.000Z", agent="claude-code/2.1", format="claude-code", host="h1"),
+             record("F3", 0, "started", "2026-11-30T10:00:00.000Z", agent="claude-code/2.1", format="claude-code", host="h2"),
+             record("F4", 0, "started", "2026-11-30T10:00:00.000Z", agent="codex/0.5", format="codex", host="h1"),
+             record("F5", 0, "started", "2026-11-30T10:00:00.000Z", host="h3"),
+             event("F1", 0, type="error", message="API Error: 401", errorClass="auth"),
+             event("F1", 1, type="error", message="API Error: 401", errorClass="auth"),
+             event("F3", 0, type="error", message="API Error: 401", errorClass="auth"),
+             event("F4", 0, type="error", message="401 Unauthorized", errorClass="auth"),
+             event("F4", 1, type="error", message="stream disconnected", errorClass="timeout"),
+             # published before contract 1.1 on a run without format or agent: other, '(none)'
+             event("F5", 0, type="error", message="boom"),
+             # a run the runs table does not know (yet): every label '(none)', no runs to divide by
+             event("F9", 0, type="error", message="boom", errorClass="other")]
+    _, result = write(store, batch)
+    assert not result.rejected
+    assert q(store, "SELECT error_class, format, agent, host, runs, error_events, runs_with_errors, "
+                    "errors_per_1000_runs::float8 FROM errors_by_class_format ORDER BY 1, 2, 3, 4") == [
+        ("auth", "claude-code", "claude-code/2.1", "h1", 2, 2, 1, 1000.0),
+        ("auth", "claude-code", "claude-code/2.1", "h2", 1, 1, 1, 1000.0),
+        ("auth", "codex", "codex/0.5", "h1", 1, 1, 1, 1000.0),
+        ("other", "(none)", "(none)", "(none)", 0, 1, 1, None),
+        ("other", "(none)", "(none)", "h3", 1, 1, 1, 1000.0),
+        ("timeout", "codex", "codex/0.5", "h1", 1, 1, 1, 1000.0),
+    ]
+    # The runbook's grouping (docs/operations.md, GooseIngestAuthErrors): one provider or the fleet?
+    assert q(store, "SELECT format, sum(error_events)::int, sum(runs_with_errors)::int, sum(runs)::int "
+                    "FROM errors_by_class_format WHERE error_class = 'auth' GROUP BY 1 ORDER BY 1") == [
+        ("claude-code", 3, 2, 3), ("codex", 1, 1, 1)]
+    # The older view keeps its rows and columns (class x agent).
+    assert q(store, "SELECT error_class, agent, error_events FROM errors_by_class WHERE error_class = 'auth' "
+                    "ORDER BY 2") == [("auth", "claude-code/2.1", 3), ("auth", "codex/0.5", 1)]
+
+
 def test_views_answer_the_operators_questions(store):
     known_fleet(store)
     from datetime import date
@@ -389,7 +424,7 @@ def test_docs_show_every_view_exactly_as_migrations_create_it():
     docs = (REPO / "docs" / "analytics.md").read_text()
     views = [re.search(r"CREATE VIEW .*?;", m.sql, re.S) for m in shipped()]
     statements = [v for m in shipped() for v in re.findall(r"CREATE VIEW \w+ AS\n.*?;", m.sql, re.S)]
-    assert len(statements) == 7 and any(views)
+    assert len(statements) == 8 and any(views)
     for sql in statements:
         assert sql in docs, f"docs/analytics.md does not show {sql.splitlines()[0]} as migrated"
 

@@ -176,7 +176,8 @@ def test_migrate_flag_applies_then_reports_nothing_more(settings, pg_dsn):
     env = cli_env(settings, GOOSE_INGEST_POSTGRES_DSN=pg_dsn)
     first = subprocess.run(sink_cmd("--migrate"), cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.split() == ["0001_tables", "0002_model_format_views", "0003_error_classes"]
+    assert first.stdout.split() == ["0001_tables", "0002_model_format_views", "0003_error_classes",
+                                    "0004_errors_by_class_format"]
     again = subprocess.run(sink_cmd("--migrate"), cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and again.stdout == ""
 
