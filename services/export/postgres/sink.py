@@ -57,9 +57,6 @@ BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 MAINTENANCE_INTERVAL_S = 3600.0  # partitions ahead and retention
 
-# One topic entry as read (not the raw `services.sequencer.Entry`): its partition, id and fields.
-TopicRow = StreamEntry
-
 
 def redact_dsn(dsn: str) -> str:
     """host:port/dbname of a DSN, safe to log (no user, no password, no other options)."""
@@ -72,7 +69,7 @@ def redact_dsn(dsn: str) -> str:
 
 @dataclass(frozen=True)
 class Batch:
-    entries: list[TopicRow]
+    entries: list[StreamEntry]
     parsed: Parsed
     refs: list[EntryRef]
 
@@ -261,8 +258,8 @@ class Sink:
             self.metrics.rows.labels(table, "dead_lettered").inc(len(ids))
             self.metrics.errors.labels("max_deliveries").inc(len(ids))
 
-    def _read(self) -> list[TopicRow]:
-        out: list[TopicRow] = []
+    def _read(self) -> list[StreamEntry]:
+        out: list[StreamEntry] = []
         catching_up = self.reader.catching_up
         single = len(self.shards) == 1
         for pair in self.shards:
@@ -274,7 +271,7 @@ class Sink:
             self._sleep(self.opts.block_ms / 1000)  # a cluster is read shard by shard without BLOCK
         return out
 
-    def _sweep(self) -> list[TopicRow]:
+    def _sweep(self) -> list[StreamEntry]:
         """Every sweep interval: lag gauges, and entries another consumer read but did not
         acknowledge for CLAIM_IDLE_MS (it died) are claimed and processed here; those delivered
         more than MAX_DELIVERIES times are dead-lettered `max-deliveries` instead (services/streams)."""
@@ -294,7 +291,7 @@ class Sink:
         return swept.claimed
 
     # ------------------------------------------------------------------ one batch
-    def prepare(self, entries: list[TopicRow]) -> Batch:
+    def prepare(self, entries: list[StreamEntry]) -> Batch:
         """Parse a batch read from the topics (pure work, done on the reader thread)."""
         now = utcnow()
         horizon = (now - self.opts.retention).strftime("%Y-%m-%dT%H:%M:%S.000Z")
