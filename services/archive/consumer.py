@@ -2,8 +2,11 @@
 
 One thread, a synchronous Redis client and a plain loop, like the PostgreSQL sink (a batch is a
 segment of up to ARCHIVE_SEGMENT_MAX_ENTRIES entries, not FastStream's one message per call). The
-whole loop lives in this module so it can move onto the common consumer skeleton
-(services/streams/) later without touching the format or the store.
+group reading (positions, own pending entries first, trimmed entries, the one-MULTI
+acknowledgement, group creation) is the consumer skeleton's `GroupReader`
+(services/streams/reader.py); this module keeps the segments (cut, write, ack) and the store. It
+uses no sweep and no dead letters: one reader with a fixed name finds its predecessor's pending
+entries itself, and an entry is archived whatever it holds.
 
 Per stream it reads (every raw shard, every control stream, every partition of the events and runs
 topics), in stream-id order, with its own consumer group (ARCHIVE_GROUP, created at id 0):
@@ -39,9 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.archive import segments as sg
 from services.archive.metrics import ArchiveMetrics
@@ -49,6 +50,8 @@ from services.archive.store import ArchiveStore, StoreError
 from services.broker.errors import describe
 from services.metrics.server import NotReady
 from services.settings import Settings
+from services.streams.groups import is_nogroup
+from services.streams.reader import BROKER_ERRORS, GroupReader
 
 log = logging.getLogger("goose_ingest.archive")
 
@@ -56,12 +59,10 @@ DEFAULT_CONSUMER = "archive"  # one reader (replicas = 1): a fixed name finds it
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 IDLE_SLEEP_S = 0.2  # nothing read in a whole round: the next round after this (segments are minutes long anyway)
-ACK_CHUNK = 10_000  # ids per XACK inside the one MULTI of a segment
 # Raw and control entries become a compressed row group every this many, so an open segment holds
 # its bytes compressed, not as Python objects (docs/archive.md "Memory").
 ROW_GROUP_ENTRIES = 10_000
 _ENCODED: dict[bytes, bytes] = {}  # the fields of an entry already in a row group (dropped)
-_BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 # Tests only (GOOSE_INGEST_TEST_* is never a setting): hold this long between writing a segment and
 # acknowledging it, so a test can SIGKILL the process exactly there (tests/archive/test_archive.py).
 _HOLD_BEFORE_ACK = "GOOSE_INGEST_TEST_ARCHIVE_HOLD_BEFORE_ACK_S"
@@ -74,7 +75,6 @@ class Source:
     stream: str
     dataset: str  # "raw", "control", "events", "runs" (metrics.DATASETS)
     shard: int
-    next_id: str = "0"  # "0": this consumer's own pending entries first; then ">"
     entries: list[tuple[str, dict[bytes, bytes]]] = field(default_factory=list)
     size: int = 0  # field bytes held as Python objects (what the memory budget counts)
     total: int = 0  # field bytes of the open segment, encoded or not (what the size cut counts)
@@ -88,7 +88,6 @@ class Source:
     rejected: int = 0
 
     def reset(self) -> None:
-        self.next_id = "0"
         self.entries = []
         self.size = self.total = self.sealed = self.encoded = self.rejected = 0
         self.writer = None
@@ -123,8 +122,10 @@ class Archiver:
         self.consumer = consumer
         self.shards = sources(settings)
         self.all = [src for group in self.shards for src in group]
+        # Its own pending entries first, then new ones; acknowledgements in one MULTI (step 3).
+        self.reader = GroupReader(client, [[src.stream for src in group] for group in self.shards], self.group,
+                                  consumer, logger=log)
         self.stopping = threading.Event()
-        self._groups_ok = False
         self._broker_why: str | None = "connecting to the broker"
         self._store_why: str | None = None
         self._behind_why: str | None = None
@@ -154,8 +155,6 @@ class Archiver:
         backoff = BACKOFF_START_S
         while not self.stopping.is_set():
             try:
-                if not self._groups_ok:
-                    self.ensure_groups()
                 busy = self.step()
                 if self._broker_why and self._broker_failed_once:
                     log.info("broker reachable again")
@@ -168,10 +167,10 @@ class Archiver:
                 continue
             except StoreError as exc:
                 self._store_failed(exc, backoff)
-            except _BROKER_ERRORS as exc:
+            except BROKER_ERRORS as exc:
                 self._broker_failed(f"broker unreachable ({describe(exc)})", backoff)
             except ResponseError as exc:
-                if "NOGROUP" in str(exc):
+                if is_nogroup(exc):
                     # The broker lost a stream or the group (restart without persistence): recreate
                     # at 0 and start over from this consumer's pending entries.
                     self._broker_failed("consumer group missing on a stream (Redis restarted empty?): recreating it", backoff)
@@ -195,8 +194,8 @@ class Archiver:
         if why != self._broker_why:
             log.warning("%s; retrying every %.1fs at most %.0fs", why, backoff, BACKOFF_MAX_S)
         self._broker_why = why
-        self._groups_ok = False
-        for src in self.all:  # what we hold but did not acknowledge is read again as our pending entries
+        self.reader.reset(forget_held=True)  # what we hold but did not acknowledge is read again as our pending entries
+        for src in self.all:
             src.reset()
 
     def _store_failed(self, exc: StoreError, backoff: float) -> None:
@@ -208,14 +207,11 @@ class Archiver:
         self._store_why = why
 
     def ensure_groups(self) -> None:
-        for src in self.all:
-            try:
-                # At id 0, not `$`: whatever Redis still holds is archived.
-                self.client.xgroup_create(src.stream, self.group, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-        self._groups_ok = True
+        self.reader.ensure_groups()  # at id 0, not `$`: whatever Redis still holds is archived
+
+    def _new(self, src: Source) -> bool:
+        """Its own pending entries all read (they make one segment): new entries now."""
+        return self.reader.reading_new(src.stream)
 
     def step(self) -> bool:
         """One round over every shard: write what is cut, read more. True if anything happened."""
@@ -227,7 +223,7 @@ class Archiver:
                 if src.sealed:
                     self.write(src)
                     busy = True
-            readable = {src.stream: src.next_id for src in group if not src.sealed}
+            readable = [src.stream for src in group if not src.sealed]
             if readable:
                 busy |= self._read(group, readable)
             self._bound_memory()
@@ -239,7 +235,7 @@ class Archiver:
         shard would be gigabytes); such segments are smaller, never wrong."""
         held = sum(src.size for src in self.all)
         while held > self.settings.archive_buffer_max_bytes:
-            open_ = [src for src in self.all if not src.sealed and src.size and src.next_id == ">"]
+            open_ = [src for src in self.all if not src.sealed and src.size and self._new(src)]
             if not open_:
                 return
             largest = max(open_, key=lambda src: src.size)
@@ -252,45 +248,37 @@ class Archiver:
 
     def _due(self, src: Source) -> bool:
         s = self.settings
-        if src.next_id != ">":
+        if not self._new(src):
             return False  # still reading our own pending entries: they all go into one segment
         return (len(src.entries) >= s.archive_segment_max_entries or src.total >= s.archive_segment_max_bytes
                 or time.monotonic() - src.opened_at >= s.archive_segment_max_age_s)
 
-    def _read(self, group: list[Source], ids: dict[str, str]) -> bool:
+    def _read(self, group: list[Source], streams: list[str]) -> bool:
         count = min(self.settings.batch_size, self.settings.archive_segment_max_entries)
-        reply = self.client.xreadgroup(self.group, self.consumer, ids, count=count)
-        got: dict[str, list[tuple[Any, Any]]] = {_s(stream): entries for stream, entries in (reply or [])}
+        got = self.reader.read(streams, count)
         busy = False
         for src in group:
-            if src.stream not in ids:
-                continue
-            entries = got.get(src.stream, [])
-            if src.next_id != ">" and not entries:
-                src.next_id = ">"  # own pending entries all read: they are one segment, cut now
-                if src.entries:
+            if src.stream in got.caught_up:
+                if src.entries:  # own pending entries all read: they are one segment, cut now
                     src.sealed = len(src.entries)
                 continue
-            gone = []
-            for raw_id, fields in entries:
-                entry_id = _s(raw_id)
-                if src.next_id != ">":
-                    src.next_id = entry_id  # pending entries are read by id: continue after this one
-                if not fields:
-                    gone.append(entry_id)  # pending, but deleted from the stream before we archived it
+            if src.stream not in streams:
+                continue
+            for entry in got.entries:
+                if entry.stream != src.stream:
                     continue
                 if not src.entries:
                     src.opened_at = time.monotonic()
-                src.entries.append((entry_id, fields))
-                size = sum(map(len, fields.values()))  # the values: names are a few bytes each
+                src.entries.append((entry.entry_id, entry.fields))
+                size = sum(map(len, entry.fields.values()))  # the values: names are a few bytes each
                 src.size += size
                 src.total += size
                 busy = True
-            if gone:
-                log.warning("%d pending entries of %s were deleted before they were archived", len(gone), src.stream)
-                self.metrics.lost.labels(src.dataset).inc(len(gone))
-                self._ack(src.stream, gone)
-            if src.next_id == ">" and len(src.entries) >= self.settings.archive_segment_max_entries:
+            gone = sum(1 for entry in got.trimmed if entry.stream == src.stream)
+            if gone:  # the reader acknowledged them: nothing left to archive
+                log.warning("%d pending entries of %s were deleted before they were archived", gone, src.stream)
+                self.metrics.lost.labels(src.dataset).inc(gone)
+            if self._new(src) and len(src.entries) >= self.settings.archive_segment_max_entries:
                 src.sealed = self.settings.archive_segment_max_entries
             elif not src.sealed and len(src.entries) - src.encoded >= ROW_GROUP_ENTRIES:
                 self._encode(src)
@@ -337,7 +325,7 @@ class Archiver:
             log.info("segment of %s written (%d objects); holding %.1fs before acknowledging", src.stream,
                      len(objects), self._hold_before_ack)
             time.sleep(self._hold_before_ack)
-        self._ack(src.stream, [entry_id for entry_id, _ in entries])
+        self.reader.ack({src.stream: [entry_id for entry_id, _ in entries]})  # one MULTI: see step 3
         if rejected:
             self.metrics.lake_rejected.inc(rejected)
         size = sum(len(data) for _, data in objects)
@@ -353,23 +341,16 @@ class Archiver:
         src.objects = None
         log.debug("archived %d entries of %s as %d objects (%d bytes)", len(entries), src.stream, len(objects), size)
 
-    def _ack(self, stream: str, ids: list[str]) -> None:
-        """Acknowledge `ids` atomically (one MULTI/EXEC; see the module docstring, step 3)."""
-        pipe = self.client.pipeline(transaction=True)
-        for i in range(0, len(ids), ACK_CHUNK):
-            pipe.xack(stream, self.group, *ids[i: i + ACK_CHUNK])
-        pipe.execute()
-
     def flush_on_stop(self) -> None:
         """On SIGTERM: write what has been read (shorter segments), once, if store and broker answer.
         Whatever fails stays pending and is rewritten by the next start."""
         for src in self.all:
-            if not src.entries or (src.next_id != ">" and not src.sealed):
+            if not src.entries or (not self._new(src) and not src.sealed):
                 continue
             src.sealed = src.sealed or len(src.entries)
             try:
                 self.write(src)
-            except (StoreError, *_BROKER_ERRORS, ResponseError) as exc:
+            except (StoreError, *BROKER_ERRORS, ResponseError) as exc:
                 log.warning("stopping with %d entries of %s not archived (they stay pending): %s",
                             len(src.entries), src.stream, exc)
                 return
@@ -380,7 +361,7 @@ class Archiver:
         the measurement itself is the one being reported already."""
         try:
             self._gauge()
-        except (StoreError, ResponseError, *_BROKER_ERRORS):
+        except (StoreError, ResponseError, *BROKER_ERRORS):
             pass
 
     def _gauge(self, force: bool = False) -> None:
@@ -394,19 +375,11 @@ class Archiver:
         oldest: dict[str, float] = {}
         behind: dict[str, int] = {}
         for src in self.all:
-            info = next((g for g in _groups(self.client, src.stream) if _s(g.get("name", b"")) == self.group), None)
-            if info is None:
+            backlog = self.reader.backlog(src.stream)  # unknown lag: counted (services/streams/lag.py)
+            if backlog.missing:
                 continue
-            pending = int(info.get("pending") or 0)
-            lag = info.get("lag")
-            behind[src.dataset] = behind.get(src.dataset, 0) + pending + int(lag or 0)
-            first: str | None = None
-            if pending:
-                summary = self.client.xpending(src.stream, self.group)
-                first = _s(summary["min"]) if summary and summary.get("min") else None
-            elif lag is None or int(lag) > 0:
-                after = self.client.xrange(src.stream, min="(" + _s(info["last-delivered-id"]), count=1)
-                first = _s(after[0][0]) if after else None
+            behind[src.dataset] = behind.get(src.dataset, 0) + backlog.pending + (backlog.lag or 0)
+            first = self.reader.oldest_waiting(src.stream, backlog)
             if first is not None:
                 age = max(0.0, (wall_ms - sg.id_parts(first)[0]) / 1000)
                 oldest[src.dataset] = max(oldest.get(src.dataset, 0.0), age)
@@ -424,13 +397,3 @@ class Archiver:
                 self._store_why = None
                 self._last_store_log = ""
 
-
-def _groups(client: Any, stream: str) -> list[dict[Any, Any]]:
-    try:
-        return list(client.xinfo_groups(stream))
-    except ResponseError:
-        return []
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

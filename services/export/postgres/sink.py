@@ -2,13 +2,14 @@
 
 A plain reader thread and writer loop (not FastStream; see docs/analytics.md "Why a plain loop"):
 
-1. reader: read a batch from every partition of `harness.events` and `harness.runs` (XREADGROUP;
-   on start, first this consumer's own pending entries, i.e. what a killed predecessor of the same
-   name had read but not acknowledged) and parse it (rows.py, pure);
+1. reader: read a batch from every partition of `harness.events` and `harness.runs` through the
+   consumer skeleton's `GroupReader` (services/streams/reader.py: on start, first this consumer's
+   own pending entries, i.e. what a killed predecessor of the same name had read but not
+   acknowledged; the sweep; the group's creation and recreation) and parse it (rows.py, pure);
 2. writer: write it with the consumer positions in one transaction (store.py); while the
    database is unreachable, retry the same batch with backoff and report not ready: nothing is
    acknowledged, the topic keeps the data;
-3. after the commit, in one MULTI per shard: dead letters (invalid entries, rows the database
+3. after the commit, in one MULTI per shard (`GroupReader.ack`): dead letters (invalid entries, rows the database
    refused) to the sink's own dead-letter stream (`<deadletter>.postgres`, the only stream its
    `postgres-exporter` ACL user may write; never the workers' `goose.deadletter`), then XACK of
    the whole batch.
@@ -24,16 +25,14 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from contracts.deadletters import MAX_DELIVERIES, DeadLetter
-from services.broker.errors import TRANSIENT_CODES, describe, reply_code
+from contracts.deadletters import DeadLetter
+from services.broker.errors import describe
 from services.export.postgres.metrics import SinkMetrics
 from services.export.postgres.rows import (
     INVALID_ENTRY,
@@ -46,9 +45,8 @@ from services.export.postgres.rows import (
 )
 from services.export.postgres.store import Store, WriteResult, utcnow
 from services.settings import Settings
-from services.streams.groups import create_group_sync
-from services.streams.lag import read_backlog_sync
-from services.streams.pending import PendingEntry, max_deliveries_detail, pending_entries, plan_reclaim
+from services.streams.groups import is_nogroup
+from services.streams.reader import BROKER_ERRORS, GroupReader, StreamEntry, by_stream
 from services.streams.readiness import READY, Readiness, not_ready
 
 log = logging.getLogger("goose_ingest.export.postgres")
@@ -58,15 +56,6 @@ EXPORTER = "postgres"  # its key names (contracts/keys.py) and ACL role (service
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 MAINTENANCE_INTERVAL_S = 3600.0  # partitions ahead and retention
-OWN_PENDING_PAGES = 10  # own pending entries checked at start: a few batches at most (queue of one + writer)
-_BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
-
-class TopicRow(NamedTuple):
-    """One topic entry as read (not the raw `services.sequencer.Entry`): its partition, id and fields."""
-
-    stream: str
-    entry_id: str
-    fields: dict[bytes, bytes]
 
 
 def redact_dsn(dsn: str) -> str:
@@ -80,7 +69,7 @@ def redact_dsn(dsn: str) -> str:
 
 @dataclass(frozen=True)
 class Batch:
-    entries: list[TopicRow]
+    entries: list[StreamEntry]
     parsed: Parsed
     refs: list[EntryRef]
 
@@ -113,8 +102,12 @@ class Sink:
         # streams of one shard share a hash slot, so one MULTI per shard works on a cluster too.
         self.shards: list[list[str]] = [[e, r] for e, r in zip(events, runs, strict=True)]
         self.topic: dict[str, str] = {s: "events" for s in events} | {s: "runs" for s in runs}
-        self.shard_of: dict[str, int] = {s: i for i, pair in enumerate(self.shards) for s in pair}
-        self.next_id: dict[str, str] = {s: "0" for s in self.topic}  # own pending entries first
+        # Positions (own pending entries first), sweep, held entries, acknowledgements with dead
+        # letters into the sink's own stream: the consumer skeleton's reader.
+        self.reader = GroupReader(client, self.shards, options.group, options.consumer,
+                                  max_deliveries=settings.max_deliveries, claim_idle_ms=options.claim_idle_ms,
+                                  deadletter_stream=lambda shard: layout.export_deadletter_partition(EXPORTER, shard),
+                                  exporter=EXPORTER, logger=log)
         self.stopping = threading.Event()
         self._batches: queue.Queue[Batch] = queue.Queue(maxsize=1)
         self._db_ok = False
@@ -122,14 +115,6 @@ class Sink:
         # what /readyz says while not ready: the latest reason of each side, safe to show (no credentials)
         self._db_why = f"connecting to the database {redact_dsn(store.dsn)}"
         self._broker_why = "connecting to the broker"
-        self._groups_ok = False
-        self._own_poison_checked = False
-        # Entry ids read and not yet acknowledged by this process (the writer's batch, the one
-        # queued): the sweep never claims them back from ourselves. A batch held through a database
-        # outage longer than CLAIM_IDLE_MS would otherwise be claimed again, each claim a delivery,
-        # and the outage would push good entries toward MAX_DELIVERIES (services/streams/pending.py).
-        self._held: dict[str, set[str]] = {s: set() for s in self.topic}
-        self._held_lock = threading.Lock()
         self._setup_done = False
         self._last_sweep = 0.0
         self._last_maintenance = 0.0
@@ -166,8 +151,7 @@ class Sink:
 
     # ------------------------------------------------------------------ setup
     def ensure_groups(self) -> None:
-        for stream in self.topic:
-            create_group_sync(self.client, stream, self.opts.group)  # at 0: export what the topics retain
+        self.reader.ensure_groups()  # at 0: export what the topics retain
 
     def _setup(self) -> None:
         applied = self.store.migrate()
@@ -238,15 +222,11 @@ class Sink:
         backoff = BACKOFF_START_S
         while not self.stopping.is_set():
             try:
-                if not self._groups_ok:
-                    self.ensure_groups()
-                    self._groups_ok = True
                 entries = self._sweep() or self._read()
                 self._set(broker=True)
                 backoff = BACKOFF_START_S
                 if entries:
                     batch = self.prepare(entries)
-                    self._hold(entries)
                     while not self.stopping.is_set():
                         try:
                             self._batches.put(batch, timeout=0.2)
@@ -254,122 +234,64 @@ class Sink:
                         except queue.Full:
                             continue
                 continue
-            except _BROKER_ERRORS as exc:
+            except BROKER_ERRORS as exc:
                 self._set(broker=False, why=f"broker unreachable ({type(exc).__name__})")
                 self.metrics.errors.labels("broker").inc()
                 log.warning("broker unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
-                self.next_id = {s: "0" for s in self.topic}  # re-read what we hold but did not ack
-                self._groups_ok = False
+                self.reader.reset()  # re-read what we hold but did not ack
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                if not is_nogroup(exc):
                     log.error("broker refused a read: %s", exc)
                 else:
                     # The broker lost the stream or the group (restart without persistence):
                     # recreate at 0 and re-read; the idempotent writes absorb what was exported.
                     log.warning("consumer group missing on a topic partition; recreating it at 0")
-                self.next_id = {s: "0" for s in self.topic}
-                self._groups_ok = False
+                self.reader.reset()
             if self._sleep(backoff):
                 return
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    def _hold(self, entries: list[TopicRow]) -> None:
-        with self._held_lock:
-            for row in entries:
-                self._held[row.stream].add(row.entry_id)
+    def _count_poison(self, poison: list[StreamEntry]) -> None:
+        """Entries the reader dead-lettered `max-deliveries` (and acknowledged)."""
+        for stream, ids in by_stream(poison).items():
+            table = "events" if self.topic[stream] == "events" else "run_records"
+            self.metrics.rows.labels(table, "dead_lettered").inc(len(ids))
+            self.metrics.errors.labels("max_deliveries").inc(len(ids))
 
-    def _release(self, entries: list[TopicRow]) -> None:
-        with self._held_lock:
-            for row in entries:
-                self._held[row.stream].discard(row.entry_id)
-
-    def _drop_own_poison(self) -> None:
-        """At start, before re-reading this consumer's own pending entries (a predecessor of the
-        same name read them and died): those delivered more than MAX_DELIVERIES times (each
-        restart's re-read is one) are dead-lettered, so an entry that kills the sink cannot stop
-        it for good. Only at start: a re-read after a broker outage is not checked here (an outage
-        is not an attempt on the entry; services/streams/pending.py)."""
-        for stream in self.topic:
-            rows = self.client.xpending_range(stream, self.opts.group, min="-", max="+",
-                                              count=OWN_PENDING_PAGES * self.opts.batch_size,
-                                              consumername=self.opts.consumer)
-            self._dead_letter_poison(stream, plan_reclaim(pending_entries(rows), self.settings.max_deliveries).poison)
-        self._own_poison_checked = True
-
-    def _dead_letter_poison(self, stream: str, poison: list[PendingEntry]) -> None:
-        if not poison:
-            return
-        rows, letters = [], []
-        for row in poison:
-            found = self.client.xrange(stream, min=row.entry_id, max=row.entry_id)
-            fields = found[0][1] if found else {}
-            rows.append(TopicRow(stream, row.entry_id, fields))
-            letters.append(RefusedEntry(EntryRef(stream, row.entry_id), MAX_DELIVERIES, max_deliveries_detail(row),
-                                        {k.decode("utf-8", "replace"): v for k, v in fields.items()}))
-        self._acknowledge(rows, letters)
-        table = "events" if self.topic[stream] == "events" else "run_records"
-        self.metrics.rows.labels(table, "dead_lettered").inc(len(poison))
-        self.metrics.errors.labels("max_deliveries").inc(len(poison))
-
-    def _read(self) -> list[TopicRow]:
-        if not self._own_poison_checked:
-            self._drop_own_poison()
-        out: list[TopicRow] = []
-        catching_up = any(v == "0" for v in self.next_id.values())
+    def _read(self) -> list[StreamEntry]:
+        out: list[StreamEntry] = []
+        catching_up = self.reader.catching_up
         single = len(self.shards) == 1
         for pair in self.shards:
-            ids = {s: self.next_id[s] for s in pair}
             block = self.opts.block_ms if single and not catching_up else None
-            reply = self.client.xreadgroup(self.opts.group, self.opts.consumer, ids, count=self.opts.batch_size, block=block)
-            got = _flatten(reply)
-            gone = _trimmed(reply)
-            if gone:
-                # Pending entries trimmed by retention before we acknowledged them: nothing to write.
-                pipe = self.client.pipeline(transaction=True)
-                for stream, entry_id in gone:
-                    pipe.xack(stream, self.opts.group, entry_id)
-                pipe.execute()
-            for stream in pair:
-                if ids[stream] == "0" and not any(s == stream for s, _, _ in got):
-                    self.next_id[stream] = ">"  # own pending entries all handled
-            out += got
+            got = self.reader.read(pair, self.opts.batch_size, block)
+            self._count_poison(got.dead_lettered)  # own pending poison, checked at the first read
+            out += got.entries
         if not out and not single and not catching_up:
             self._sleep(self.opts.block_ms / 1000)  # a cluster is read shard by shard without BLOCK
         return out
 
-    def _sweep(self) -> list[TopicRow]:
+    def _sweep(self) -> list[StreamEntry]:
         """Every sweep interval: lag gauges, and entries another consumer read but did not
         acknowledge for CLAIM_IDLE_MS (it died) are claimed and processed here; those delivered
         more than MAX_DELIVERIES times are dead-lettered `max-deliveries` instead (services/streams)."""
         if time.monotonic() - self._last_sweep < self.opts.sweep_interval_s:
             return []
         self._last_sweep = time.monotonic()
-        claimed: list[TopicRow] = []
+        swept = self.reader.sweep(self.opts.batch_size)
+        self._count_poison(swept.poison)
         lag = {"events": 0, "runs": 0}
         pending = {"events": 0, "runs": 0}
-        for stream, topic in self.topic.items():
-            rows = self.client.xpending_range(stream, self.opts.group, min="-", max="+", count=self.opts.batch_size,
-                                              idle=self.opts.claim_idle_ms)
-            with self._held_lock:
-                held = set(self._held[stream])
-            plan = plan_reclaim(pending_entries(rows), self.settings.max_deliveries, held)
-            self._dead_letter_poison(stream, plan.poison)
-            if plan.claim:
-                reply = self.client.xclaim(stream, self.opts.group, self.opts.consumer, self.opts.claim_idle_ms,
-                                           [row.entry_id for row in plan.claim])
-                claimed += [TopicRow(stream, _s(entry_id), fields) for entry_id, fields in reply or [] if fields is not None]
-            backlog = read_backlog_sync(self.client, stream, self.opts.group)  # unknown lag: counted
-            lag[topic] += backlog.lag or 0
-            pending[topic] += backlog.pending
+        for stream, backlog in swept.backlog.items():  # unknown lag: counted
+            lag[self.topic[stream]] += backlog.lag or 0
+            pending[self.topic[stream]] += backlog.pending
         for topic in lag:
             self.metrics.lag.labels(topic).set(lag[topic])
             self.metrics.pending.labels(topic).set(pending[topic])
-        if claimed:
-            log.info("claimed %d entries left pending by another consumer", len(claimed))
-        return claimed
+        return swept.claimed
 
     # ------------------------------------------------------------------ one batch
-    def prepare(self, entries: list[TopicRow]) -> Batch:
+    def prepare(self, entries: list[StreamEntry]) -> Batch:
         """Parse a batch read from the topics (pure work, done on the reader thread)."""
         now = utcnow()
         horizon = (now - self.opts.retention).strftime("%Y-%m-%dT%H:%M:%S.000Z")
@@ -385,31 +307,14 @@ class Sink:
         result = self._write(parsed, refs)
         if result is None:
             return False
-        dead = parsed.dead + result.rejected
-        backoff = BACKOFF_START_S
-        while True:
-            try:
-                self._acknowledge(entries, dead)
-                break
-            except _BROKER_ERRORS as exc:
-                # Written but not acknowledged: retry the acknowledgement (a re-delivery meanwhile
-                # is harmless, the rows are idempotent; a dead letter may then appear twice).
-                self._set(broker=False, why=f"broker unreachable while acknowledging ({type(exc).__name__})")
-                self.metrics.errors.labels("broker").inc()
-                log.warning("broker unreachable while acknowledging (%s); retrying in %.1fs", type(exc).__name__, backoff)
-            except ResponseError as exc:
-                # The broker refuses the dead letters' XADD (OOM at maxmemory; LOADING, READONLY, a
-                # topology change): the MULTI wrote nothing, so retrying it writes each dead letter
-                # once. An outage, not a failure of the batch: it stays written and held meanwhile.
-                if reply_code(exc) not in TRANSIENT_CODES | {"EXECABORT"}:
-                    raise
-                self._set(broker=False)
-                self.metrics.errors.labels("broker").inc()
-                log.warning("broker refuses the acknowledgement (%s); retrying in %.1fs", describe(exc), backoff)
-            if self._sleep(backoff):
-                return False
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
-        self._release(entries)
+        dead = [_dead_letter(self.reader, letter) for letter in parsed.dead + result.rejected]
+        # Written but not acknowledged: a refused acknowledgement is retried in place (a
+        # re-delivery meanwhile is harmless, the rows are idempotent). A refusal of the dead
+        # letters' XADD (OOM at maxmemory; LOADING, READONLY, a topology change) aborts the whole
+        # MULTI, so the retry writes each dead letter once; the batch stays written and held.
+        if not self.reader.ack_in_place(by_stream(entries), dead, self.stopping, self._ack_refused,
+                                        BACKOFF_START_S, BACKOFF_MAX_S):
+            return False
         self._count(parsed, result)
         self.metrics.batches.inc()
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
@@ -430,22 +335,14 @@ class Sink:
                 return None
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    def _acknowledge(self, entries: list[TopicRow], dead: list[RefusedEntry]) -> None:
-        by_shard: dict[int, tuple[dict[str, list[str]], list[RefusedEntry]]] = {}
-        for stream, entry_id, _ in entries:
-            by_shard.setdefault(self.shard_of[stream], ({}, []))[0].setdefault(stream, []).append(entry_id)
-        for letter in dead:
-            by_shard.setdefault(self.shard_of[letter.ref.stream], ({}, []))[1].append(letter)
-        layout = self.settings.layout
-        for shard, (acks, letters) in sorted(by_shard.items()):
-            pipe = self.client.pipeline(transaction=True)
-            for letter in letters:
-                pipe.xadd(layout.export_deadletter_partition(EXPORTER, shard), _dead_fields(letter, self.opts.group))
-            for stream, ids in acks.items():
-                pipe.xack(stream, self.opts.group, *ids)
-            pipe.execute()
-        for letter in dead:
-            log.warning("dead-lettered %s %s: %s (%s)", letter.ref.stream, letter.ref.entry_id, letter.reason, letter.detail)
+    def _ack_refused(self, exc: BaseException, backoff: float) -> None:
+        self.metrics.errors.labels("broker").inc()
+        if isinstance(exc, BROKER_ERRORS):
+            self._set(broker=False, why=f"broker unreachable while acknowledging ({type(exc).__name__})")
+            log.warning("broker unreachable while acknowledging (%s); retrying in %.1fs", type(exc).__name__, backoff)
+        else:
+            self._set(broker=False)
+            log.warning("broker refuses the acknowledgement (%s); retrying in %.1fs", describe(exc), backoff)
 
     def _count(self, parsed: Parsed, result: WriteResult) -> None:
         rows = self.metrics.rows
@@ -461,27 +358,9 @@ class Sink:
             self.metrics.errors.labels("invalid_entry" if letter.reason == INVALID_ENTRY else "rejected_row").inc()
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _flatten(reply: Any) -> list[TopicRow]:
-    out: list[TopicRow] = []
-    for stream, items in reply or []:
-        name = _s(stream)
-        for entry_id, fields in items:
-            if fields is not None:  # an entry trimmed while pending comes back empty
-                out.append(TopicRow(name, _s(entry_id), fields))
-    return out
-
-
-def _trimmed(reply: Any) -> list[tuple[str, str]]:
-    return [(_s(stream), _s(entry_id)) for stream, items in reply or [] for entry_id, fields in items if fields is None]
-
-
-def _dead_fields(letter: RefusedEntry, group: str) -> dict[bytes, Any]:
-    return DeadLetter(letter.reason, letter.detail, letter.ref.stream, letter.ref.entry_id, exporter=EXPORTER,
-                      group=group, raw=letter.fields).to_fields()
+def _dead_letter(reader: GroupReader, letter: RefusedEntry) -> DeadLetter:
+    return reader.dead_letter(StreamEntry(letter.ref.stream, letter.ref.entry_id, {}), letter.reason, letter.detail,
+                              letter.fields)
 
 
 def _describe(exc: BaseException) -> str:
