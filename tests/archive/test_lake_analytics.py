@@ -113,8 +113,11 @@ def test_duckdb_over_the_lake_answers_as_the_postgresql_views(settings, pg_dsn, 
 
         def exported() -> bool:
             with psycopg.connect(pg_dsn) as conn:
-                e = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-                k = conn.execute("SELECT count(*) FROM run_records").fetchone()[0]
+                try:
+                    e = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+                    k = conn.execute("SELECT count(*) FROM run_records").fetchone()[0]
+                except psycopg.errors.UndefinedTable:  # the sink has not migrated yet
+                    return False
             return e == total and k == records
 
         wait_until(exported, timeout=120)

@@ -57,8 +57,13 @@ def _rows(dsn: str) -> dict[str, str]:
 
 
 def _count(dsn: str, table: str) -> int:
+    """Rows so far; 0 while the sink has not created its tables yet (it migrates at its start, which
+    a fast worker can beat)."""
     with psycopg.connect(dsn) as conn:
-        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        try:
+            return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        except psycopg.errors.UndefinedTable:
+            return 0
 
 
 def _day() -> tuple[str, str]:
