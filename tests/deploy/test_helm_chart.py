@@ -614,26 +614,55 @@ def shutdown_budget_s() -> float:
     return max(graceful) + STOP_AFTER_DRAIN_S
 
 
+# The other processes' stop, each after SIGTERM (STOP_AFTER_DRAIN_S on top of each):
+# - export postgres: the writer commits the batch in hand, then waits for its reader thread at most
+#   30 s (`reader.join(timeout=30)` in services/export/postgres/sink.py);
+# - archive: writes what it read (flush_on_stop), one object request bounded by archive_store_timeout_s
+#   (more objects on a hung store can exceed it: then the kill leaves their entries pending, and the
+#   next start writes the same objects again, services/archive/segments.py);
+# - gateway: uvicorn finishes the requests in flight, a body read within gateway_body_timeout_s and
+#   its Redis write within the client's socket timeout (5 s, services/gateway/command.py).
+POSTGRES_READER_JOIN_S = 30
+GATEWAY_REDIS_SOCKET_TIMEOUT_S = 5
+
+
+def shutdown_budgets_s() -> dict[str, float]:
+    """The stop time of each Deployment's process, by the container's first argument(s)."""
+    defaults = Settings()
+    worker_like = shutdown_budget_s()
+    return {"worker": worker_like, "export otlp": worker_like,
+            "export postgres": POSTGRES_READER_JOIN_S + STOP_AFTER_DRAIN_S,
+            "archive": defaults.archive_store_timeout_s + STOP_AFTER_DRAIN_S,
+            "gateway": defaults.gateway_body_timeout_s + GATEWAY_REDIS_SOCKET_TIMEOUT_S + STOP_AFTER_DRAIN_S}
+
+
 def test_termination_grace_and_probes_agree_with_the_processes(helm, kubeconfig):
-    budget = shutdown_budget_s()
+    budgets = shutdown_budgets_s()
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["terminationGracePeriodSeconds"] >= budget, (values["terminationGracePeriodSeconds"], budget)
+    assert values["terminationGracePeriodSeconds"] >= max(budgets.values()), (values["terminationGracePeriodSeconds"], budgets)
     objs = render(helm, kubeconfig, {"otlpExporter": {"enabled": True, "endpoint": "http://c:4318"},
-                                      "postgresExporter": {"enabled": True, "existingSecret": "pg"}})
+                                      "postgresExporter": {"enabled": True, "existingSecret": "pg"},
+                                      "archive": {"enabled": True, "redisSecret": "archive-redis"},
+                                      "gateway": {"enabled": True, "redisSecret": "gw-redis"},
+                                      "settings": {"archive_url": "s3://fleet-archive/goose"}})
     deployments = [o for o in objs if o["kind"] == "Deployment"]
-    assert len(deployments) == 3
-    for dep in deployments:
+    by_role = {" ".join(d["spec"]["template"]["spec"]["containers"][0].get("args", ["worker"])[:2]).split(" --")[0]: d
+               for d in deployments}
+    assert len(deployments) == 5 and set(by_role) == set(budgets), sorted(by_role)
+    for role, dep in by_role.items():
         pod = dep["spec"]["template"]["spec"]
-        assert pod["terminationGracePeriodSeconds"] >= budget
+        assert pod["terminationGracePeriodSeconds"] >= budgets[role], (role, pod["terminationGracePeriodSeconds"])
         (c,) = pod["containers"]
         # probes on the port the process binds: the named container port is GOOSE_INGEST_METRICS_PORT,
         # and nothing on the command line moves it elsewhere
-        port = {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
-        assert env_of(dep)["GOOSE_INGEST_METRICS_PORT"]["value"] == str(port)
-        assert not any(a.startswith("--metrics-port") for a in c.get("args", []))
+        # the gateway serves its probes on its own port (GOOSE_INGEST_GATEWAY_PORT), the others on metrics
+        name, setting = ("http", "GOOSE_INGEST_GATEWAY_PORT") if role == "gateway" else ("metrics", "GOOSE_INGEST_METRICS_PORT")
+        port = {p["name"]: p["containerPort"] for p in c["ports"]}[name]
+        assert env_of(dep)[setting]["value"] == str(port)
+        assert not any(a.startswith(("--metrics-port", "--port")) for a in c.get("args", []))
         assert "command" not in c, "a command replaces the image's tini entrypoint"
         live, ready = c["livenessProbe"], c["readinessProbe"]
-        assert live["httpGet"]["port"] == ready["httpGet"]["port"] == "metrics"
+        assert live["httpGet"]["port"] == ready["httpGet"]["port"] == name
         # /healthz is served from the first second whatever the broker does: a worker waiting for its
         # broker is never restarted, so liveness may start early; it fails only for a hung process
         assert live["timeoutSeconds"] >= HEALTHCHECK_TIMEOUT_S
