@@ -229,11 +229,15 @@ def render(helm, kubeconfig: str, values: dict | None = None) -> list[dict]:
     return [d for d in yaml.safe_load_all(release["manifest"]) if d]
 
 
+DASHBOARD = "ConfigMap/dashboard"  # by_kind's key for the Grafana dashboard's ConfigMap (the settings' is "ConfigMap")
+
+
 def by_kind(objs: list[dict]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for o in objs:
-        assert o["kind"] not in out, f"two {o['kind']} objects"
-        out[o["kind"]] = o
+        kind = DASHBOARD if o["kind"] == "ConfigMap" and "grafana_dashboard" in o["metadata"].get("labels", {}) else o["kind"]
+        assert kind not in out, f"two {kind} objects"
+        out[kind] = o
     return out
 
 
@@ -358,16 +362,44 @@ def test_default_render_without_the_operator_skips_the_rule_and_says_so(helm, ba
     release = asyncio.run(helm.Install(cfg).run(RELEASE, str(CHART), values=None, wait=False, timeout=60))
     objs = [d for d in yaml.safe_load_all(release["manifest"]) if d]
     kinds = validate_all(objs)
-    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget"}
+    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", DASHBOARD}
     notes = json.dumps(release)
     assert "no PrometheusRule CRD" in notes and "deploy/prometheus/rules.yml" in notes
+    assert "no ServiceMonitor CRD" in notes
+    check_dashboard(kinds[DASHBOARD])
+
+
+def check_dashboard(cm: dict) -> None:
+    """The dashboard's ConfigMap: labelled for Grafana's sidecar, holding deploy/grafana/dashboard.json as it is."""
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (body,) = cm["data"].values()
+    assert json.loads(body) == json.loads((ROOT / "deploy" / "grafana" / "dashboard.json").read_text())
+    link = CHART / "files" / "dashboard.json"
+    assert link.is_symlink() and os.readlink(link) == "../../../deploy/grafana/dashboard.json"
+
+
+def test_default_render_with_the_operator_gives_a_working_dashboard(helm, kubeconfig):
+    """Defaults only, on a cluster with the Operator's CRDs: the pods are scraped (ServiceMonitor), the
+    recording rules the panels read are loaded (PrometheusRule), both labelled with the `release:`
+    kube-prometheus-stack's Prometheus selects by, and the dashboard is there for Grafana's sidecar."""
+    kinds = validate_all(render(helm, kubeconfig))
+    assert {"ServiceMonitor", "PrometheusRule", DASHBOARD} <= set(kinds)
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert kinds[kind]["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+    check_dashboard(kinds[DASHBOARD])
+    # each can be turned off
+    off = by_kind(render(helm, kubeconfig, {"serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False},
+                                            "grafanaDashboard": {"enabled": False}}))
+    assert not {"ServiceMonitor", "PrometheusRule", DASHBOARD} & set(off)
 
 
 def test_default_render_is_valid(helm, kubeconfig):
     objs = render(helm, kubeconfig)
     kinds = validate_all(objs)
-    # the PrometheusRule is on by default (the dashboard reads its recording rules): this fake cluster has its CRD
-    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "PrometheusRule"}
+    # the ServiceMonitor and PrometheusRule are on by default (the dashboard reads the scraped series and
+    # the rules' recordings): this fake cluster has their CRDs
+    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "PrometheusRule",
+                          "ServiceMonitor", DASHBOARD}
 
     dep = kinds["Deployment"]
     assert dep["metadata"]["name"] == FULLNAME
@@ -404,7 +436,7 @@ def test_all_features_render_is_valid(helm, kubeconfig):
     kinds = validate_all(objs)
     assert set(kinds) == {
         "ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget",
-        "ServiceMonitor", "PrometheusRule", "ScaledObject", "TriggerAuthentication",
+        "ServiceMonitor", "PrometheusRule", "ScaledObject", "TriggerAuthentication", DASHBOARD,
     }
     # KEDA on: no HPA even though hpa.enabled, and the Deployment leaves replicas to the autoscaler
     assert "HorizontalPodAutoscaler" not in kinds
@@ -525,6 +557,8 @@ FREE_FORM = {
     "properties.service.properties.annotations",
     "properties.serviceMonitor.properties.labels",
     "properties.prometheusRule.properties.labels",
+    "properties.grafanaDashboard.properties.labels",
+    "properties.grafanaDashboard.properties.annotations",
     "properties.serviceAccount.properties.annotations",
     "properties.podAnnotations",
     "properties.gateway.properties.ingress.properties.annotations",
