@@ -670,6 +670,21 @@ def shutdown_budgets_s() -> dict[str, float]:
             "gateway": defaults.gateway_body_timeout_s + GATEWAY_REDIS_SOCKET_TIMEOUT_S + STOP_AFTER_DRAIN_S}
 
 
+def test_every_deployment_of_the_chart_runs_the_one_image(helm, kubeconfig):
+    objs = render(helm, kubeconfig, {"otlpExporter": {"enabled": True, "endpoint": "http://c:4318"},
+                                      "postgresExporter": {"enabled": True, "existingSecret": "pg"},
+                                      "archive": {"enabled": True, "redisSecret": "archive-redis"},
+                                      "gateway": {"enabled": True, "redisSecret": "gw-redis"},
+                                      "settings": {"archive_url": "s3://fleet-archive/goose"},
+                                      "image": {"repository": "registry.example.com/team/goose-ingest", "tag": "0.1.0"}})
+    deployments = [o for o in objs if o["kind"] == "Deployment"]
+    assert len(deployments) == 5
+    images = {c["image"] for d in deployments for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {"registry.example.com/team/goose-ingest:0.1.0"}
+    for d in deployments:
+        assert all("command" not in c for c in d["spec"]["template"]["spec"]["containers"]), d["metadata"]["name"]
+
+
 def test_termination_grace_and_probes_agree_with_the_processes(helm, kubeconfig):
     budgets = shutdown_budgets_s()
     values = yaml.safe_load((CHART / "values.yaml").read_text())
