@@ -670,6 +670,16 @@ def shutdown_budgets_s() -> dict[str, float]:
             "gateway": defaults.gateway_body_timeout_s + GATEWAY_REDIS_SOCKET_TIMEOUT_S + STOP_AFTER_DRAIN_S}
 
 
+def test_compose_stop_grace_covers_each_process_budget():
+    services = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())["services"]
+    budgets = shutdown_budgets_s()
+    role = {"worker-1": "worker", "worker-2": "worker", "otlp-exporter": "export otlp",
+            "postgres-exporter": "export postgres", "gateway": "gateway", "archive": "archive"}
+    for name, r in role.items():
+        grace = services[name]["stop_grace_period"]
+        assert grace.endswith("s") and float(grace[:-1]) >= budgets[r], (name, grace, budgets[r])
+
+
 def test_every_deployment_of_the_chart_runs_the_one_image(helm, kubeconfig):
     objs = render(helm, kubeconfig, {"otlpExporter": {"enabled": True, "endpoint": "http://c:4318"},
                                       "postgresExporter": {"enabled": True, "existingSecret": "pg"},
