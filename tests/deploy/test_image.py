@@ -159,6 +159,12 @@ def test_healthz_answers_from_the_first_second_while_the_broker_hangs(tmp_path, 
             assert time.monotonic() - t0 < 5.0
             status, body = get(port, "/readyz")
             assert status == 503 and "checking the broker" in body, (status, body)
+            if args == ["gateway"]:
+                # a tap posting to the gateway's port meanwhile is told to retry, as while Redis is away
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/raw", data=b"{}\n", method="POST")
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(req, timeout=5)
+                assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "1"
         finally:
             proc.kill()
             proc.communicate(timeout=STOP_TIMEOUT_S)
