@@ -56,7 +56,11 @@ grep -q "^FROM $BASE-dev AS builder" "$STATE/Dockerfile.local" && grep -q "^FROM
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 revision=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
-source=$(git -C "$ROOT" remote get-url origin 2>/dev/null || echo unknown)
+# the source: pyproject's [project.urls] (Source, then Repository, then Homepage), else the origin remote
+source=$(python3 -c 'import tomllib
+urls = tomllib.load(open("pyproject.toml", "rb")).get("project", {}).get("urls", {})
+print(next((urls[k] for k in ("Source", "Repository", "Homepage") if k in urls), ""))' 2>/dev/null || true)
+[ -n "$source" ] || source=$(git -C "$ROOT" remote get-url origin 2>/dev/null || echo unknown)
 # pip in the RUN steps reaches the index through this machine's TLS-intercepting proxy: the host's
 # CA bundle, mounted read-only for the build only (nothing of it lands in a layer)
 buildah bud --quiet --format docker --isolation chroot --layers \

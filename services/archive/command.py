@@ -46,41 +46,50 @@ def run(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         raise ConfigError("no broker configured (GOOSE_INGEST_REDIS_URL)")
 
+    from redis.exceptions import AuthenticationError, NoPermissionError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
     from services.archive.consumer import DEFAULT_CONSUMER, Archiver
     from services.archive.metrics import ArchiveMetrics
     from services.archive.store import StoreError, open_store
     from services.broker.connect import sync_client
     from services.metrics.server import serve as serve_metrics
+    from services.metrics.server import serve_early
     from services.metrics.startup import stop_on_signals
 
     store = open_store(settings)
     assert store is not None  # archive_url is set
-    from redis.exceptions import AuthenticationError, NoPermissionError
-    from redis.exceptions import ConnectionError as RedisConnectionError
+    # /healthz from the first second: the checks below wait on the broker and the store (a
+    # black-holed host costs its connect timeout), which is no reason for a liveness probe to
+    # restart the process; serve() below adopts this server.
+    early = serve_early(settings.metrics_host, settings.metrics_port, "checking the broker and the archive store",
+                        settings.metrics_port_file)
+    try:
+        metrics = ArchiveMetrics()
+        archiver = Archiver(settings, sync_client(settings), store, metrics, args.consumer or DEFAULT_CONSUMER)
+        try:
+            # Refused credentials or a user without the archive's permissions: one line, exit 2 (the
+            # CLI reports them). An unreachable broker is waited for by the loop, readiness says so.
+            archiver.ensure_groups()
+        except (AuthenticationError, NoPermissionError):
+            raise
+        except (RedisConnectionError, OSError) as exc:
+            log.warning("broker unreachable at start (%s); will keep trying", type(exc).__name__)
+        try:
+            store.check()  # ConfigError: the CLI prints it as one line and exits 2
+        except StoreError as exc:  # unreachable: maybe starting; keep trying, readiness says so
+            log.warning("%s; will keep trying", exc)
+            archiver.store_unavailable(exc)
+        server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, archiver.is_ready,
+                               port_file=settings.metrics_port_file)
+        log.info("archive to %s, group %s, consumer %s; metrics on %s:%d", store.describe(), archiver.group,
+                 archiver.consumer, server.host, server.port)
 
-    metrics = ArchiveMetrics()
-    archiver = Archiver(settings, sync_client(settings), store, metrics, args.consumer or DEFAULT_CONSUMER)
-    try:
-        # Refused credentials or a user without the archive's permissions: one line, exit 2 (the
-        # CLI reports them). An unreachable broker is waited for by the loop, readiness says so.
-        archiver.ensure_groups()
-    except (AuthenticationError, NoPermissionError):
-        raise
-    except (RedisConnectionError, OSError) as exc:
-        log.warning("broker unreachable at start (%s); will keep trying", type(exc).__name__)
-    try:
-        store.check()  # ConfigError: the CLI prints it as one line and exits 2
-    except StoreError as exc:  # unreachable: maybe starting; keep trying, readiness says so
-        log.warning("%s; will keep trying", exc)
-        archiver.store_unavailable(exc)
-    server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, archiver.is_ready,
-                           port_file=settings.metrics_port_file)
-    log.info("archive to %s, group %s, consumer %s; metrics on %s:%d", store.describe(), archiver.group,
-             archiver.consumer, server.host, server.port)
-
-    stop_on_signals(log, "writing what was read, then stopping", archiver.stop)
-    try:
-        archiver.run()
+        stop_on_signals(log, "writing what was read, then stopping", archiver.stop)
+        try:
+            archiver.run()
+        finally:
+            server.close()
     finally:
-        server.close()
+        early.close()  # once adopted, the server above closed it already (idempotent)
     return 0

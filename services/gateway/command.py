@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from services.broker.connect import sync_client_with_timeouts
     from services.gateway.app import Gateway
     from services.gateway.http import MAX_HEAD_BYTES, protocol_class
-    from services.metrics.server import write_port_file
+    from services.metrics.server import serve_early, write_port_file
     from services.settings import ConfigError, Settings
 
     settings = Settings()
@@ -85,16 +85,24 @@ def run(args: argparse.Namespace) -> int:
     host = args.host if args.host is not None else settings.gateway_host
     port = args.port if args.port is not None else settings.gateway_port
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    # socket_timeout bounds a hung broker (then 503); creating the client does not connect.
-    client = sync_client_with_timeouts(settings, socket_timeout=5.0, connect_timeout=2.0)
-    _check_shard_count(client, settings)
-    gateway = Gateway(settings, client)
     tls: dict[str, str] = {}
     if settings.gateway_tls_cert_file or settings.gateway_tls_key_file:
         if not (settings.gateway_tls_cert_file and settings.gateway_tls_key_file):
             raise ConfigError("GOOSE_INGEST_GATEWAY_TLS_CERT_FILE and _KEY_FILE go together")
         _check_tls(settings.gateway_tls_cert_file, settings.gateway_tls_key_file)
         tls = {"ssl_certfile": settings.gateway_tls_cert_file, "ssl_keyfile": settings.gateway_tls_key_file}
+    # /healthz (plain HTTP) on the gateway's own address from the first second, while the shard count
+    # is checked against a broker that may be slow or away; handed over to uvicorn on the same port
+    # (port 0: the one it got) once the check is done.
+    early = serve_early(host, port, "checking the broker", settings.metrics_port_file)
+    try:
+        # socket_timeout bounds a hung broker (then 503); creating the client does not connect.
+        client = sync_client_with_timeouts(settings, socket_timeout=5.0, connect_timeout=2.0)
+        _check_shard_count(client, settings)
+        gateway = Gateway(settings, client)
+    finally:
+        port = early.port
+        early.close()
     sock = _bind(host, port)
     bound = sock.getsockname()
     scheme = "https" if tls else "http"
@@ -114,6 +122,15 @@ def run(args: argparse.Namespace) -> int:
     port_file = settings.metrics_port_file
     if port_file:
         write_port_file(port_file, bound[0], bound[1])
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for the handler it
+    # found installed: with the default one the process would end by the signal (143/130) after a
+    # complete, requested stop. A no-op there makes that stop exit 0, as every other command's does.
+    import signal
+
+    from services.metrics.startup import STOP_SIGNALS
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda _signum, _frame: None)
     try:
         server.run(sockets=[sock])
     finally:

@@ -98,6 +98,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_HEAD = do_GET
 
+    def do_POST(self) -> None:  # noqa: N802 (stdlib naming)
+        # The gateway's early server holds the gateway's own port while it checks the broker: a tap
+        # posting then gets what the gateway says when Redis is away (503, retry), not a 501.
+        length = int(self.headers.get("Content-Length") or 0)
+        if 0 < length <= 1 << 20:
+            self.rfile.read(length)
+        else:
+            self.close_connection = True
+        self.send_response(503)
+        body = b'{"reason": "starting"}\n'
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Retry-After", "1")
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, format: str, *args: Any) -> None:  # scrapes every 15 s are not news
         log.debug("metrics http: " + format, *args)
 

@@ -281,6 +281,22 @@ def test_compose_services(compose):
         assert w["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
+GOOSE_SERVICES = {"worker-1", "worker-2", "otlp-exporter", "postgres-exporter", "gateway", "archive"}
+
+
+def test_every_goose_service_of_compose_runs_the_one_image(compose):
+    """One image, every command: each goose-ingest service builds the root Dockerfile into the same
+    tag and picks its command by arguments only (no entrypoint of its own replacing tini)."""
+    goose = {name: svc for name, svc in compose["services"].items()
+             if "build" in svc or str(svc.get("image", "")).startswith("goose-ingest")}
+    assert set(goose) == GOOSE_SERVICES
+    assert {svc["image"] for svc in goose.values()} == {"goose-ingest:local"}
+    for name, svc in goose.items():
+        build = svc["build"]
+        assert (DEPLOY / build["context"] / build["dockerfile"]).resolve() == (ROOT / "Dockerfile").resolve(), name
+        assert "entrypoint" not in svc, name
+
+
 def bind_mounts(compose: dict):
     for name, svc in compose["services"].items():
         for vol in svc.get("volumes", []):

@@ -229,11 +229,15 @@ def render(helm, kubeconfig: str, values: dict | None = None) -> list[dict]:
     return [d for d in yaml.safe_load_all(release["manifest"]) if d]
 
 
+DASHBOARD = "ConfigMap/dashboard"  # by_kind's key for the Grafana dashboard's ConfigMap (the settings' is "ConfigMap")
+
+
 def by_kind(objs: list[dict]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for o in objs:
-        assert o["kind"] not in out, f"two {o['kind']} objects"
-        out[o["kind"]] = o
+        kind = DASHBOARD if o["kind"] == "ConfigMap" and "grafana_dashboard" in o["metadata"].get("labels", {}) else o["kind"]
+        assert kind not in out, f"two {kind} objects"
+        out[kind] = o
     return out
 
 
@@ -358,16 +362,44 @@ def test_default_render_without_the_operator_skips_the_rule_and_says_so(helm, ba
     release = asyncio.run(helm.Install(cfg).run(RELEASE, str(CHART), values=None, wait=False, timeout=60))
     objs = [d for d in yaml.safe_load_all(release["manifest"]) if d]
     kinds = validate_all(objs)
-    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget"}
+    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", DASHBOARD}
     notes = json.dumps(release)
     assert "no PrometheusRule CRD" in notes and "deploy/prometheus/rules.yml" in notes
+    assert "no ServiceMonitor CRD" in notes
+    check_dashboard(kinds[DASHBOARD])
+
+
+def check_dashboard(cm: dict) -> None:
+    """The dashboard's ConfigMap: labelled for Grafana's sidecar, holding deploy/grafana/dashboard.json as it is."""
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (body,) = cm["data"].values()
+    assert json.loads(body) == json.loads((ROOT / "deploy" / "grafana" / "dashboard.json").read_text())
+    link = CHART / "files" / "dashboard.json"
+    assert link.is_symlink() and os.readlink(link) == "../../../deploy/grafana/dashboard.json"
+
+
+def test_default_render_with_the_operator_gives_a_working_dashboard(helm, kubeconfig):
+    """Defaults only, on a cluster with the Operator's CRDs: the pods are scraped (ServiceMonitor), the
+    recording rules the panels read are loaded (PrometheusRule), both labelled with the `release:`
+    kube-prometheus-stack's Prometheus selects by, and the dashboard is there for Grafana's sidecar."""
+    kinds = validate_all(render(helm, kubeconfig))
+    assert {"ServiceMonitor", "PrometheusRule", DASHBOARD} <= set(kinds)
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert kinds[kind]["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+    check_dashboard(kinds[DASHBOARD])
+    # each can be turned off
+    off = by_kind(render(helm, kubeconfig, {"serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False},
+                                            "grafanaDashboard": {"enabled": False}}))
+    assert not {"ServiceMonitor", "PrometheusRule", DASHBOARD} & set(off)
 
 
 def test_default_render_is_valid(helm, kubeconfig):
     objs = render(helm, kubeconfig)
     kinds = validate_all(objs)
-    # the PrometheusRule is on by default (the dashboard reads its recording rules): this fake cluster has its CRD
-    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "PrometheusRule"}
+    # the ServiceMonitor and PrometheusRule are on by default (the dashboard reads the scraped series and
+    # the rules' recordings): this fake cluster has their CRDs
+    assert set(kinds) == {"ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "PrometheusRule",
+                          "ServiceMonitor", DASHBOARD}
 
     dep = kinds["Deployment"]
     assert dep["metadata"]["name"] == FULLNAME
@@ -404,7 +436,7 @@ def test_all_features_render_is_valid(helm, kubeconfig):
     kinds = validate_all(objs)
     assert set(kinds) == {
         "ServiceAccount", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget",
-        "ServiceMonitor", "PrometheusRule", "ScaledObject", "TriggerAuthentication",
+        "ServiceMonitor", "PrometheusRule", "ScaledObject", "TriggerAuthentication", DASHBOARD,
     }
     # KEDA on: no HPA even though hpa.enabled, and the Deployment leaves replicas to the autoscaler
     assert "HorizontalPodAutoscaler" not in kinds
@@ -525,6 +557,8 @@ FREE_FORM = {
     "properties.service.properties.annotations",
     "properties.serviceMonitor.properties.labels",
     "properties.prometheusRule.properties.labels",
+    "properties.grafanaDashboard.properties.labels",
+    "properties.grafanaDashboard.properties.annotations",
     "properties.serviceAccount.properties.annotations",
     "properties.podAnnotations",
     "properties.gateway.properties.ingress.properties.annotations",
@@ -614,26 +648,80 @@ def shutdown_budget_s() -> float:
     return max(graceful) + STOP_AFTER_DRAIN_S
 
 
-def test_termination_grace_and_probes_agree_with_the_processes(helm, kubeconfig):
-    budget = shutdown_budget_s()
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["terminationGracePeriodSeconds"] >= budget, (values["terminationGracePeriodSeconds"], budget)
+# The other processes' stop, each after SIGTERM (STOP_AFTER_DRAIN_S on top of each):
+# - export postgres: the writer commits the batch in hand, then waits for its reader thread at most
+#   30 s (`reader.join(timeout=30)` in services/export/postgres/sink.py);
+# - archive: writes what it read (flush_on_stop), one object request bounded by archive_store_timeout_s
+#   (more objects on a hung store can exceed it: then the kill leaves their entries pending, and the
+#   next start writes the same objects again, services/archive/segments.py);
+# - gateway: uvicorn finishes the requests in flight, a body read within gateway_body_timeout_s and
+#   its Redis write within the client's socket timeout (5 s, services/gateway/command.py).
+POSTGRES_READER_JOIN_S = 30
+GATEWAY_REDIS_SOCKET_TIMEOUT_S = 5
+
+
+def shutdown_budgets_s() -> dict[str, float]:
+    """The stop time of each Deployment's process, by the container's first argument(s)."""
+    defaults = Settings()
+    worker_like = shutdown_budget_s()
+    return {"worker": worker_like, "export otlp": worker_like,
+            "export postgres": POSTGRES_READER_JOIN_S + STOP_AFTER_DRAIN_S,
+            "archive": defaults.archive_store_timeout_s + STOP_AFTER_DRAIN_S,
+            "gateway": defaults.gateway_body_timeout_s + GATEWAY_REDIS_SOCKET_TIMEOUT_S + STOP_AFTER_DRAIN_S}
+
+
+def test_compose_stop_grace_covers_each_process_budget():
+    services = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())["services"]
+    budgets = shutdown_budgets_s()
+    role = {"worker-1": "worker", "worker-2": "worker", "otlp-exporter": "export otlp",
+            "postgres-exporter": "export postgres", "gateway": "gateway", "archive": "archive"}
+    for name, r in role.items():
+        grace = services[name]["stop_grace_period"]
+        assert grace.endswith("s") and float(grace[:-1]) >= budgets[r], (name, grace, budgets[r])
+
+
+def test_every_deployment_of_the_chart_runs_the_one_image(helm, kubeconfig):
     objs = render(helm, kubeconfig, {"otlpExporter": {"enabled": True, "endpoint": "http://c:4318"},
-                                      "postgresExporter": {"enabled": True, "existingSecret": "pg"}})
+                                      "postgresExporter": {"enabled": True, "existingSecret": "pg"},
+                                      "archive": {"enabled": True, "redisSecret": "archive-redis"},
+                                      "gateway": {"enabled": True, "redisSecret": "gw-redis"},
+                                      "settings": {"archive_url": "s3://fleet-archive/goose"},
+                                      "image": {"repository": "registry.example.com/team/goose-ingest", "tag": "0.1.0"}})
     deployments = [o for o in objs if o["kind"] == "Deployment"]
-    assert len(deployments) == 3
-    for dep in deployments:
+    assert len(deployments) == 5
+    images = {c["image"] for d in deployments for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {"registry.example.com/team/goose-ingest:0.1.0"}
+    for d in deployments:
+        assert all("command" not in c for c in d["spec"]["template"]["spec"]["containers"]), d["metadata"]["name"]
+
+
+def test_termination_grace_and_probes_agree_with_the_processes(helm, kubeconfig):
+    budgets = shutdown_budgets_s()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["terminationGracePeriodSeconds"] >= max(budgets.values()), (values["terminationGracePeriodSeconds"], budgets)
+    objs = render(helm, kubeconfig, {"otlpExporter": {"enabled": True, "endpoint": "http://c:4318"},
+                                      "postgresExporter": {"enabled": True, "existingSecret": "pg"},
+                                      "archive": {"enabled": True, "redisSecret": "archive-redis"},
+                                      "gateway": {"enabled": True, "redisSecret": "gw-redis"},
+                                      "settings": {"archive_url": "s3://fleet-archive/goose"}})
+    deployments = [o for o in objs if o["kind"] == "Deployment"]
+    by_role = {" ".join(d["spec"]["template"]["spec"]["containers"][0].get("args", ["worker"])[:2]).split(" --")[0]: d
+               for d in deployments}
+    assert len(deployments) == 5 and set(by_role) == set(budgets), sorted(by_role)
+    for role, dep in by_role.items():
         pod = dep["spec"]["template"]["spec"]
-        assert pod["terminationGracePeriodSeconds"] >= budget
+        assert pod["terminationGracePeriodSeconds"] >= budgets[role], (role, pod["terminationGracePeriodSeconds"])
         (c,) = pod["containers"]
         # probes on the port the process binds: the named container port is GOOSE_INGEST_METRICS_PORT,
         # and nothing on the command line moves it elsewhere
-        port = {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
-        assert env_of(dep)["GOOSE_INGEST_METRICS_PORT"]["value"] == str(port)
-        assert not any(a.startswith("--metrics-port") for a in c.get("args", []))
+        # the gateway serves its probes on its own port (GOOSE_INGEST_GATEWAY_PORT), the others on metrics
+        name, setting = ("http", "GOOSE_INGEST_GATEWAY_PORT") if role == "gateway" else ("metrics", "GOOSE_INGEST_METRICS_PORT")
+        port = {p["name"]: p["containerPort"] for p in c["ports"]}[name]
+        assert env_of(dep)[setting]["value"] == str(port)
+        assert not any(a.startswith(("--metrics-port", "--port")) for a in c.get("args", []))
         assert "command" not in c, "a command replaces the image's tini entrypoint"
         live, ready = c["livenessProbe"], c["readinessProbe"]
-        assert live["httpGet"]["port"] == ready["httpGet"]["port"] == "metrics"
+        assert live["httpGet"]["port"] == ready["httpGet"]["port"] == name
         # /healthz is served from the first second whatever the broker does: a worker waiting for its
         # broker is never restarted, so liveness may start early; it fails only for a hung process
         assert live["timeoutSeconds"] >= HEALTHCHECK_TIMEOUT_S

@@ -53,7 +53,8 @@ def test_enabled_renders_a_valid_deployment_with_the_dsn_from_the_secret(helm, k
     sel = dep["spec"]["selector"]["matchLabels"]
     assert sel["app.kubernetes.io/component"] == "postgres-exporter"
     assert kinds["Service"]["spec"]["selector"] == sel
-    (cm,) = [o for o in objs if o["kind"] == "ConfigMap"]
+    # the settings' ConfigMap (the other one is the Grafana dashboard's)
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and "grafana_dashboard" not in o["metadata"]["labels"]]
     assert cm["data"]["GOOSE_INGEST_POSTGRES_RETENTION_DAYS"] in ("30", "30.0")
     assert not any("POSTGRES_DSN" in k for k in cm["data"])
 

@@ -82,7 +82,11 @@ def start_gateway(settings: Settings, log: Path, port: int | None = None, **env:
     gw = Gateway(proc, f"http://127.0.0.1:{port}", log)
 
     def up() -> bool:
+        # /healthz answers from the first second (the early probe server); the gateway itself
+        # serves once it says it listens
         assert proc.poll() is None, log.read_text()
+        if "listening on" not in log.read_text():
+            return False
         try:
             return gw.get("/healthz")[0] == 200
         except OSError:
