@@ -30,13 +30,14 @@ from typing import Any, ClassVar
 import orjson
 import psycopg
 import redis
+from obstore.store import S3Store
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from pydantic import SecretStr
 
 from services.archive.reader import RAW, read_raw
 from services.archive.segments import EVENTS_PREFIX, RAW_PREFIX, RUNS_PREFIX, decode_event_rows, decode_run_rows
-from services.archive.store import ArchiveStore, open_store
+from services.archive.store import ArchiveStore, parse_store_url
 from services.archive.window import Window
 from services.broker.acl import render, user_name
 from services.broker.embedded import EmbeddedRedis
@@ -50,6 +51,9 @@ from tests.support.otlp_receiver import Receiver, RunningReceiver
 from tests.support.pipeline import ended_runs, events_by_run, expected_events
 from tests.support.postgres import ADMIN_DSN
 from tests.support.redis_server import cli_env
+from tests.support.s3_server import ACCESS_KEY as S3_ACCESS_KEY
+from tests.support.s3_server import REGION as S3_REGION
+from tests.support.s3_server import SECRET_KEY as S3_SECRET_KEY
 from tests.support.s3_server import TEST_BUCKET, S3Server, start_s3
 
 DEFAULTS = Settings.model_fields
@@ -168,12 +172,13 @@ def runs_of(tag: str, copies: int = 1) -> dict[str, list[str]]:
 def publish(w: World, runs: dict[str, list[str]]) -> None:
     """Each run into the raw log as the tap's user, ended with an eof."""
     tap = w.as_role("tap")
+    # known before they are written: a case may count while a feed runs in the background
+    w.published.update({run: len(lines) + 1 for run, lines in runs.items()})  # seqs 0..len(lines): lines, then the eof
     for run, lines in runs.items():
         with Publisher(tap, run, {"host": "contract"}) as pub:
             for line in lines:
                 pub.add_line(line)
             pub.add_eof(0)
-        w.published[run] = len(lines) + 1  # seqs 0..len(lines): the lines, then the eof
 
 
 # ------------------------------------------------------------------------------------ accounting
@@ -582,12 +587,16 @@ class ArchiveConsumer(ExporterConsumer):
                 "GOOSE_INGEST_ARCHIVE_URL": t.extra["url"], "GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S": self.SEGMENT_MAX_AGE_S}
 
     def store(self, t: Target) -> ArchiveStore:
-        """The test's reader of the store: the project's client, straight to moto (not through a
-        case's proxy), with the same credentials."""
+        """The test's reader of the store: the project's ArchiveStore, straight to moto (not through
+        a case's proxy). Its S3 client is built here with the credentials in its config: open_store
+        lets obstore read them from this process's environment, which the test leaves alone (every
+        consumer's subprocess inherits it)."""
         s3: S3Server = t.extra["s3"]
-        store = open_store(Settings(archive_url=t.extra["url"]), environ=s3.env())
-        assert store is not None
-        return store
+        url = parse_store_url(t.extra["url"])
+        client = S3Store(url.location, prefix=url.prefix or None, config={
+            "endpoint": s3.endpoint, "region": S3_REGION, "access_key_id": S3_ACCESS_KEY,
+            "secret_access_key": S3_SECRET_KEY}, client_options={"allow_http": True})
+        return ArchiveStore(url, client)
 
     def sent_some(self, t: Target) -> bool:
         return bool(self.store(t).list(f"{RAW_PREFIX}/"))
