@@ -1,7 +1,7 @@
 """The contract's cases: each injects one fault into one consumer's world and reports an `Outcome`
 (what reached the target, what was dead-lettered where, what /readyz said, how processes ended).
 They assert nothing themselves: tests/consumers/test_contract.py does, per consumer, so the cases of
-the three consumers can share one wall-clock window (tests/consumers/conftest.py runs them side by
+the consumers can share one wall-clock window (tests/consumers/conftest.py runs them side by
 side)."""
 
 from __future__ import annotations

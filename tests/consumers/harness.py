@@ -1,4 +1,4 @@
-"""The parts of the consumer contract test: a private Redis with the shipped ACL users, the three
+"""The parts of the consumer contract test: a private Redis with the shipped ACL users, the
 consumers as real processes under their own users, their targets, and the accounting of what
 reached a target (lost = expected but absent, doubled = present more than once).
 
@@ -7,7 +7,7 @@ must deliver, how to read its target back); a case (tests/consumers/cases.py) is
 (consumer, world) that injects a fault and returns an `Outcome`; the contract
 (tests/consumers/test_contract.py) asserts on outcomes. Each case of each consumer gets a redis-server
 of its own (its faults: a destroyed group, maxmemory, cannot touch another run's data), so the cases
-of the three consumers can run side by side in one wall-clock window.
+of the consumers can run side by side in one wall-clock window.
 """
 
 from __future__ import annotations
