@@ -45,6 +45,10 @@ TARGET_DOWN_S = float(_DEV_OUTAGE_S) if _DEV_OUTAGE_S else TARGET_OUTAGE_S
 FULL_S = float(_DEV_OUTAGE_S) if _DEV_OUTAGE_S else REDIS_FULL_S
 DELIVER_TIMEOUT_S = 150.0  # after a fault is over, the time to deliver what is left (a reclaim is 30 s)
 SETTLE_S = 3.0  # after everything arrived: a late duplicate would arrive now
+# pytest-timeout for a test that waits for the outages' window (the project's default, 300 s, is
+# shorter than the target's outage): the first delivery, the outage, readiness back, the rest
+# delivered (each wait bounded by DELIVER_TIMEOUT_S), the processes stopped, and a margin.
+WINDOW_TIMEOUT_S = TARGET_DOWN_S + 3 * DELIVER_TIMEOUT_S + 300.0
 
 
 @dataclass

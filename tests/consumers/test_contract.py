@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.consumers.cases import Outcome
+from tests.consumers.cases import WINDOW_TIMEOUT_S, Outcome
 from tests.consumers.harness import (
     MAX_DELIVERIES,
     REDELIVERY_BUDGET_S,
@@ -108,6 +108,7 @@ class ConsumerContract:
         _lost_doubled(out)
         _ran_through(out)
 
+    @pytest.mark.timeout(WINDOW_TIMEOUT_S)  # it shares the window of the 10-minute target outage
     def test_redis_full(self, contract_outcomes):
         """d) Redis at maxmemory (noeviction) for REDIS_FULL_S = CLAIM_IDLE_MS x MAX_DELIVERIES + two
         sweeps + a margin at defaults (the redelivery budget: an outage counted as deliveries would
@@ -121,6 +122,7 @@ class ConsumerContract:
         assert not [p for p in out.problems if "Traceback" in p], out.problems
         assert out.facts["outage_s"] > REDELIVERY_BUDGET_S
 
+    @pytest.mark.timeout(WINDOW_TIMEOUT_S)
     def test_target_down(self, contract_outcomes):
         """e) The target unreachable (PostgreSQL stopped; the collector stopped, then answering 401,
         403, 404, 429, 503; the object store hanging) for 10 minutes at defaults (TARGET_OUTAGE_S,
@@ -181,6 +183,7 @@ class TestExportPostgres(ConsumerContract):
 class TestArchive(ConsumerContract):
     consumer = ArchiveConsumer()  # poison is not collected: ArchiveConsumer.not_applicable says why
 
+    @pytest.mark.timeout(WINDOW_TIMEOUT_S)
     def test_target_down(self, contract_outcomes):
         """e) for the log of record (issue 23: "the store down for 10 minutes: nothing trimmed that is
         not archived, 0 lost, readiness false"): beside the contract's checks, at the end of the
