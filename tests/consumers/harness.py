@@ -1,4 +1,4 @@
-"""The parts of the consumer contract test: a private Redis with the shipped ACL users, the three
+"""The parts of the consumer contract test: a private Redis with the shipped ACL users, the
 consumers as real processes under their own users, their targets, and the accounting of what
 reached a target (lost = expected but absent, doubled = present more than once).
 
@@ -7,7 +7,7 @@ must deliver, how to read its target back); a case (tests/consumers/cases.py) is
 (consumer, world) that injects a fault and returns an `Outcome`; the contract
 (tests/consumers/test_contract.py) asserts on outcomes. Each case of each consumer gets a redis-server
 of its own (its faults: a destroyed group, maxmemory, cannot touch another run's data), so the cases
-of the three consumers can run side by side in one wall-clock window.
+of the consumers can run side by side in one wall-clock window.
 """
 
 from __future__ import annotations
@@ -25,15 +25,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import psycopg
 import redis
+from obstore.store import S3Store
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from pydantic import SecretStr
 
+from services.archive.reader import RAW, read_raw
+from services.archive.segments import EVENTS_PREFIX, RAW_PREFIX, RUNS_PREFIX, decode_event_rows, decode_run_rows
+from services.archive.store import ArchiveStore, parse_store_url
+from services.archive.window import Window
 from services.broker.acl import render, user_name
 from services.broker.embedded import EmbeddedRedis
 from services.export.otlp.mapping import GEN_AI_CONVERSATION_ID, GI_EVENT_ID, OP_INVOKE_AGENT
@@ -46,6 +51,10 @@ from tests.support.otlp_receiver import Receiver, RunningReceiver
 from tests.support.pipeline import ended_runs, events_by_run, expected_events
 from tests.support.postgres import ADMIN_DSN
 from tests.support.redis_server import cli_env
+from tests.support.s3_server import ACCESS_KEY as S3_ACCESS_KEY
+from tests.support.s3_server import REGION as S3_REGION
+from tests.support.s3_server import SECRET_KEY as S3_SECRET_KEY
+from tests.support.s3_server import TEST_BUCKET, S3Server, start_s3
 
 DEFAULTS = Settings.model_fields
 CLAIM_IDLE_MS: int = DEFAULTS["claim_idle_ms"].default
@@ -54,7 +63,16 @@ MAX_DELIVERIES: int = DEFAULTS["max_deliveries"].default
 # CLAIM_IDLE_MS and dead-lettered after MAX_DELIVERIES, so an outage longer than this is the one
 # that turns "retry later" into "lost" if a consumer counts outage attempts as deliveries.
 REDELIVERY_BUDGET_S = CLAIM_IDLE_MS * MAX_DELIVERIES / 1000
-ROLES = ("tap", "worker", "consumer", "otlp-exporter", "postgres-exporter", "admin")
+# The target outage of case e (issue 20: "the target down for 10 minutes"; issue 23: "the store down
+# for 10 minutes"). It is 4x the redelivery budget, so a consumer that counted outage attempts as
+# deliveries would have dead-lettered everything long before the end, and longer than every
+# backoff cap and store timeout of the consumers (30 s), so each retries many times into it.
+TARGET_OUTAGE_S = 600.0
+# Redis at maxmemory (case d): longer than the redelivery budget plus two sweeps and a margin, the
+# class of outage that turns "retry later" into "lost"; it runs in the same window as case e, so
+# its length costs no wall time as long as it is shorter than TARGET_OUTAGE_S.
+REDIS_FULL_S = REDELIVERY_BUDGET_S + 2 * 5.0 + 10.0
+ROLES = ("tap", "worker", "consumer", "otlp-exporter", "postgres-exporter", "archive", "admin")
 
 
 # ------------------------------------------------------------------------------------ the world
@@ -70,6 +88,8 @@ class World:
     procs: list[subprocess.Popen] = field(default_factory=list)
     feeder: subprocess.Popen | None = None  # the worker that writes an exporter's input (ExporterConsumer)
     port_files: dict[int, Path] = field(default_factory=dict)  # pid -> its metrics port file
+    feeder_env: dict[str, str] = field(default_factory=dict)  # settings of the feeder worker a consumer asks for
+    published: dict[str, int] = field(default_factory=dict)  # run -> raw entries publish() wrote (lines + eof)
 
     def as_role(self, role: str) -> Settings:
         return self.settings.model_copy(update={"redis_username": user_name(role, self.settings.namespace),
@@ -152,6 +172,8 @@ def runs_of(tag: str, copies: int = 1) -> dict[str, list[str]]:
 def publish(w: World, runs: dict[str, list[str]]) -> None:
     """Each run into the raw log as the tap's user, ended with an eof."""
     tap = w.as_role("tap")
+    # known before they are written: a case may count while a feed runs in the background
+    w.published.update({run: len(lines) + 1 for run, lines in runs.items()})  # seqs 0..len(lines): lines, then the eof
     for run, lines in runs.items():
         with Publisher(tap, run, {"host": "contract"}) as pub:
             for line in lines:
@@ -250,7 +272,12 @@ class Consumer:
     role: str
     args: list[str]
     exporter: str = ""  # its name in key names and ACL roles (services/broker/acl.py EXPORTERS)
-    has_external_target: bool = True
+    # Cases that cannot apply to this consumer, each with the reason (the contract does not collect
+    # their tests: tests/consumers/test_contract.py ConsumerContract.applies).
+    not_applicable: ClassVar[dict[str, str]] = {}
+    # Case e: /readyz must say "not ready" from this many seconds into the target's outage (a first
+    # attempt has to meet the outage and fail; the backoff may take a few seconds).
+    outage_noticed_s: float = 20.0
 
     def group(self, s: Settings) -> str:
         raise NotImplementedError
@@ -304,6 +331,11 @@ class Consumer:
         """A cheap sign that the target got something (when a case kills mid-batch)."""
         return True
 
+    def outage_facts(self, w: World, t: Target, before: set[str], during: set[str]) -> dict[str, Any]:
+        """Case e, at the end of the target's outage (still down): what this consumer's contract
+        checks then, beside readiness. `before`: runs delivered before the outage; `during`: fed in it."""
+        return {}
+
 
 class WorkerConsumer(Consumer):
     """`worker`: raw log -> topics. Its target is the topics, compared with one normalizer pass over
@@ -312,7 +344,9 @@ class WorkerConsumer(Consumer):
     name = "worker"
     role = "worker"
     args = ["worker"]
-    has_external_target = False
+    # Its only target is Redis, whose outage is case d (redis_full).
+    not_applicable: ClassVar[dict[str, str]] = {"target_down": "no external target: the worker writes into Redis (its outage is redis_full)",
+                      "slow_target": "no external target: the worker writes into Redis"}
 
     def group(self, s: Settings) -> str:
         return s.group
@@ -359,7 +393,8 @@ class ExporterConsumer(Consumer):
     def feed(self, w: World, runs: dict[str, list[str]]) -> None:
         publish(w, runs)
         if w.feeder is None or w.feeder.poll() is not None:
-            w.feeder = w.spawn("worker", ["worker"], w.tmp / "feeder-worker.log", GOOSE_INGEST_METRICS_PORT="0")
+            w.feeder = w.spawn("worker", ["worker"], w.tmp / "feeder-worker.log", GOOSE_INGEST_METRICS_PORT="0",
+                               **w.feeder_env)
 
     def fed(self, w: World, runs: set[str]) -> bool:
         return runs <= ended_runs(w.root_settings)
@@ -484,7 +519,134 @@ class PostgresConsumer(ExporterConsumer):
         return account(expected, observed)
 
 
-CONSUMERS: dict[str, Consumer] = {c.name: c for c in (WorkerConsumer(), OtlpConsumer(), PostgresConsumer())}
+class ArchiveConsumer(ExporterConsumer):
+    """`archive` -> the S3 API on loopback (moto's server, tests/support/s3_server.py; a private one per
+    case, so pausing it stops only this case's store). It reads the raw shards and control streams
+    (the log of record) and the topics (the event lake), so `feed` publishes raw entries and runs the
+    feeder worker for the topics; that worker has ARCHIVE_URL set, as in a deployment, and a raw
+    retention of 0.36 s, so its trim (every RETENTION_EVERY_S = 60 s) runs in every case and may
+    remove whatever the archive's position allows: an entry trimmed before it was archived is then
+    missing from the archive for good (counted lost).
+
+    Units: every raw entry published (run, seq; lines and eof) read back from the archive with the
+    project's reader (services/archive/reader.py read_raw, every segment), plus every event and run
+    record the worker published on the topics, read back from the event lake. Doubled: a raw entry
+    (shard, stream id) in two segments, an eventId or recordId in two lake rows."""
+
+    name = "archive"
+    role = "archive"
+    args = ["archive"]
+    not_applicable: ClassVar[dict[str, str]] = {"poison": (
+        "no entry is poison for the archive: a raw or control entry is stored byte-exact whatever its fields "
+        "(services/archive/segments.py: every field kept as bytes, the convenience columns null when not "
+        "parseable), and a topic entry the PostgreSQL sink would dead-letter is left out of the event lake and "
+        "counted (goose_ingest_archive_lake_rejected_total) while its raw source is archived; the archive has "
+        "no dead-letter stream, and its ACL user may not XADD")}
+    # The store's requests time out after ARCHIVE_STORE_TIMEOUT_S (30 s at defaults) when the store
+    # hangs (moto stopped: connections accepted, never answered); only then does the archive know.
+    outage_noticed_s = float(DEFAULTS["archive_store_timeout_s"].default) + 15.0
+    # The one setting shortened: a segment is cut ARCHIVE_SEGMENT_MAX_AGE_S after its first entry was
+    # read (300 s at defaults, the small-file trade-off of docs/archive.md). At the default every case
+    # would wait 5 minutes per segment; 2 s cuts many segments in each case, so the faults meet
+    # segments open, written and being acknowledged. Count and byte cuts, store timeout, backoff and
+    # the consumer name stay at their defaults.
+    SEGMENT_MAX_AGE_S = "2"
+
+    def group(self, s: Settings) -> str:
+        return s.archive_group
+
+    def group_streams(self, w: World) -> list[str]:
+        layout = w.settings.layout
+        return [*layout.raw_streams(), *layout.control_streams(), *layout.events_partitions(), *layout.runs_partitions()]
+
+    def deadletter_streams(self, w: World) -> list[str]:
+        return []  # it has none (see not_applicable)
+
+    def foreign_deadletter_streams(self, w: World) -> list[str]:
+        layout = w.settings.layout
+        return layout.deadletter_partitions() + [s for e in ("otlp", "postgres") for s in layout.export_deadletter_partitions(e)]
+
+    @contextmanager
+    def target(self, w: World) -> Iterator[Target]:
+        server = start_s3(w.tmp / "moto")
+        try:
+            server.create_bucket(TEST_BUCKET)
+            url = f"s3://{TEST_BUCKET}/contract"
+            t = Target(extra={"s3": server, "url": url, "endpoint": server.endpoint})
+            # exact trims (one entry per stream node): XTRIM MINID ~ removes whole nodes only, and a
+            # node of the default 100 entries would hide whether the trim may remove an entry at all
+            w.root().config_set("stream-node-max-entries", 1)
+            w.feeder_env = {"GOOSE_INGEST_ARCHIVE_URL": url, "GOOSE_INGEST_RAW_RETENTION_HOURS": "0.0001"}
+            yield t
+        finally:
+            server.close()
+
+    def env(self, w: World, t: Target, port_file: Path) -> dict[str, str]:
+        s3: S3Server = t.extra["s3"]
+        return {**super().env(w, t, port_file), **s3.env(AWS_ENDPOINT_URL=t.extra["endpoint"]),
+                "GOOSE_INGEST_ARCHIVE_URL": t.extra["url"], "GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S": self.SEGMENT_MAX_AGE_S}
+
+    def store(self, t: Target) -> ArchiveStore:
+        """The test's reader of the store: the project's ArchiveStore, straight to moto (not through
+        a case's proxy). Its S3 client is built here with the credentials in its config: open_store
+        lets obstore read them from this process's environment, which the test leaves alone (every
+        consumer's subprocess inherits it)."""
+        s3: S3Server = t.extra["s3"]
+        url = parse_store_url(t.extra["url"])
+        client = S3Store(url.location, prefix=url.prefix or None, config={
+            "endpoint": s3.endpoint, "region": S3_REGION, "access_key_id": S3_ACCESS_KEY,
+            "secret_access_key": S3_SECRET_KEY}, client_options={"allow_http": True})
+        return ArchiveStore(url, client)
+
+    def sent_some(self, t: Target) -> bool:
+        return bool(self.store(t).list(f"{RAW_PREFIX}/"))
+
+    def account(self, w: World, t: Target, runs: set[str]) -> Account:
+        store = self.store(t)
+        expected: Counter[str] = Counter()
+        for run in runs:
+            expected.update(f"raw:{run}#{seq}" for seq in range(w.published[run]))
+        events, records = topic_entries(w)
+        expected.update(e["eventId"] for e in events if e["runId"] in runs)
+        expected.update(f"record:{r['recordId']}" for r in records if r["runId"] in runs)
+        observed: Counter[str] = Counter()
+        identities: Counter[str] = Counter()
+        archived = read_raw(store, Window())
+        for e in archived.entries:
+            run = e.fields.get(b"run", b"").decode(errors="replace")
+            if e.stream == RAW and run in runs:
+                observed[f"raw:{run}#{e.fields.get(b'seq', b'').decode(errors='replace')}"] += 1
+                identities[f"{e.stream}/{e.shard}/{e.sid}"] += 1
+        for key in store.list(f"{EVENTS_PREFIX}/"):
+            observed.update(row["event_id"] for row in decode_event_rows(store.get(key)) if row["run_key"] in runs)
+        for key in store.list(f"{RUNS_PREFIX}/"):
+            observed.update(f"record:{row['record_id']}" for row in decode_run_rows(store.get(key)) if row["run_key"] in runs)
+        acct = account(expected, observed, f"corrupt objects: {archived.corrupt}" if archived.corrupt else "")
+        # a raw entry is doubled when one stream entry is in two segments (two entries of one run
+        # and seq are the tap's re-send, which the archive must keep both of: the log as written)
+        acct.doubled = {k: n for k, n in acct.doubled.items() if not k.startswith("raw:")}
+        acct.doubled.update({k: n for k, n in identities.items() if n > 1})
+        return acct
+
+    def outage_facts(self, w: World, t: Target, before: set[str], during: set[str]) -> dict[str, Any]:
+        """The raw trim never removed what is not archived: every raw entry of the runs fed during
+        the outage (the store down: none of them can be archived) is still in Redis after the
+        workers' trim ran through it, while the runs archived before it were trimmed (the trim was
+        active, so the first check is not vacuous)."""
+        r = w.root()
+        held: Counter[str] = Counter()
+        for stream in w.settings.layout.raw_streams():
+            for _, f in r.xrange(stream):
+                held[f"{f.get(b'run', b'').decode(errors='replace')}#{f.get(b'seq', b'').decode(errors='replace')}"] += 1
+        unarchived = [f"{run}#{seq}" for run in sorted(during) for seq in range(w.published[run])]
+        archived_before = [f"{run}#{seq}" for run in sorted(before) for seq in range(w.published[run])]
+        return {"unarchived_missing_from_redis": [k for k in unarchived if not held[k]],
+                "unarchived_count": len(unarchived),
+                "archived_before_still_in_redis": sum(1 for k in archived_before if held[k]),
+                "archived_before_count": len(archived_before)}
+
+
+CONSUMERS: dict[str, Consumer] = {c.name: c for c in (WorkerConsumer(), OtlpConsumer(), PostgresConsumer(), ArchiveConsumer())}
 
 
 def log_problems(path: Path) -> list[str]:

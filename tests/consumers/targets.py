@@ -1,5 +1,6 @@
 """Targets a case can break: a collector that goes away and then answers with outage statuses, a
-private PostgreSQL cluster that stops, a PostgreSQL behind a slow proxy."""
+private PostgreSQL cluster that stops, a PostgreSQL behind a slow proxy, an S3 server (moto) that
+hangs (SIGSTOP) or answers through a slow proxy."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from contextlib import AbstractContextManager, contextmanager
 
 from psycopg.conninfo import make_conninfo
 
-from tests.consumers.harness import Consumer, OtlpConsumer, PostgresConsumer, Target, World
+from tests.consumers.harness import ArchiveConsumer, Consumer, OtlpConsumer, PostgresConsumer, Target, World
 from tests.support import postgres as postgres_support
 from tests.support.otlp_receiver import RunningReceiver
 from tests.support.postgres import PrivateCluster
+from tests.support.s3_proxy import S3Proxy
+from tests.support.s3_server import S3Server
 from tests.support.slow_proxy import SlowProxy
 
 Phase = tuple[float, Callable[[], None]]  # (seconds after the outage began, what changes then)
+Down = Callable[[float], list[Phase]]  # takes the outage's length
 OUTAGE_STATUSES = (401, 403, 404, 429, 503)
 
 
@@ -36,14 +40,14 @@ def _reopen(t: Target, fail_status: int | None) -> None:
 
 
 @contextmanager
-def outage(c: Consumer, w: World) -> Iterator[tuple[Target, Callable[[], list[Phase]], Callable[[], None]]]:
+def outage(c: Consumer, w: World) -> Iterator[tuple[Target, Down, Callable[[], None]]]:
     if isinstance(c, OtlpConsumer):
         with c.target(w) as t:
-            def down() -> list[Phase]:
+            def down(length_s: float) -> list[Phase]:
                 assert t.receiver is not None
                 t.extra["port"] = t.receiver.receiver.port
-                t.receiver.close()  # connection refused
-                span = 150.0 / len(OUTAGE_STATUSES)
+                t.receiver.close()  # connection refused for 30 s, then each status for an equal share of the rest
+                span = max(length_s - 30.0, 0.0) / len(OUTAGE_STATUSES)
                 return [(30.0 + i * span, lambda s=s: _reopen(t, s)) for i, s in enumerate(OUTAGE_STATUSES)]
 
             def up() -> None:
@@ -57,11 +61,21 @@ def outage(c: Consumer, w: World) -> Iterator[tuple[Target, Callable[[], list[Ph
         with private_cluster() as cluster:
             t = Target(dsn=cluster.dsn)
 
-            def pg_down() -> list[Phase]:
+            def pg_down(length_s: float) -> list[Phase]:
                 cluster.stop("fast")
                 return []
 
             yield t, pg_down, cluster.start
+        return
+    if isinstance(c, ArchiveConsumer):
+        with c.target(w) as t:
+            s3: S3Server = t.extra["s3"]
+
+            def s3_down(length_s: float) -> list[Phase]:
+                s3.pause()  # hangs: what a client meets when a store stops answering (its objects kept)
+                return []
+
+            yield t, s3_down, s3.resume
         return
     raise ValueError(f"{c.name} has no external target")
 
@@ -82,5 +96,15 @@ def slowed(c: Consumer, w: World, delay_s: float) -> Iterator[Target]:
                 yield t
             finally:
                 proxy.close()
+        return
+    if isinstance(c, ArchiveConsumer):
+        with c.target(w) as t:
+            s3_proxy = S3Proxy(t.extra["s3"].port)  # every S3 request held delay_s (the test reads moto directly)
+            s3_proxy.delay_s = delay_s
+            try:
+                t.extra["endpoint"] = s3_proxy.endpoint
+                yield t
+            finally:
+                s3_proxy.close()
         return
     raise ValueError(f"{c.name} has no external target")
