@@ -232,11 +232,11 @@ def test_rediss_alone_trusts_the_ca_given_by_ssl_cert_file(tls_broker: TlsBroker
 
 
 # --- failures: one line, exit 2 -------------------------------------------------------------------------------
-def test_a_wrong_ca_is_one_line_for_every_command(tls_broker: TlsBroker, tmp_path, fixture_db):
+def test_a_wrong_ca_is_one_line_for_every_command(tls_broker: TlsBroker, tmp_path, fixture_db, pg_dsn):
+    """export postgres gets a reachable database, so the line it prints is the broker's TLS failure."""
     b = tls_broker
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
-    env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.other_ca),
-               GOOSE_INGEST_POSTGRES_DSN="host=127.0.0.1 port=1 dbname=none")
+    env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.other_ca), GOOSE_INGEST_POSTGRES_DSN=pg_dsn)
     results = _cli_all({name: (env, args) for name, args in {
         "tail": ["tail", "--no-follow"],
         "replay": ["replay"],
@@ -245,7 +245,9 @@ def test_a_wrong_ca_is_one_line_for_every_command(tls_broker: TlsBroker, tmp_pat
         "import-sessions": ["import-sessions", str(fixture_db), "--namespace", "tlsimport", "--no-progress"],
         "worker": ["worker"],
         "export otlp": ["export", "otlp"],
+        "export postgres": ["export", "postgres"],
     }.items()})
+    assert set(results) >= {"export otlp", "export postgres"}
     for name, res in results.items():
         _one_line(res, name.split()[0], f"TLS to the broker localhost:{b.tls_port} failed", "certificate does not verify",
                   "GOOSE_INGEST_REDIS_TLS_CA_FILE")
