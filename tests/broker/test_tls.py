@@ -128,15 +128,49 @@ def _one_line(res: subprocess.CompletedProcess, command: str, *needles: str) -> 
     return lines[0]
 
 
+def _run_the_consumers(env: dict[str, str], settings: Settings, reader: redis.Redis, runs: set[str], pg_dsn: str,
+                       logs_dir: Path, *, imported: str | None = None) -> None:
+    """The worker, `export postgres` and `export otlp` (a real receiver), one process each, side by side:
+    each becomes ready and does its job on the published runs (ended in the runs topic, rows in
+    PostgreSQL, an agent span at the receiver), with no traceback. `reader` looks at the topics."""
+    import psycopg
+
+    from tests.support.otlp_receiver import RunningReceiver
+
+    def rows() -> int:
+        try:
+            with psycopg.connect(pg_dsn, connect_timeout=3) as conn:
+                query = "SELECT count(*) FROM runs WHERE run_key = ANY(%s) AND state = 'ended'"
+                return conn.execute(query, (sorted(runs),)).fetchone()[0]
+        except psycopg.Error:
+            return 0
+
+    logs = {name: logs_dir / f"{name}.log" for name in ("worker", "postgres", "otlp")}
+    with RunningReceiver() as receiver:
+        procs = [
+            _start(env, ["worker"], logs["worker"]),
+            _start({**env, "GOOSE_INGEST_POSTGRES_DSN": pg_dsn}, ["export", "postgres"], logs["postgres"]),
+            _start({**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint, "GOOSE_INGEST_SWEEP_INTERVAL_S": "0.5"},
+                   ["export", "otlp"], logs["otlp"]),
+        ]
+        try:
+            wait_until(lambda: runs <= _ended(reader, settings)
+                       and (imported is None or any(r.startswith(imported) for r in _ended(reader, settings))), timeout=90)
+            wait_until(lambda: rows() == len(runs), timeout=60)
+            wait_until(lambda: any(s.name.startswith("invoke_agent") for s in receiver.spans), timeout=60)
+            assert all(p.poll() is None for p in procs), {k: v.read_text()[-2000:] for k, v in logs.items()}
+        finally:
+            for proc in procs:
+                stop(proc)
+    text = {name: log.read_text(errors="replace") for name, log in logs.items()}
+    assert not any("Traceback" in t for t in text.values()), {k: v[-3000:] for k, v in text.items()}
+
+
 # --- every command over TLS, with a CA file and client certificates ---------------------------------------
 def test_every_command_works_over_tls_with_client_certificates(mtls_broker: TlsBroker, tmp_path, fixture_db, pg_dsn):
     """tap, publish, import-sessions (redis-py sync), worker (redis.asyncio + FastStream's RedisBroker),
     export postgres, export otlp, tail and replay, all through `rediss://` with a CA file and a client
     certificate the server requires."""
-    import psycopg
-
-    from tests.support.otlp_receiver import RunningReceiver
-
     b = mtls_broker
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
     env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca),
@@ -150,36 +184,7 @@ def test_every_command_works_over_tls_with_client_certificates(mtls_broker: TlsB
     for name, res in producers.items():
         assert res.returncode == 0, (name, res.stderr[-3000:])
 
-    logs = {name: tmp_path / f"{name}.log" for name in ("worker", "postgres", "otlp")}
-    plain = b.plain()
-
-    def rows() -> int:
-        try:
-            with psycopg.connect(pg_dsn, connect_timeout=3) as conn:
-                query = "SELECT count(*) FROM runs WHERE run_key = 'tls/published' AND state = 'ended'"
-                return conn.execute(query).fetchone()[0]
-        except psycopg.Error:
-            return 0
-
-    with RunningReceiver() as receiver:
-        procs = [
-            _start(env, ["worker"], logs["worker"]),
-            _start({**env, "GOOSE_INGEST_POSTGRES_DSN": pg_dsn}, ["export", "postgres"], logs["postgres"]),
-            _start({**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint, "GOOSE_INGEST_SWEEP_INTERVAL_S": "0.5"},
-                   ["export", "otlp"], logs["otlp"]),
-        ]
-        try:
-            wanted = {"tls/tapped", "tls/published"}
-            wait_until(lambda: wanted <= _ended(plain, settings)
-                       and any(r.startswith("tlsimport/") for r in _ended(plain, settings)), timeout=90)
-            wait_until(lambda: rows() == 1, timeout=60)
-            wait_until(lambda: any(s.name.startswith("invoke_agent") for s in receiver.spans), timeout=60)
-            assert all(p.poll() is None for p in procs), {k: v.read_text()[-2000:] for k, v in logs.items()}
-        finally:
-            for proc in procs:
-                stop(proc)
-    text = {name: log.read_text(errors="replace") for name, log in logs.items()}
-    assert not any("Traceback" in t for t in text.values()), {k: v[-3000:] for k, v in text.items()}
+    _run_the_consumers(env, settings, b.plain(), {"tls/tapped", "tls/published"}, pg_dsn, tmp_path, imported="tlsimport/")
 
     readers = _cli_all({"tail": (env, ["tail", "--no-follow", "--run", "tls/published"]),
                         "replay": (env, ["replay", "--run", "tls/published"])})
@@ -201,7 +206,8 @@ def test_a_broker_requiring_client_certificates_refuses_none_in_one_line(mtls_br
 
 
 # --- the other ways to turn TLS on ---------------------------------------------------------------------------
-def test_redis_tls_true_with_a_redis_url_and_a_ca_file(tls_broker: TlsBroker, tmp_path):
+def test_redis_tls_true_with_a_redis_url_and_a_ca_file(tls_broker: TlsBroker, tmp_path, pg_dsn):
+    """publish, tail and replay; then the worker and both exporters process the run."""
     b = tls_broker
     settings = _settings(f"redis://localhost:{b.tls_port}/0", tmp_path)
     env = _env(settings, GOOSE_INGEST_REDIS_TLS="true", GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca))
@@ -214,11 +220,13 @@ def test_redis_tls_true_with_a_redis_url_and_a_ca_file(tls_broker: TlsBroker, tm
     assert "replay: 1 runs rebuilt from the raw log" in replay.stdout, replay.stdout + replay.stderr[-3000:]
     raw = [f for s in settings.layout.raw_streams() for _, f in b.plain().xrange(s)]
     assert raw and {f[b"run"] for f in raw} == {b"tls/flag"}
+    _run_the_consumers(env, settings, b.plain(), {"tls/flag"}, pg_dsn, tmp_path)
 
 
-def test_rediss_alone_trusts_the_ca_given_by_ssl_cert_file(tls_broker: TlsBroker, tmp_path):
+def test_rediss_alone_trusts_the_ca_given_by_ssl_cert_file(tls_broker: TlsBroker, tmp_path, pg_dsn):
     """No GOOSE_INGEST_REDIS_TLS_* at all: the system's trust store decides (here OpenSSL's SSL_CERT_FILE),
-    for the tap's own client and redis-py's alike."""
+    for the tap's own client and redis-py's alike; the worker (redis.asyncio, FastStream) and both
+    exporters then process the run."""
     b = tls_broker
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
     env = _env(settings, SSL_CERT_FILE=str(b.files.ca))
@@ -229,6 +237,7 @@ def test_rediss_alone_trusts_the_ca_given_by_ssl_cert_file(tls_broker: TlsBroker
     assert results["tail"].returncode == 0, results["tail"].stderr[-3000:]
     assert b.plain().exists(settings.layout.meta())  # the tap recorded the deployment facts over TLS
     _one_line(results["untrusted"], "tail", "certificate does not verify", "GOOSE_INGEST_REDIS_TLS_CA_FILE")
+    _run_the_consumers(env, settings, b.plain(), {"tls/alone"}, pg_dsn, tmp_path)
 
 
 # --- failures: one line, exit 2 -------------------------------------------------------------------------------
@@ -362,10 +371,7 @@ def test_a_tls_cluster_requiring_client_certificates_serves_every_command(tls_fi
     client. tap, publish and import-sessions write, a worker processes, both exporters export (a real
     OTLP receiver, a real PostgreSQL), tail and replay read back; a wrong CA is one line for every
     command. The commands of each step run side by side (the machine has 2 cores)."""
-    import psycopg
-
     from services.broker.connect import sync_client
-    from tests.support.otlp_receiver import RunningReceiver
     from tests.support.redis_cluster import ClusterUnavailable
     from tests.support.tls import start_tls_cluster, stop_nodes
 
@@ -398,33 +404,8 @@ def test_a_tls_cluster_requiring_client_certificates_serves_every_command(tls_fi
                                                          "redis_tls_cert_file": str(tls_files.client_cert),
                                                          "redis_tls_key_file": str(tls_files.client_key)}))
 
-        def rows() -> int:
-            try:
-                with psycopg.connect(pg_dsn, connect_timeout=3) as conn:
-                    query = "SELECT count(*) FROM runs WHERE run_key = 'tls/cluster' AND state = 'ended'"
-                    return conn.execute(query).fetchone()[0]
-            except psycopg.Error:
-                return 0
-
-        logs = {name: tmp_path / f"{name}.log" for name in ("worker", "postgres", "otlp")}
-        with RunningReceiver() as receiver:
-            procs = [
-                _start(env, ["worker"], logs["worker"]),
-                _start({**env, "GOOSE_INGEST_POSTGRES_DSN": pg_dsn}, ["export", "postgres"], logs["postgres"]),
-                _start({**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint, "GOOSE_INGEST_SWEEP_INTERVAL_S": "0.5"},
-                       ["export", "otlp"], logs["otlp"]),
-            ]
-            try:
-                wait_until(lambda: {"tls/cluster", "tls/cluster-tap"} <= _ended(client, settings)
-                           and any(r.startswith("tlscimport/") for r in _ended(client, settings)), timeout=90)
-                wait_until(lambda: rows() == 1, timeout=60)
-                wait_until(lambda: any(sp.name.startswith("invoke_agent") for sp in receiver.spans), timeout=60)
-                assert all(p.poll() is None for p in procs), {k: v.read_text()[-2000:] for k, v in logs.items()}
-            finally:
-                for proc in procs:
-                    stop(proc)
-        text = {name: log.read_text(errors="replace") for name, log in logs.items()}
-        assert not any("Traceback" in t for t in text.values()), {k: v[-3000:] for k, v in text.items()}
+        _run_the_consumers(env, settings, client, {"tls/cluster", "tls/cluster-tap"}, pg_dsn, tmp_path,
+                           imported="tlscimport/")
 
         readers = _cli_all({"tail": (env, ["tail", "--no-follow", "--run", "tls/cluster"]),
                             "replay": (env, ["replay", "--run", "tls/cluster"])})
