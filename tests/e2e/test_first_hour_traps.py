@@ -450,6 +450,9 @@ def test_a_compressed_transcript_through_normalize_is_one_clear_line(kind, suffi
         assert f"{kind}-compressed" in line and "decompress it first" in line, line
 
 
+GLUED_TOKEN = "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"  # a valid GitHub token (checksum), from the redaction corpus
+
+
 # --- 7. the runs that are open --------------------------------------------------------------------------
 def test_runs_lists_the_open_runs_with_host_format_age_and_last_activity(settings, tmp_path):
     import json
@@ -465,26 +468,35 @@ def test_runs_lists_the_open_runs_with_host_format_age_and_last_activity(setting
             for line in TRANSCRIPTS[0].read_bytes().splitlines()[:3]:
                 pub.add_line(line, "stdout")
             assert pub.flush(30)
+        # a token in the envelope's labels: the state keeps them as written, `runs` shows them redacted
+        with Publisher(settings, "fh/secret", {"host": f"ci-{GLUED_TOKEN}", "agent": f"acme__{GLUED_TOKEN}"},
+                       format="goose") as pub:
+            pub.add_line(TRANSCRIPTS[0].read_bytes().splitlines()[0], "stdout")
+            assert pub.flush(30)
         with Publisher(settings, "fh/done", {"host": "fh-host"}) as pub:
             pub.add_line(b"hello", "stdout")
             pub.add_eof(0)
             assert pub.flush(30)
         client = sync_client(settings)
-        wait_until(lambda: count_active(client, settings) == 1 and "fh/done" in _ended(settings), timeout=60)
+        wait_until(lambda: count_active(client, settings) == 2 and "fh/done" in _ended(settings), timeout=60)
         client.close()
         # the gauge of the dashboard's "Open runs" panel, from the worker's next sweep
-        wait_until(lambda: re.search(r"^goose_ingest_active_runs 1\.0$", _metrics(port_file), re.M), timeout=30)
+        wait_until(lambda: re.search(r"^goose_ingest_active_runs 2\.0$", _metrics(port_file), re.M), timeout=30)
     finally:
         stop(worker)
     out = goose_ingest("runs", env=cli_env(settings))
     assert out.returncode == 0, out.stderr
     rows = out.stdout.splitlines()
-    assert rows[0].split()[:4] == ["RUN", "HOST", "FORMAT", "AGENT"] and len(rows) == 2, out.stdout
-    assert rows[1].split()[:3] == ["fh/open", "fh-host", "goose"], rows[1]
-    assert "1 open run" in out.stderr
-    as_json = [json.loads(line) for line in goose_ingest("runs", "--json", env=cli_env(settings)).stdout.splitlines()]
-    assert [r["runId"] for r in as_json] == ["fh/open"]
-    assert as_json[0]["entries"] == 3 and as_json[0]["startedMs"] and as_json[0]["lastActivityMs"] >= as_json[0]["startedMs"]
+    assert rows[0].split()[:4] == ["RUN", "HOST", "FORMAT", "AGENT"] and len(rows) == 3, out.stdout
+    assert [r.split()[:3] for r in rows[1:] if r.startswith("fh/open ")] == [["fh/open", "fh-host", "goose"]], rows
+    assert "2 open runs" in out.stderr
+    as_json = {r["runId"]: r for r in map(json.loads, goose_ingest("runs", "--json", env=cli_env(settings)).stdout.splitlines())}
+    assert sorted(as_json) == ["fh/open", "fh/secret"]
+    opened = as_json["fh/open"]
+    assert opened["entries"] == 3 and opened["startedMs"] and opened["lastActivityMs"] >= opened["startedMs"]
+    secret = as_json["fh/secret"]
+    assert (secret["host"], secret["agent"]) == ("ci-[REDACTED:github-token]", "acme__[REDACTED:github-token]")
+    assert GLUED_TOKEN not in out.stdout + json.dumps(as_json)
 
 
 def _metrics(port_file: Path) -> str:
