@@ -197,6 +197,45 @@ def test_export_postgres_beside_a_worker_takes_its_own_port(settings, pg_dsn):
     assert re.search(r"metrics on [0-9.]+:9466\b", line), line
 
 
+def test_up_and_export_postgres_on_one_host_bind_their_own_default_ports(tmp_path, pg_dsn):
+    """The issue's collision, as a user meets it: `up` and then `export postgres` against up's broker,
+    neither with GOOSE_INGEST_METRICS_PORT set. Both bind (up's worker 9464, the exporter 9466) and
+    both serve /readyz."""
+    import socket
+
+    for port in (9464, 9466):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                pytest.skip(f"another process of this machine holds {port}")
+    broker_port = free_port()
+    up_ports, pg_ports = tmp_path / "up.port", tmp_path / "pg.port"
+    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(broker_port)], cwd=REPO,
+                          env=clean_env(GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"),
+                                        GOOSE_INGEST_METRICS_PORT_FILE=str(up_ports)),
+                          stdout=subprocess.DEVNULL, stderr=(tmp_path / "up.log").open("wb"))
+    exporter = None
+    try:
+        wait_until(lambda: _ready(up_ports) or up.poll() is not None, timeout=90)
+        assert up.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
+        exporter = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "export", "postgres"], cwd=REPO,
+            env=clean_env(GOOSE_INGEST_REDIS_URL=f"redis://127.0.0.1:{broker_port}/0", GOOSE_INGEST_POSTGRES_DSN=pg_dsn,
+                          GOOSE_INGEST_METRICS_PORT_FILE=str(pg_ports)),
+            stdout=subprocess.DEVNULL, stderr=(tmp_path / "pg.log").open("wb"))
+        wait_until(lambda: _ready(pg_ports) or exporter.poll() is not None, timeout=90)
+        assert exporter.poll() is None, (tmp_path / "pg.log").read_text()[-3000:]
+        assert up_ports.read_text().split()[1] == "9464" and pg_ports.read_text().split()[1] == "9466"
+        assert _ready(up_ports) and _ready(pg_ports)  # both still serve once the other bound
+    finally:
+        for proc in (exporter, up):
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+    assert (exporter.returncode, up.returncode) == (0, 0), (tmp_path / "pg.log").read_text()[-2000:]
+
+
 # --- 5. what the server answered ----------------------------------------------------------------------
 @pytest.mark.parametrize("what,dsn_part,needle", [
     ("database", "user=postgres dbname=fh_no_such_db", 'database "fh_no_such_db" does not exist'),
