@@ -606,6 +606,47 @@ def test_spool_lists_every_spooled_run_and_drain_delivers_them_all(private_redis
     assert goose_ingest("spool", env=env).stdout == ""
 
 
+def test_spool_drain_skips_a_run_a_live_tap_holds_and_delivers_the_others(private_redis, settings, tmp_path):
+    """A tap still running (its spool flock'ed) while the broker is down: `spool` marks its run as in
+    use and `spool --drain` leaves it to that tap, delivering the other spooled run; the live tap
+    keeps its lock and its run (it delivers it itself)."""
+    import redis
+
+    s = settings.model_copy(update={"redis_url": private_redis.url})
+    env = cli_env(s)
+    private_redis.stop()
+    out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", "fh/left", "--drain-timeout", "0.3",
+                          "-"], cwd=REPO, env=env, input="a\nb\n", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    release = tmp_path / "release"
+    live = subprocess.Popen([sys.executable, "-m", "services.cli", "tap", "--run", "fh/live", "--quiet", "--", "sh", "-c",
+                             f"echo one; while [ ! -e {release} ]; do sleep 0.1; done"],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "live.log").open("wb"))
+    try:
+        def listed() -> dict[str, str]:
+            lines = goose_ingest("spool", env=env).stdout.splitlines()
+            return {line.split()[0]: line for line in lines}
+        wait_until(lambda: "a tap is publishing it" in listed().get("fh/live", ""), timeout=30)
+        private_redis.start()
+        drained = goose_ingest("spool", "--drain", "--drain-timeout", "20", env=env)
+        assert drained.returncode == 0, drained.stderr
+        assert "run fh/left: delivered" in drained.stderr and "fh/live" not in drained.stderr, drained.stderr
+        assert live.poll() is None  # the drain did not take the live tap's run from it
+        client = redis.Redis.from_url(private_redis.url)
+        try:
+            runs = [f[b"run"] for stream in s.layout.raw_streams() for _, f in client.xrange(stream)]
+        finally:
+            client.close()
+        assert runs.count(b"fh/left") == 3  # two lines and the eof, once
+        release.touch()
+        assert live.wait(timeout=60) == 0, (tmp_path / "live.log").read_text()[-2000:]
+    finally:
+        release.touch()
+        if live.poll() is None:
+            live.kill()
+            live.wait()
+
+
 def test_export_otlp_logs_plainly_on_stderr_like_the_worker(settings, tmp_path):
     """Its FastStream loggers were left coloured on stdout: `demo --otlp` showed ANSI INFO lines."""
     port_file = tmp_path / "otlp.port"
