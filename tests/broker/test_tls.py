@@ -194,15 +194,17 @@ def test_every_command_works_over_tls_with_client_certificates(mtls_broker: TlsB
     assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-2000:]
 
 
-def test_a_broker_requiring_client_certificates_refuses_none_in_one_line(mtls_broker: TlsBroker, tmp_path):
+def test_a_broker_requiring_client_certificates_refuses_none_in_one_line(mtls_broker: TlsBroker, tmp_path, pg_dsn):
     b = mtls_broker
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
-    env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca))
+    env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca), GOOSE_INGEST_POSTGRES_DSN=pg_dsn)
     results = _cli_all({"tail": (env, ["tail", "--no-follow"]),
                         "publish": (env, ["publish", "--run", "tls/no-cert", str(TRANSCRIPTS[0])]),
-                        "worker": (env, ["worker"])})
+                        "worker": (env, ["worker"]),
+                        "export otlp": (env, ["export", "otlp"]),
+                        "export postgres": (env, ["export", "postgres"])})
     for name, res in results.items():
-        _one_line(res, name, "client certificate", "GOOSE_INGEST_REDIS_TLS_CERT_FILE", f"localhost:{b.tls_port}")
+        _one_line(res, name.split()[0], "client certificate", "GOOSE_INGEST_REDIS_TLS_CERT_FILE", f"localhost:{b.tls_port}")
 
 
 # --- the other ways to turn TLS on ---------------------------------------------------------------------------
