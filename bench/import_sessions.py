@@ -31,7 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-FIXTURE_SQL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "goose" / "a-read-edit-test-finish.sessions-db.sql"
+from tests.support.fixtures import FIXTURES  # noqa: E402  (GOOSE_INGEST_SHARED, as the tests find them)
+
+FIXTURE_SQL = FIXTURES / "a-read-edit-test-finish.sessions-db.sql"
 EPOCH = 1_790_000_000  # 2026-09-21
 
 

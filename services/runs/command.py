@@ -13,12 +13,15 @@ import argparse
 import sys
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from contracts.topics import RECORD, TopicEntry
 from services.settings import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from services.redaction import Redactor
 
 DEFAULT_LIMIT = 50
 MAX_SCANNED_RECORDS = 20_000
@@ -56,7 +59,10 @@ def count_active(client: Any, settings: Settings) -> int:
 
 
 def active_runs(client: Any, settings: Settings, limit: int) -> list[ActiveRun]:
-    """The `limit` most recently active open runs with what their states say."""
+    """The `limit` most recently active open runs with what their states say. A state keeps the host
+    and agent labels as the tap wrote them (replay must see the same input); they are shown redacted
+    by the configured redactor, as the run's records publish them (RunSequencer._envelope_text)."""
+    redactor = settings.redactor()
     layout = settings.layout
     found: list[ActiveRun] = []
     for key in layout.active_run_sets():
@@ -77,13 +83,21 @@ def active_runs(client: Any, settings: Settings, limit: int) -> list[ActiveRun]:
         except orjson.JSONDecodeError:
             continue
         norm = state.get("norm") or {}
-        r.host = str(state.get("host") or "?")
-        r.agent = str(state.get("agent") or "-")
+        r.host = _shown(redactor, state.get("host"), "?")
+        r.agent = _shown(redactor, state.get("agent"), "-")
         r.format = str(norm.get("format") or "?")
         r.entries = int(state.get("next") or 0)
         r.events = int(norm.get("n") or 0)
     _find_starts(client, settings, found)
     return found
+
+
+def _shown(redactor: Redactor | None, label: Any, absent: str) -> str:
+    """A label of a run's envelope as the run's records publish it: redacted (when redaction is on)."""
+    if not label:
+        return absent
+    text = str(label)
+    return text if redactor is None else redactor.redact_text(text)[0]
 
 
 def _pairs(reply: Any) -> list[tuple[bytes, Any]]:

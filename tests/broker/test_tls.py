@@ -128,15 +128,49 @@ def _one_line(res: subprocess.CompletedProcess, command: str, *needles: str) -> 
     return lines[0]
 
 
+def _run_the_consumers(env: dict[str, str], settings: Settings, reader: redis.Redis, runs: set[str], pg_dsn: str,
+                       logs_dir: Path, *, imported: str | None = None) -> None:
+    """The worker, `export postgres` and `export otlp` (a real receiver), one process each, side by side:
+    each becomes ready and does its job on the published runs (ended in the runs topic, rows in
+    PostgreSQL, an agent span at the receiver), with no traceback. `reader` looks at the topics."""
+    import psycopg
+
+    from tests.support.otlp_receiver import RunningReceiver
+
+    def rows() -> int:
+        try:
+            with psycopg.connect(pg_dsn, connect_timeout=3) as conn:
+                query = "SELECT count(*) FROM runs WHERE run_key = ANY(%s) AND state = 'ended'"
+                return conn.execute(query, (sorted(runs),)).fetchone()[0]
+        except psycopg.Error:
+            return 0
+
+    logs = {name: logs_dir / f"{name}.log" for name in ("worker", "postgres", "otlp")}
+    with RunningReceiver() as receiver:
+        procs = [
+            _start(env, ["worker"], logs["worker"]),
+            _start({**env, "GOOSE_INGEST_POSTGRES_DSN": pg_dsn}, ["export", "postgres"], logs["postgres"]),
+            _start({**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint, "GOOSE_INGEST_SWEEP_INTERVAL_S": "0.5"},
+                   ["export", "otlp"], logs["otlp"]),
+        ]
+        try:
+            wait_until(lambda: runs <= _ended(reader, settings)
+                       and (imported is None or any(r.startswith(imported) for r in _ended(reader, settings))), timeout=90)
+            wait_until(lambda: rows() == len(runs), timeout=60)
+            wait_until(lambda: any(s.name.startswith("invoke_agent") for s in receiver.spans), timeout=60)
+            assert all(p.poll() is None for p in procs), {k: v.read_text()[-2000:] for k, v in logs.items()}
+        finally:
+            for proc in procs:
+                stop(proc)
+    text = {name: log.read_text(errors="replace") for name, log in logs.items()}
+    assert not any("Traceback" in t for t in text.values()), {k: v[-3000:] for k, v in text.items()}
+
+
 # --- every command over TLS, with a CA file and client certificates ---------------------------------------
 def test_every_command_works_over_tls_with_client_certificates(mtls_broker: TlsBroker, tmp_path, fixture_db, pg_dsn):
     """tap, publish, import-sessions (redis-py sync), worker (redis.asyncio + FastStream's RedisBroker),
     export postgres, export otlp, tail and replay, all through `rediss://` with a CA file and a client
     certificate the server requires."""
-    import psycopg
-
-    from tests.support.otlp_receiver import RunningReceiver
-
     b = mtls_broker
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
     env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca),
@@ -150,36 +184,7 @@ def test_every_command_works_over_tls_with_client_certificates(mtls_broker: TlsB
     for name, res in producers.items():
         assert res.returncode == 0, (name, res.stderr[-3000:])
 
-    logs = {name: tmp_path / f"{name}.log" for name in ("worker", "postgres", "otlp")}
-    plain = b.plain()
-
-    def rows() -> int:
-        try:
-            with psycopg.connect(pg_dsn, connect_timeout=3) as conn:
-                query = "SELECT count(*) FROM runs WHERE run_key = 'tls/published' AND state = 'ended'"
-                return conn.execute(query).fetchone()[0]
-        except psycopg.Error:
-            return 0
-
-    with RunningReceiver() as receiver:
-        procs = [
-            _start(env, ["worker"], logs["worker"]),
-            _start({**env, "GOOSE_INGEST_POSTGRES_DSN": pg_dsn}, ["export", "postgres"], logs["postgres"]),
-            _start({**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint, "GOOSE_INGEST_SWEEP_INTERVAL_S": "0.5"},
-                   ["export", "otlp"], logs["otlp"]),
-        ]
-        try:
-            wanted = {"tls/tapped", "tls/published"}
-            wait_until(lambda: wanted <= _ended(plain, settings)
-                       and any(r.startswith("tlsimport/") for r in _ended(plain, settings)), timeout=90)
-            wait_until(lambda: rows() == 1, timeout=60)
-            wait_until(lambda: any(s.name.startswith("invoke_agent") for s in receiver.spans), timeout=60)
-            assert all(p.poll() is None for p in procs), {k: v.read_text()[-2000:] for k, v in logs.items()}
-        finally:
-            for proc in procs:
-                stop(proc)
-    text = {name: log.read_text(errors="replace") for name, log in logs.items()}
-    assert not any("Traceback" in t for t in text.values()), {k: v[-3000:] for k, v in text.items()}
+    _run_the_consumers(env, settings, b.plain(), {"tls/tapped", "tls/published"}, pg_dsn, tmp_path, imported="tlsimport/")
 
     readers = _cli_all({"tail": (env, ["tail", "--no-follow", "--run", "tls/published"]),
                         "replay": (env, ["replay", "--run", "tls/published"])})
@@ -189,19 +194,22 @@ def test_every_command_works_over_tls_with_client_certificates(mtls_broker: TlsB
     assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-2000:]
 
 
-def test_a_broker_requiring_client_certificates_refuses_none_in_one_line(mtls_broker: TlsBroker, tmp_path):
+def test_a_broker_requiring_client_certificates_refuses_none_in_one_line(mtls_broker: TlsBroker, tmp_path, pg_dsn):
     b = mtls_broker
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
-    env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca))
+    env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca), GOOSE_INGEST_POSTGRES_DSN=pg_dsn)
     results = _cli_all({"tail": (env, ["tail", "--no-follow"]),
                         "publish": (env, ["publish", "--run", "tls/no-cert", str(TRANSCRIPTS[0])]),
-                        "worker": (env, ["worker"])})
+                        "worker": (env, ["worker"]),
+                        "export otlp": (env, ["export", "otlp"]),
+                        "export postgres": (env, ["export", "postgres"])})
     for name, res in results.items():
-        _one_line(res, name, "client certificate", "GOOSE_INGEST_REDIS_TLS_CERT_FILE", f"localhost:{b.tls_port}")
+        _one_line(res, name.split()[0], "client certificate", "GOOSE_INGEST_REDIS_TLS_CERT_FILE", f"localhost:{b.tls_port}")
 
 
 # --- the other ways to turn TLS on ---------------------------------------------------------------------------
-def test_redis_tls_true_with_a_redis_url_and_a_ca_file(tls_broker: TlsBroker, tmp_path):
+def test_redis_tls_true_with_a_redis_url_and_a_ca_file(tls_broker: TlsBroker, tmp_path, pg_dsn):
+    """publish, tail and replay; then the worker and both exporters process the run."""
     b = tls_broker
     settings = _settings(f"redis://localhost:{b.tls_port}/0", tmp_path)
     env = _env(settings, GOOSE_INGEST_REDIS_TLS="true", GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.ca))
@@ -214,11 +222,13 @@ def test_redis_tls_true_with_a_redis_url_and_a_ca_file(tls_broker: TlsBroker, tm
     assert "replay: 1 runs rebuilt from the raw log" in replay.stdout, replay.stdout + replay.stderr[-3000:]
     raw = [f for s in settings.layout.raw_streams() for _, f in b.plain().xrange(s)]
     assert raw and {f[b"run"] for f in raw} == {b"tls/flag"}
+    _run_the_consumers(env, settings, b.plain(), {"tls/flag"}, pg_dsn, tmp_path)
 
 
-def test_rediss_alone_trusts_the_ca_given_by_ssl_cert_file(tls_broker: TlsBroker, tmp_path):
+def test_rediss_alone_trusts_the_ca_given_by_ssl_cert_file(tls_broker: TlsBroker, tmp_path, pg_dsn):
     """No GOOSE_INGEST_REDIS_TLS_* at all: the system's trust store decides (here OpenSSL's SSL_CERT_FILE),
-    for the tap's own client and redis-py's alike."""
+    for the tap's own client and redis-py's alike; the worker (redis.asyncio, FastStream) and both
+    exporters then process the run."""
     b = tls_broker
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
     env = _env(settings, SSL_CERT_FILE=str(b.files.ca))
@@ -229,23 +239,29 @@ def test_rediss_alone_trusts_the_ca_given_by_ssl_cert_file(tls_broker: TlsBroker
     assert results["tail"].returncode == 0, results["tail"].stderr[-3000:]
     assert b.plain().exists(settings.layout.meta())  # the tap recorded the deployment facts over TLS
     _one_line(results["untrusted"], "tail", "certificate does not verify", "GOOSE_INGEST_REDIS_TLS_CA_FILE")
+    _run_the_consumers(env, settings, b.plain(), {"tls/alone"}, pg_dsn, tmp_path)
 
 
 # --- failures: one line, exit 2 -------------------------------------------------------------------------------
-def test_a_wrong_ca_is_one_line_for_every_command(tls_broker: TlsBroker, tmp_path, fixture_db):
+WRONG_CA_COMMANDS: dict[str, list[str]] = {  # every command that talks to the broker, by its name on stderr
+    "tail": ["tail", "--no-follow"],
+    "replay": ["replay"],
+    "publish": ["publish", "--run", "tls/wrong-ca", str(TRANSCRIPTS[0])],
+    "tap": ["tap", "--run", "tls/wrong-ca-tap", "--quiet", "--", "true"],
+    "import-sessions": ["import-sessions", "SESSIONS_DB", "--namespace", "tlsimport", "--no-progress"],
+    "worker": ["worker"],
+    "export otlp": ["export", "otlp"],
+    "export postgres": ["export", "postgres"],
+}
+
+
+def test_a_wrong_ca_is_one_line_for_every_command(tls_broker: TlsBroker, tmp_path, fixture_db, pg_dsn):
+    """export postgres gets a reachable database, so the line it prints is the broker's TLS failure."""
     b = tls_broker
     settings = _settings(f"rediss://localhost:{b.tls_port}/0", tmp_path)
-    env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.other_ca),
-               GOOSE_INGEST_POSTGRES_DSN="host=127.0.0.1 port=1 dbname=none")
-    results = _cli_all({name: (env, args) for name, args in {
-        "tail": ["tail", "--no-follow"],
-        "replay": ["replay"],
-        "publish": ["publish", "--run", "tls/wrong-ca", str(TRANSCRIPTS[0])],
-        "tap": ["tap", "--run", "tls/wrong-ca-tap", "--quiet", "--", "true"],
-        "import-sessions": ["import-sessions", str(fixture_db), "--namespace", "tlsimport", "--no-progress"],
-        "worker": ["worker"],
-        "export otlp": ["export", "otlp"],
-    }.items()})
+    env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(b.files.other_ca), GOOSE_INGEST_POSTGRES_DSN=pg_dsn)
+    results = _cli_all({name: (env, [str(fixture_db) if a == "SESSIONS_DB" else a for a in args])
+                         for name, args in WRONG_CA_COMMANDS.items()})
     for name, res in results.items():
         _one_line(res, name.split()[0], f"TLS to the broker localhost:{b.tls_port} failed", "certificate does not verify",
                   "GOOSE_INGEST_REDIS_TLS_CA_FILE")
@@ -350,36 +366,54 @@ def test_the_taps_own_client_verifies_the_server_with_the_ca_file(tls_broker: Tl
 
 
 # --- a Redis Cluster that speaks only TLS ----------------------------------------------------------------------
-def test_a_tls_cluster_serves_the_tap_the_worker_and_tail(tls_files: TlsFiles, tmp_path):
-    """redis-py's sync and asyncio RedisCluster and FastStream's RedisClusterBroker over TLS: a published
-    run is processed by a worker and read back by tail; a wrong CA is one line there too."""
+def test_a_tls_cluster_requiring_client_certificates_serves_every_command(tls_files: TlsFiles, tmp_path, fixture_db,
+                                                                           pg_dsn):
+    """A Redis Cluster that speaks only TLS and requires client certificates (``--tls-auth-clients yes``):
+    redis-py's sync and asyncio RedisCluster, FastStream's RedisClusterBroker and the tap's own cluster
+    client. tap, publish and import-sessions write, a worker processes, both exporters export (a real
+    OTLP receiver, a real PostgreSQL), tail and replay read back; a wrong CA is one line for every
+    command. The commands of each step run side by side (the machine has 2 cores)."""
     from services.broker.connect import sync_client
     from tests.support.redis_cluster import ClusterUnavailable
     from tests.support.tls import start_tls_cluster, stop_nodes
 
     try:
-        nodes = start_tls_cluster(tmp_path / "tls-cluster", tls_files)
+        nodes = start_tls_cluster(tmp_path / "tls-cluster", tls_files, auth_clients="yes")
     except (ClusterUnavailable, OSError) as exc:
         missing("a local TLS Redis Cluster", f"redis-server with TLS and redis-cli on the PATH; {exc}")
     try:
         seeds = ",".join(f"127.0.0.1:{port}" for _, port in nodes[:2])
         settings = Settings(redis_url=f"rediss://{seeds}", redis_cluster=True, namespace=f"tlsc{uuid4().hex[:6]}",
                             shards=4, spool_dir=str(tmp_path / "spool"), host_label="tls-host")
-        env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(tls_files.ca))
-        first = _cli_all({"wrong": ({**env, "GOOSE_INGEST_REDIS_TLS_CA_FILE": str(tls_files.other_ca)}, ["tail", "--no-follow"]),
-                          "publish": (env, ["publish", "--run", "tls/cluster", str(TRANSCRIPTS[0])])})
-        _one_line(first["wrong"], "tail", "certificate does not verify", "GOOSE_INGEST_REDIS_TLS_CA_FILE")
-        assert first["publish"].returncode == 0, first["publish"].stderr[-3000:]
-        worker = _start(env, ["worker"], tmp_path / "worker.log")
-        try:
-            client = sync_client(settings.model_copy(update={"redis_tls_ca_file": str(tls_files.ca)}))
-            wait_until(lambda: "tls/cluster" in _ended(client, settings), timeout=90)
-            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
-        finally:
-            stop(worker)
-        tail = _cli(env, "tail", "--no-follow", "--run", "tls/cluster")
+        certs = {"GOOSE_INGEST_REDIS_TLS_CERT_FILE": str(tls_files.client_cert),
+                 "GOOSE_INGEST_REDIS_TLS_KEY_FILE": str(tls_files.client_key)}
+        env = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(tls_files.ca), **certs)
+        wrong = _env(settings, GOOSE_INGEST_REDIS_TLS_CA_FILE=str(tls_files.other_ca), **certs,
+                     GOOSE_INGEST_POSTGRES_DSN=pg_dsn)  # a reachable database: the broker's failure is what it prints
+        first = _cli_all({
+            **{f"wrong {name}": (wrong, [str(fixture_db) if a == "SESSIONS_DB" else a for a in args])
+               for name, args in WRONG_CA_COMMANDS.items()},
+            "publish": (env, ["publish", "--run", "tls/cluster", str(TRANSCRIPTS[0])]),
+            "tap": (env, ["tap", "--run", "tls/cluster-tap", "--quiet", "--", "cat", str(TRANSCRIPTS[1])]),
+            "import-sessions": (env, ["import-sessions", str(fixture_db), "--namespace", "tlscimport", "--no-progress"]),
+        })
+        for name in WRONG_CA_COMMANDS:
+            _one_line(first[f"wrong {name}"], name.split()[0], "certificate does not verify", "GOOSE_INGEST_REDIS_TLS_CA_FILE")
+        for name in ("publish", "tap", "import-sessions"):
+            assert first[name].returncode == 0, (name, first[name].stderr[-3000:])
+
+        client = sync_client(settings.model_copy(update={"redis_tls_ca_file": str(tls_files.ca),
+                                                         "redis_tls_cert_file": str(tls_files.client_cert),
+                                                         "redis_tls_key_file": str(tls_files.client_key)}))
+
+        _run_the_consumers(env, settings, client, {"tls/cluster", "tls/cluster-tap"}, pg_dsn, tmp_path,
+                           imported="tlscimport/")
+
+        readers = _cli_all({"tail": (env, ["tail", "--no-follow", "--run", "tls/cluster"]),
+                            "replay": (env, ["replay", "--run", "tls/cluster"])})
+        tail, replay = readers["tail"], readers["replay"]
         assert tail.returncode == 0 and "RUN ENDED" in tail.stdout, tail.stderr[-3000:]
-        assert "Traceback" not in (tmp_path / "worker.log").read_text(errors="replace")
+        assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-2000:]
     finally:
         stop_nodes(nodes)
 

@@ -50,6 +50,18 @@ def test_corpus_covers_every_rule_with_positive_and_negative_cases():
         assert (name, "negative") in kinds, name
 
 
+# Every vendor-token family: a token right after a letter (`acme<token>`, `X<token>`) is one of its
+# positive cases (issue 22); test_corpus_case runs each.
+GLUED_FAMILIES = ("anthropic-key", "aws-access-key-id", "gcp-api-key", "github-token", "gitlab-token", "jwt",
+                  "openai-key", "slack-token", "stripe-key")
+
+
+@pytest.mark.parametrize("rule", GLUED_FAMILIES)
+def test_corpus_has_the_token_glued_to_letters(rule):
+    before = {c["expected"].split("[REDACTED:", 1)[0] for c in CORPUS if c["rule"] == rule and c["kind"] == "positive"}
+    assert {"acme", "X"} <= before, (rule, before)
+
+
 @pytest.mark.parametrize("case", CORPUS, ids=[f"{c['rule']}-{c['kind']}-{i}" for i, c in enumerate(CORPUS)])
 def test_corpus_case(case):
     out, counts = R.redact_text(case["text"])

@@ -197,6 +197,45 @@ def test_export_postgres_beside_a_worker_takes_its_own_port(settings, pg_dsn):
     assert re.search(r"metrics on [0-9.]+:9466\b", line), line
 
 
+def test_up_and_export_postgres_on_one_host_bind_their_own_default_ports(tmp_path, pg_dsn):
+    """The issue's collision, as a user meets it: `up` and then `export postgres` against up's broker,
+    neither with GOOSE_INGEST_METRICS_PORT set. Both bind (up's worker 9464, the exporter 9466) and
+    both serve /readyz."""
+    import socket
+
+    for port in (9464, 9466):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                pytest.skip(f"another process of this machine holds {port}")
+    broker_port = free_port()
+    up_ports, pg_ports = tmp_path / "up.port", tmp_path / "pg.port"
+    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(broker_port)], cwd=REPO,
+                          env=clean_env(GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"),
+                                        GOOSE_INGEST_METRICS_PORT_FILE=str(up_ports)),
+                          stdout=subprocess.DEVNULL, stderr=(tmp_path / "up.log").open("wb"))
+    exporter = None
+    try:
+        wait_until(lambda: _ready(up_ports) or up.poll() is not None, timeout=90)
+        assert up.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
+        exporter = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "export", "postgres"], cwd=REPO,
+            env=clean_env(GOOSE_INGEST_REDIS_URL=f"redis://127.0.0.1:{broker_port}/0", GOOSE_INGEST_POSTGRES_DSN=pg_dsn,
+                          GOOSE_INGEST_METRICS_PORT_FILE=str(pg_ports)),
+            stdout=subprocess.DEVNULL, stderr=(tmp_path / "pg.log").open("wb"))
+        wait_until(lambda: _ready(pg_ports) or exporter.poll() is not None, timeout=90)
+        assert exporter.poll() is None, (tmp_path / "pg.log").read_text()[-3000:]
+        assert up_ports.read_text().split()[1] == "9464" and pg_ports.read_text().split()[1] == "9466"
+        assert _ready(up_ports) and _ready(pg_ports)  # both still serve once the other bound
+    finally:
+        for proc in (exporter, up):
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+    assert (exporter.returncode, up.returncode) == (0, 0), (tmp_path / "pg.log").read_text()[-2000:]
+
+
 # --- 5. what the server answered ----------------------------------------------------------------------
 @pytest.mark.parametrize("what,dsn_part,needle", [
     ("database", "user=postgres dbname=fh_no_such_db", 'database "fh_no_such_db" does not exist'),
@@ -450,6 +489,9 @@ def test_a_compressed_transcript_through_normalize_is_one_clear_line(kind, suffi
         assert f"{kind}-compressed" in line and "decompress it first" in line, line
 
 
+GLUED_TOKEN = "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"  # a valid GitHub token (checksum), from the redaction corpus
+
+
 # --- 7. the runs that are open --------------------------------------------------------------------------
 def test_runs_lists_the_open_runs_with_host_format_age_and_last_activity(settings, tmp_path):
     import json
@@ -465,26 +507,35 @@ def test_runs_lists_the_open_runs_with_host_format_age_and_last_activity(setting
             for line in TRANSCRIPTS[0].read_bytes().splitlines()[:3]:
                 pub.add_line(line, "stdout")
             assert pub.flush(30)
+        # a token in the envelope's labels: the state keeps them as written, `runs` shows them redacted
+        with Publisher(settings, "fh/secret", {"host": f"ci-{GLUED_TOKEN}", "agent": f"acme__{GLUED_TOKEN}"},
+                       format="goose") as pub:
+            pub.add_line(TRANSCRIPTS[0].read_bytes().splitlines()[0], "stdout")
+            assert pub.flush(30)
         with Publisher(settings, "fh/done", {"host": "fh-host"}) as pub:
             pub.add_line(b"hello", "stdout")
             pub.add_eof(0)
             assert pub.flush(30)
         client = sync_client(settings)
-        wait_until(lambda: count_active(client, settings) == 1 and "fh/done" in _ended(settings), timeout=60)
+        wait_until(lambda: count_active(client, settings) == 2 and "fh/done" in _ended(settings), timeout=60)
         client.close()
         # the gauge of the dashboard's "Open runs" panel, from the worker's next sweep
-        wait_until(lambda: re.search(r"^goose_ingest_active_runs 1\.0$", _metrics(port_file), re.M), timeout=30)
+        wait_until(lambda: re.search(r"^goose_ingest_active_runs 2\.0$", _metrics(port_file), re.M), timeout=30)
     finally:
         stop(worker)
     out = goose_ingest("runs", env=cli_env(settings))
     assert out.returncode == 0, out.stderr
     rows = out.stdout.splitlines()
-    assert rows[0].split()[:4] == ["RUN", "HOST", "FORMAT", "AGENT"] and len(rows) == 2, out.stdout
-    assert rows[1].split()[:3] == ["fh/open", "fh-host", "goose"], rows[1]
-    assert "1 open run" in out.stderr
-    as_json = [json.loads(line) for line in goose_ingest("runs", "--json", env=cli_env(settings)).stdout.splitlines()]
-    assert [r["runId"] for r in as_json] == ["fh/open"]
-    assert as_json[0]["entries"] == 3 and as_json[0]["startedMs"] and as_json[0]["lastActivityMs"] >= as_json[0]["startedMs"]
+    assert rows[0].split()[:4] == ["RUN", "HOST", "FORMAT", "AGENT"] and len(rows) == 3, out.stdout
+    assert [r.split()[:3] for r in rows[1:] if r.startswith("fh/open ")] == [["fh/open", "fh-host", "goose"]], rows
+    assert "2 open runs" in out.stderr
+    as_json = {r["runId"]: r for r in map(json.loads, goose_ingest("runs", "--json", env=cli_env(settings)).stdout.splitlines())}
+    assert sorted(as_json) == ["fh/open", "fh/secret"]
+    opened = as_json["fh/open"]
+    assert opened["entries"] == 3 and opened["startedMs"] and opened["lastActivityMs"] >= opened["startedMs"]
+    secret = as_json["fh/secret"]
+    assert (secret["host"], secret["agent"]) == ("ci-[REDACTED:github-token]", "acme__[REDACTED:github-token]")
+    assert GLUED_TOKEN not in out.stdout + json.dumps(as_json)
 
 
 def _metrics(port_file: Path) -> str:
@@ -553,6 +604,47 @@ def test_spool_lists_every_spooled_run_and_drain_delivers_them_all(private_redis
         client.close()
     assert total == 5  # three lines and two eofs
     assert goose_ingest("spool", env=env).stdout == ""
+
+
+def test_spool_drain_skips_a_run_a_live_tap_holds_and_delivers_the_others(private_redis, settings, tmp_path):
+    """A tap still running (its spool flock'ed) while the broker is down: `spool` marks its run as in
+    use and `spool --drain` leaves it to that tap, delivering the other spooled run; the live tap
+    keeps its lock and its run (it delivers it itself)."""
+    import redis
+
+    s = settings.model_copy(update={"redis_url": private_redis.url})
+    env = cli_env(s)
+    private_redis.stop()
+    out = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--run", "fh/left", "--drain-timeout", "0.3",
+                          "-"], cwd=REPO, env=env, input="a\nb\n", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    release = tmp_path / "release"
+    live = subprocess.Popen([sys.executable, "-m", "services.cli", "tap", "--run", "fh/live", "--quiet", "--", "sh", "-c",
+                             f"echo one; while [ ! -e {release} ]; do sleep 0.1; done"],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "live.log").open("wb"))
+    try:
+        def listed() -> dict[str, str]:
+            lines = goose_ingest("spool", env=env).stdout.splitlines()
+            return {line.split()[0]: line for line in lines}
+        wait_until(lambda: "a tap is publishing it" in listed().get("fh/live", ""), timeout=30)
+        private_redis.start()
+        drained = goose_ingest("spool", "--drain", "--drain-timeout", "20", env=env)
+        assert drained.returncode == 0, drained.stderr
+        assert "run fh/left: delivered" in drained.stderr and "fh/live" not in drained.stderr, drained.stderr
+        assert live.poll() is None  # the drain did not take the live tap's run from it
+        client = redis.Redis.from_url(private_redis.url)
+        try:
+            runs = [f[b"run"] for stream in s.layout.raw_streams() for _, f in client.xrange(stream)]
+        finally:
+            client.close()
+        assert runs.count(b"fh/left") == 3  # two lines and the eof, once
+        release.touch()
+        assert live.wait(timeout=60) == 0, (tmp_path / "live.log").read_text()[-2000:]
+    finally:
+        release.touch()
+        if live.poll() is None:
+            live.kill()
+            live.wait()
 
 
 def test_export_otlp_logs_plainly_on_stderr_like_the_worker(settings, tmp_path):

@@ -306,6 +306,44 @@ def test_unreachable_database_with_default_settings_acknowledges_nothing(setting
         assert sink.wait(timeout=30) == 0
 
 
+def test_a_broker_down_at_start_is_waited_for_not_an_exit(pg_dsn, tmp_path):
+    """The start check (export postgres pings the broker once before the sink starts) reports only
+    configuration errors: with nothing on the broker's port the exporter logs one line and waits, and
+    becomes ready once a redis-server comes up there."""
+    from services.broker.embedded import start_redis
+
+    port = free_port()
+    settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", namespace="pgdown", spool_dir=str(tmp_path / "spool"))
+    log = tmp_path / "sink.log"
+    sink = start_sink(settings, pg_dsn, log)
+    server = None
+    try:
+        metrics = metrics_port(log)
+        wait_for(lambda: "broker unreachable at start" in log.read_text(errors="replace"), timeout=60)
+        assert sink.poll() is None and readyz(metrics) == 503
+        server = start_redis(port=port, dir=str(tmp_path / "late-redis"))
+        wait_for(lambda: readyz(metrics) == 200, timeout=90)
+        assert sink.poll() is None
+    finally:
+        sink.send_signal(signal.SIGTERM)
+        assert sink.wait(timeout=30) == 0
+        if server is not None:
+            server.close()
+    assert "Traceback" not in log.read_text(errors="replace")
+
+
+def test_refused_broker_credentials_are_one_line_at_start(settings, pg_dsn):
+    """Refused credentials never work, however long the sink retries: one line, exit 2."""
+    url = settings.redis_url.replace("redis://", "redis://nobody:hunter2secret@", 1)
+    res = subprocess.run(sink_cmd(), cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env=cli_env(settings.model_copy(update={"redis_url": url}), GOOSE_INGEST_POSTGRES_DSN=pg_dsn,
+                                     GOOSE_INGEST_METRICS_PORT="0"))
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-3000:]
+    assert lines[0].startswith("goose-ingest export: the broker refused the credentials"), lines
+    assert "hunter2secret" not in res.stderr  # the password is never printed
+
+
 def test_bad_entries_and_refused_rows_are_dead_lettered_and_the_rest_written(settings, pg_dsn, tmp_path):
     r = redis.Redis.from_url(settings.redis_url)
     stream = settings.layout.events_partitions()[0]

@@ -64,16 +64,18 @@ def start_tls_redis(dir: Path, files: TlsFiles, auth_clients: str = "no") -> tup
     return start_redis(dir=str(dir), extra_args=tls_server_args(files, tls_port, auth_clients)), tls_port
 
 
-def start_tls_cluster(dir: Path, files: TlsFiles, primaries: int = 3) -> list[tuple[subprocess.Popen, int]]:
+def start_tls_cluster(dir: Path, files: TlsFiles, primaries: int = 3,
+                      auth_clients: str = "no") -> list[tuple[subprocess.Popen, int]]:
     """A Redis Cluster of `primaries` nodes (no replicas) that speaks only TLS: clients, the cluster
-    bus and replication (``--port 0 --tls-cluster yes --tls-replication yes``). Returns (process,
-    TLS port) per node; the caller terminates them."""
+    bus and replication (``--port 0 --tls-cluster yes --tls-replication yes``); `auth_clients` is
+    --tls-auth-clients (with "yes" the nodes present their server certificate to each other, which
+    carries clientAuth). Returns (process, TLS port) per node; the caller terminates them."""
     from tests.support.redis_cluster import ClusterUnavailable, cluster_port
 
     cli = shutil.which("redis-cli")
     if cli is None:
         missing("redis-cli", "apt-get install -y redis-tools")
-    tls_cli = [cli, "--tls", "--cacert", str(files.ca)]
+    tls_cli = [cli, "--tls", "--cacert", str(files.ca), "--cert", str(files.client_cert), "--key", str(files.client_key)]
     nodes: list[tuple[subprocess.Popen, int]] = []
     try:
         for i in range(primaries):
@@ -81,7 +83,7 @@ def start_tls_cluster(dir: Path, files: TlsFiles, primaries: int = 3) -> list[tu
             node_dir = dir / f"node-{i}"
             node_dir.mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(
-                ["redis-server", "--port", "0", *tls_server_args(files, port), "--tls-cluster", "yes",
+                ["redis-server", "--port", "0", *tls_server_args(files, port, auth_clients), "--tls-cluster", "yes",
                  "--tls-replication", "yes", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                  "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
                 cwd=node_dir, stdout=(node_dir / "log").open("ab"), stderr=subprocess.STDOUT)

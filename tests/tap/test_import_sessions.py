@@ -671,31 +671,46 @@ def _col(good):
     return st.one_of(good.map(lambda v: (True, v)), good.map(lambda v: (True, v)), _ANY.map(lambda v: (False, v)))
 
 
-_message = st.fixed_dictionaries({
-    "message_id": _col(st.just(None) | st.uuids().map(lambda u: f"msg_{u.hex[:12]}")),
-    "role": _col(st.sampled_from(["user", "assistant"])),
-    "content_json": _col(st.text(max_size=20).map(lambda t: json.dumps([{"type": "text", "text": t}]))),
-    "created_timestamp": _col(st.integers(T0, T0 + 5000)),
-    "metadata_json": _col(st.sampled_from([None, '{"userVisible":true,"agentVisible":true}',
-                                           '{"usage":{"inputTokens":10,"outputTokens":2,"totalTokens":12,"cost":0.1}}'])),
-})
-_ledger = st.fixed_dictionaries({
-    c: _col(st.integers(0, 10**6)) for c in
-    ("total_tokens", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
-} | {"cost": _col(st.floats(0, 10)), "model": _col(st.sampled_from([None, "m-1", "claude-sonnet-4-5"]))})
-_session = st.fixed_dictionaries({
-    "id": _col(st.just("ok")),  # the good id is made unique below
-    "created_at": _col(st.integers(0, 86_399).map(lambda s: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T0 + s)))),
-    "updated_at": _col(st.none() | st.just("2026-01-02 00:00:00")),
-    "parent_session_id": _col(st.none()),
-    "model_config_json": _col(st.none() | st.just('{"model_name":"gpt-5"}')),
-    **{c: _col(st.none() | st.integers(0, 10**6)) for c in
-       ("accumulated_total_tokens", "accumulated_input_tokens", "accumulated_output_tokens",
-        "accumulated_cache_read_tokens", "accumulated_cache_write_tokens")},
-    "accumulated_cost": _col(st.none() | st.floats(0, 10)),
-    "messages": st.lists(_message, max_size=4),
-    "ledger": st.lists(_ledger, max_size=3),
-})
+def _sessions_of(col):
+    """The session strategy with every cell drawn by `col` (`_col`: anything; `_good`: plausible only)."""
+    message = st.fixed_dictionaries({
+        "message_id": col(st.just(None) | st.uuids().map(lambda u: f"msg_{u.hex[:12]}")),
+        "role": col(st.sampled_from(["user", "assistant"])),
+        "content_json": col(st.text(max_size=20).map(lambda t: json.dumps([{"type": "text", "text": t}]))),
+        "created_timestamp": col(st.integers(T0, T0 + 5000)),
+        "metadata_json": col(st.sampled_from([None, '{"userVisible":true,"agentVisible":true}',
+                                               '{"usage":{"inputTokens":10,"outputTokens":2,"totalTokens":12,"cost":0.1}}'])),
+    })
+    ledger = st.fixed_dictionaries({
+        c: col(st.integers(0, 10**6)) for c in
+        ("total_tokens", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+    } | {"cost": col(st.floats(0, 10)), "model": col(st.sampled_from([None, "m-1", "claude-sonnet-4-5"]))})
+    return st.fixed_dictionaries({
+        "id": col(st.just("ok")),  # the good id is made unique below
+        "created_at": col(st.integers(0, 86_399).map(lambda s: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T0 + s)))),
+        "updated_at": col(st.none() | st.just("2026-01-02 00:00:00")),
+        "parent_session_id": col(st.none()),
+        "session_type": col(st.sampled_from(["user", "scheduled", "sub_agent"])),
+        "working_dir": col(st.sampled_from(["/w", "/home/dev/acme-widgets", "C:\\work"])),
+        "name": col(st.text(max_size=12)),
+        "provider_name": col(st.none() | st.sampled_from(["anthropic", "openai"])),
+        "model_config_json": col(st.none() | st.just('{"model_name":"gpt-5"}')),
+        **{c: col(st.none() | st.integers(0, 10**6)) for c in
+           ("accumulated_total_tokens", "accumulated_input_tokens", "accumulated_output_tokens",
+            "accumulated_cache_read_tokens", "accumulated_cache_write_tokens")},
+        "accumulated_cost": col(st.none() | st.floats(0, 10)),
+        "messages": st.lists(message, max_size=4),
+        "ledger": st.lists(ledger, max_size=3),
+    })
+
+
+def _good(good):
+    """(True, value): a plausible value only."""
+    return good.map(lambda v: (True, v))
+
+
+_session = _sessions_of(_col)
+_good_session = _sessions_of(_good)  # one per example: drawn from _session alone, a good one is rare
 
 
 def _insert(conn, table: str, values: dict) -> None:
@@ -760,7 +775,8 @@ def _run_in_process(settings, db: Path) -> tuple[int, str]:
 
 
 @hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(sessions=st.lists(_session, min_size=1, max_size=4))
+@given(sessions=st.tuples(st.lists(_session, max_size=4), _good_session, st.integers(0, 4)).map(
+    lambda t: [*t[0][:t[2]], t[1], *t[0][t[2]:]]))
 @example(sessions=[{  # lone surrogates from JSON escapes: no raw entry can carry them as they are
     "id": (True, "ok"), "created_at": (True, "2026-01-01 00:00:00"), "updated_at": (True, None),
     "parent_session_id": (True, None), "model_config_json": (False, '{"model_name":"\\udc80"}'),
@@ -769,11 +785,18 @@ def _run_in_process(settings, db: Path) -> tuple[int, str]:
     "messages": [{"message_id": (True, None), "role": (True, "assistant"),
                   "content_json": (False, '[{"type":"text","text":"\\ud800"}]'), "created_timestamp": (True, T0),
                   "metadata_json": (False, '{"usage":{"inputTokens":"\\udc80"},"x":"\\udfff"}')}],
+    "ledger": []}, {  # and a good one, as every drawn example has
+    "id": (True, "ok"), "created_at": (True, "2026-01-01 00:01:00"), "session_type": (True, "user"),
+    "working_dir": (True, "/w"), "name": (True, "ok"), "provider_name": (True, "anthropic"),
+    "messages": [{"role": (True, "user"), "content_json": (True, '[{"type":"text","text":"hi"}]'),
+                  "created_timestamp": (True, T0 + 60)}],
     "ledger": []}])
 def test_property_arbitrary_values_never_stop_the_import(redis_url, tmp_path_factory, sessions):
-    """Whatever the cells hold: no exception, exit 0 or 3 (3 iff a session was skipped), every
-    published run whole (seqs 0..n-1, its messages once, complete, eof, lines the workers parse,
-    ts in range), every good session imported exactly once, and a re-run publishes nothing."""
+    """Whatever the cells hold (every column the importer reads): no exception, exit 0 or 3 (3 iff a
+    session was skipped), every published run whole (seqs 0..n-1, its messages once, complete, eof,
+    lines the workers parse, ts in range), every good session imported exactly once -- counted on
+    the raw log as it is, one entry per message plus complete and eof, no seq twice -- and a re-run
+    publishes nothing."""
     from uuid import uuid4
 
     from services.settings import Settings
@@ -788,7 +811,8 @@ def test_property_arbitrary_values_never_stop_the_import(redis_url, tmp_path_fac
         assert "Traceback" not in err
         skipped = [ln for ln in err.splitlines() if " skipped: " in ln]
         assert code == (3 if skipped else 0), err
-        runs = by_run(raw_fields(s))
+        raw = raw_fields(s)
+        runs = by_run(raw)  # seqs merged: the shape of each run; the counts below use `raw` as it is
         conn = open_readonly(db)
         for run, entries in runs.items():
             sid = run.split("/", 1)[1]
@@ -806,11 +830,14 @@ def test_property_arbitrary_values_never_stop_the_import(redis_url, tmp_path_fac
                 assert not completes and max(m.created for m in msgs) * 1000 > 0
             assert [e["src.rowid"] for e in lines if "src.rowid" in e and "src.native" not in e] \
                 == [str(m.rowid) for m in msgs]
+        assert any(good.values())  # the good session drawn for every example (and the @example's)
         for sid, all_good in good.items():
             if all_good:
                 entries = runs[f"{NS}/{sid}"]
                 assert not any("src.native" in e for e in entries) and entries[-1]["kind"] == "eof"
                 assert f"session {sid!r}" not in err
+                published = sorted(int(e["seq"]) for e in raw if e["run"] == f"{NS}/{sid}")
+                assert published == list(range(len(read_messages(conn, sid)) + 2)), (sid, published)
         conn.close()
         n = raw_len(s)
         code2, err2 = _run_in_process(s, db)

@@ -111,6 +111,24 @@ def run(args: argparse.Namespace) -> int:
     return serve(settings, dsn, args.group, args.consumer)
 
 
+def check_broker(client: Any) -> None:
+    """One PING before the sink starts. The sink's reader retries what looks like an outage forever
+    (and dies silently on anything else), so a broker that can never work as configured -- a TLS
+    failure (BrokerTLSError), refused credentials, a database number out of range -- must surface
+    here, where the CLI prints it as one line, exit 2. A broker that is merely down is not an error:
+    the sink waits for it, as it does mid-run."""
+    from redis.exceptions import AuthenticationError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    try:
+        client.ping()
+    except AuthenticationError:
+        raise
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        log.warning("broker unreachable at start (%s); waiting for it", type(exc).__name__)
+
+
 def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None) -> int:
     from services.broker.connect import sync_client
     from services.export.postgres.metrics import SinkMetrics
@@ -130,8 +148,10 @@ def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None)
         sweep_interval_s=settings.sweep_interval_s,
     )
     metrics = SinkMetrics()
+    client = sync_client(settings)
+    check_broker(client)
     store = Store(dsn)
-    sink = Sink(settings, sync_client(settings), store, options, metrics)
+    sink = Sink(settings, client, store, options, metrics)
     # The server reads `.registry` only; SinkMetrics has its own families, not the worker's.
     try:
         server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, sink.is_ready,
