@@ -57,7 +57,7 @@ PAD = "x" * 300
 
 
 def start_gateway(settings: Settings, tmp: Path, name: str, without: tuple[str, ...] = (),
-                  root: Path = ROOT, **extra: str) -> tuple[subprocess.Popen, str]:
+                  root: Path = ROOT, trace: Path | None = None, **extra: str) -> tuple[subprocess.Popen, str]:
     """A `goose-ingest gateway` process; ``without`` hides installed modules from it (e.g. uvloop, httptools:
     the same code on the stack uvicorn falls back to, for a same-run comparison)."""
     port = free_port()
@@ -65,6 +65,9 @@ def start_gateway(settings: Settings, tmp: Path, name: str, without: tuple[str, 
            "GOOSE_INGEST_NAMESPACE": settings.namespace, "GOOSE_INGEST_SHARDS": str(settings.shards),
            "GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S": "0", "GOOSE_INGEST_GATEWAY_RATE_BYTES_PER_S": "0", **extra}
     hide = "".join(f"sys.modules[{m!r}] = None; " for m in without)
+    if trace is not None:  # bench/gateway_trace.py: per-request stages, GC and loop lag, dumped at exit
+        hide += (f"sys.path.insert(0, {str(ROOT / 'bench')!r}); import gateway_trace; "
+                 f"gateway_trace.install_gateway({str(trace / (name + '.json'))!r}); ")
     code = f"import sys; {hide}from services.cli import main; sys.exit(main())"
     proc = subprocess.Popen([sys.executable, "-c", code, "gateway", "--host", "127.0.0.1", "--port", str(port)],
                             cwd=root, env=env, stdout=(tmp / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
@@ -89,8 +92,8 @@ def cpu_s(pid: int | None = None) -> float:
 
 
 def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoints: list[str], token: str,
-             taps: int, rate: float, seconds: float, gateway_pids: list[int] = ()) -> dict:
-    cpu_before = cpu_s(), sum(cpu_s(p) for p in gateway_pids)
+             taps: int, rate: float, seconds: float, gateway_pids: list[int] = (), trace: bool = False,
+             warmup: bool = True) -> dict:
     tag = f"{mode.replace(' ', '-')}-{int(rate)}"
     pubs = []
     for i in range(taps):
@@ -99,6 +102,19 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
             s = s.model_copy(update={"endpoint": endpoints[i % len(endpoints)],
                                      "token": tokens_secret(token)})
         pubs.append(Publisher(s, f"bench/{tag}/{i}", {"host": "bench"}))
+    if warmup:
+        # Each tap's first line, at the offered rate, before the measured lines: it pays for a new spool
+        # file, the sender thread's first run and a new connection -- once per tap, which runs for a whole
+        # agent session, but 200 of 5,000 lines (4%) in a 5 s run, i.e. the whole of the p99. Reported apart.
+        start = time.monotonic()
+        for i, p in enumerate(pubs):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            p.add_line(orjson.dumps({"type": "message", "written": time.time_ns() // 1_000_000, "first": 1, "pad": PAD}))
+        for p in pubs:
+            p.flush(timeout=120)
+    cpu_before = cpu_s(), sum(cpu_s(p) for p in gateway_pids)
     total = int(rate * seconds)
     start = time.monotonic()
     for i in range(total):
@@ -116,6 +132,8 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
     for p in pubs:
         p.close(timeout=5)
     delays = []
+    firsts = []  # the warm-up's first line of each tap
+    lines = []  # (run, seq, written ms, Redis ms) for --trace
     seen: set[tuple[bytes, bytes]] = set()
     copies = 0
     for stream in base.layout.raw_streams():
@@ -125,11 +143,19 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
                 continue
             seen.add((f[b"run"], f[b"seq"]))
             ms = int(sid.split(b"-")[0])
-            delays.append(ms - orjson.loads(f[b"line"])["written"])
+            doc = orjson.loads(f[b"line"])
+            written = doc["written"]
+            if doc.get("first"):
+                firsts.append(ms - written)
+                continue
+            delays.append(ms - written)
+            if trace:
+                lines.append((f[b"run"].decode(), int(f[b"seq"]), written, ms))
         client.delete(stream)
     assert len(delays) == total, (mode, len(delays), total)
     delays.sort()
-    return {"lines_per_s": total / elapsed, "p50": statistics.median(delays), "copies": copies,
+    firsts.sort()
+    return {"first_p50": statistics.median(firsts) if firsts else 0, "first_max": firsts[-1] if firsts else 0,"lines_per_s": total / elapsed, "p50": statistics.median(delays), "copies": copies, "lines": lines,
             "taps_cpu": taps_cpu / elapsed, "gw_cpu": gw_cpu / elapsed,
             "p99": delays[min(len(delays) - 1, int(len(delays) * 0.99))]}
 
@@ -221,6 +247,11 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--without", default="", help="modules hidden from the gateways, e.g. uvloop,httptools")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="count each tap's first line (new spool, thread, connection) among the measured ones")
+    ap.add_argument("--trace", default="", metavar="DIR",
+                    help="split each line's delay into stages (bench/gateway_trace.py), GC and event-loop lag; "
+                         "gateway traces are written to DIR")
     ap.add_argument("--compare", default="", metavar="DIR",
                     help="also measure the gateway of another source tree (asyncio+h11), e.g. `git archive` of a commit")
     args = ap.parse_args()
@@ -233,12 +264,21 @@ def main() -> None:
         tmp = Path(d)
         server = start_redis(dir=str(tmp / "redis"))
         procs = []
+        trace_dir = Path(args.trace) if args.trace else None
+        tap_trace = None
+        if trace_dir is not None:
+            import gateway_trace
+
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            tap_trace = gateway_trace.install_taps()
+        traced: dict[str, list] = {}
         try:
             base = Settings(redis_url=server.url, shards=4, spool_dir=str(tmp / "spool"))
             client = redis.Redis(port=server.port)
             gws = []
             for name in ("gw1", "gw2"):
-                proc, url = start_gateway(base, tmp, name, tuple(m for m in args.without.split(",") if m))
+                proc, url = start_gateway(base, tmp, name, tuple(m for m in args.without.split(",") if m),
+                                          trace=trace_dir)
                 procs.append(proc)
                 gws.append(url)
             modes = {"direct": [], "1 gateway": gws[:1], "2 gateways": gws}
@@ -248,22 +288,43 @@ def main() -> None:
                 modes["1 gw --compare"] = [url]
             token, _ = tokens.create(client, base.layout, "bench/", {})
             print(f"{args.taps} taps, {args.seconds:.0f} s per rate and mode, ~445-byte lines")
-            print(f"{'rate':>7} {'mode':>15} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6} {'taps cpu':>8} {'gw cpu':>6}")
+            print(f"{'rate':>7} {'mode':>15} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6} {'taps cpu':>8} {'gw cpu':>6}"
+                  + ("" if args.no_warmup else f" {'first line p50/max ms':>21}"))
             for rate in (float(r) for r in args.rates.split(",")):
                 results = {}
                 for mode, endpoints in modes.items():
                     pids = [procs[gws.index(e)].pid if e in gws else procs[-1].pid for e in endpoints]
-                    results[mode] = run_mode(base, client, tmp, mode, endpoints, token, args.taps, rate, args.seconds, pids)
+                    results[mode] = run_mode(base, client, tmp, mode, endpoints, token, args.taps, rate, args.seconds, pids,
+                                             trace=trace_dir is not None, warmup=not args.no_warmup)
+                    traced[f"{mode} @ {rate:.0f}"] = results[mode].pop("lines")
                 direct = results["direct"]
                 for mode, r in results.items():
                     ratio = r["lines_per_s"] / direct["lines_per_s"]
                     print(f"{rate:>7.0f} {mode:>15} {r['lines_per_s']:>9.0f} {ratio:>6.2f} {r['p50']:>7.0f} "
-                          f"{r['p99']:>7.0f} {r['p50'] - direct['p50']:>6.0f} {r['p99'] - direct['p99']:>6.0f} {r['copies']:>6} {r['taps_cpu']:>8.2f} {r['gw_cpu']:>6.2f}")
+                          f"{r['p99']:>7.0f} {r['p50'] - direct['p50']:>6.0f} {r['p99'] - direct['p99']:>6.0f} {r['copies']:>6} {r['taps_cpu']:>8.2f} {r['gw_cpu']:>6.2f}"
+                          + ("" if args.no_warmup else f" {r['first_p50']:>10.0f} / {r['first_max']:>8.0f}"))
         finally:
             for p in procs:
                 p.terminate()
                 p.wait(timeout=10)
             server.close()
+        if trace_dir is not None and tap_trace is not None:
+            import json
+
+            import gateway_trace
+
+            gw = {n: json.loads((trace_dir / f"{n}.json").read_text()) for n in ("gw1", "gw2")
+                  if (trace_dir / f"{n}.json").exists()}
+            requests = [r for g in gw.values() for r in g["requests"]]
+            print("\nwhere the delay goes (bench/gateway_trace.py):")
+            stalls = {f"taps {k}": v for k, v in gateway_trace.stall_spans(tap_trace["gc"].events).items()}
+            for n, g in gw.items():
+                stalls.update({f"{n} {k}": v for k, v in gateway_trace.stall_spans(g["gc"], g["lags"]).items()})
+            for mode, lines in traced.items():
+                gateway_trace.analyse(mode, lines, tap_trace["sends"], requests, stalls)
+            gateway_trace.pauses("taps (this process)", tap_trace["gc"].events)
+            for n, g in gw.items():
+                gateway_trace.pauses(n, g["gc"], g["lags"])
 
 
 if __name__ == "__main__":
