@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import resource
@@ -102,6 +103,13 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
             s = s.model_copy(update={"endpoint": endpoints[i % len(endpoints)],
                                      "token": tokens_secret(token)})
         pubs.append(Publisher(s, f"bench/{tag}/{i}", {"host": "bench"}))
+    # 200 taps in one process share one garbage collector: each full collection walked this whole process
+    # (the bench, redis-py, 200 publishers: 30 ms of CPU, 60-90 ms wall at load ~10, 3-4 times a mode) and
+    # stalled all 200 taps at once, 30-90 lines each time -- enough on its own to set a mode's p99. In a
+    # fleet each tap is a process with a heap of its own. Freezing what exists now keeps the collections
+    # to what the lines make, in every mode alike.
+    gc.collect()
+    gc.freeze()
     if warmup:
         # Each tap's first line, at the offered rate, before the measured lines: it pays for a new spool
         # file, the sender thread's first run and a new connection -- once per tap, which runs for a whole
@@ -131,6 +139,7 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
     taps_cpu, gw_cpu = cpu_s() - cpu_before[0], sum(cpu_s(p) for p in gateway_pids) - cpu_before[1]
     for p in pubs:
         p.close(timeout=5)
+    gc.unfreeze()
     delays = []
     firsts = []  # the warm-up's first line of each tap
     lines = []  # (run, seq, written ms, Redis ms) for --trace
@@ -213,8 +222,8 @@ def requests_mode(args: argparse.Namespace) -> None:
             stacks: dict[str, tuple[tuple[str, ...], Path]] = {
                 "uvloop+h11": (("httptools",), ROOT), "asyncio+h11": (("uvloop", "httptools"), ROOT),
                 "uvloop+httptools": ((), ROOT)}
-            if args.compare:  # another tree's gateway (e.g. `git archive` of an older commit) on asyncio+h11
-                stacks["--compare tree"] = (("uvloop", "httptools"), Path(args.compare))
+            if args.compare:  # another tree's gateway (e.g. `git archive` of an older commit), on asyncio+h11 by default
+                stacks["--compare tree"] = (_modules(args.compare_without), Path(args.compare))
             print(f"{args.connections} connections, {args.entries} entries a request, {args.seconds:.0f} s per stack and round")
             for rnd in range(args.rounds):
                 for name, (without, root) in stacks.items():
@@ -229,6 +238,10 @@ def requests_mode(args: argparse.Namespace) -> None:
                           f"entries/s, p50 {statistics.median(lat) * 1000:5.1f} ms, p99 {lat[int(len(lat) * 0.99)] * 1000:6.1f} ms")
         finally:
             server.close()
+
+
+def _modules(names: str) -> tuple[str, ...]:
+    return tuple(m for m in names.split(",") if m)
 
 
 def tokens_secret(token: str):  # a SecretStr for the settings, as the environment would give it
@@ -252,6 +265,8 @@ def main() -> None:
     ap.add_argument("--trace", default="", metavar="DIR",
                     help="split each line's delay into stages (bench/gateway_trace.py), GC and event-loop lag; "
                          "gateway traces are written to DIR")
+    ap.add_argument("--compare-without", default="uvloop,httptools", metavar="MODULES",
+                    help="modules hidden from the --compare tree's gateway ('' : the same stack as this tree's)")
     ap.add_argument("--compare", default="", metavar="DIR",
                     help="also measure the gateway of another source tree (asyncio+h11), e.g. `git archive` of a commit")
     args = ap.parse_args()
@@ -277,13 +292,14 @@ def main() -> None:
             client = redis.Redis(port=server.port)
             gws = []
             for name in ("gw1", "gw2"):
-                proc, url = start_gateway(base, tmp, name, tuple(m for m in args.without.split(",") if m),
+                proc, url = start_gateway(base, tmp, name, _modules(args.without),
                                           trace=trace_dir)
                 procs.append(proc)
                 gws.append(url)
             modes = {"direct": [], "1 gateway": gws[:1], "2 gateways": gws}
             if args.compare:  # the same taps through another tree's gateway, same run
-                proc, url = start_gateway(base, tmp, "gw-compare", ("uvloop", "httptools"), Path(args.compare))
+                proc, url = start_gateway(base, tmp, "gw-compare", _modules(args.compare_without), Path(args.compare),
+                                          trace=trace_dir)
                 procs.append(proc)
                 modes["1 gw --compare"] = [url]
             token, _ = tokens.create(client, base.layout, "bench/", {})
@@ -313,7 +329,7 @@ def main() -> None:
 
             import gateway_trace
 
-            gw = {n: json.loads((trace_dir / f"{n}.json").read_text()) for n in ("gw1", "gw2")
+            gw = {n: json.loads((trace_dir / f"{n}.json").read_text()) for n in ("gw1", "gw2", "gw-compare")
                   if (trace_dir / f"{n}.json").exists()}
             requests = [r for g in gw.values() for r in g["requests"]]
             print("\nwhere the delay goes (bench/gateway_trace.py):")
@@ -322,9 +338,10 @@ def main() -> None:
                 stalls.update({f"{n} {k}": v for k, v in gateway_trace.stall_spans(g["gc"], g["lags"]).items()})
             for mode, lines in traced.items():
                 gateway_trace.analyse(mode, lines, tap_trace["sends"], requests, stalls)
-            gateway_trace.pauses("taps (this process)", tap_trace["gc"].events)
+            gateway_trace.pauses("taps (this process)", tap_trace["gc"].events, frozen=gc.get_freeze_count())
             for n, g in gw.items():
-                gateway_trace.pauses(n, g["gc"], g["lags"])
+                serving = min((r["asgi"] for r in g["requests"]), default=0.0)  # not the start-up's collections
+                gateway_trace.pauses(n, [e for e in g["gc"] if e[1] >= serving], g["lags"], frozen=g.get("frozen"))
 
 
 if __name__ == "__main__":

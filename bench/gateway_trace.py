@@ -39,16 +39,18 @@ class GcLog:
     """Every collection of this process: [generation, start, seconds]."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[int, float, float]] = []
+        self.events: list[tuple[int, float, float, float]] = []
         self._start = 0.0
         gc.callbacks.append(self._cb)
 
     def _cb(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._start = time.perf_counter()
+            self._cpu = time.thread_time()
             self._wall = time.time()
-        else:
-            self.events.append((info["generation"], self._wall, time.perf_counter() - self._start))
+        else:  # wall time (what stalled the process, preemption by other processes included) and CPU time
+            self.events.append((info["generation"], self._wall, time.perf_counter() - self._start,
+                                time.thread_time() - self._cpu))
 
 
 def install_taps() -> dict[str, Any]:
@@ -247,7 +249,8 @@ def install_gateway(path: str) -> None:
     writer_mod.GroupWriter._take_group = _take_group
 
     def dump() -> None:
-        Path(path).write_text(json.dumps({"requests": requests, "lags": lags, "gc": gclog.events}))
+        Path(path).write_text(json.dumps({"requests": requests, "lags": lags, "gc": gclog.events,
+                                          "frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}))
 
     atexit.register(dump)
     # uvicorn catches SIGTERM while it serves, then restores the handler it found and raises the signal
@@ -345,18 +348,24 @@ def analyse(mode: str, lines: list[tuple[str, int, int, int]], sends: list[tuple
 
 def stall_spans(gc_events: list, lags: list | None = None, over_s: float = 0.005) -> dict[str, list[tuple[float, float]]]:
     """(start ms, end ms) of the collections over ``over_s`` and of the event loop's lateness over it."""
-    out = {"GC": [(t * 1000, (t + d) * 1000) for _, t, d in gc_events if d > over_s]}
+    out = {"GC": [(t * 1000, (t + d) * 1000) for _, t, d, _ in gc_events if d > over_s]}
     if lags is not None:
         out["loop late"] = [((t - d) * 1000, t * 1000) for t, d in lags if d > over_s]
     return out
 
 
-def pauses(name: str, gc_events: list, lags: list | None = None, over_s: float = 0.005) -> None:
-    big = [(g, t, d) for g, t, d in gc_events if d > over_s]
-    by_gen = {g: sum(1 for e in gc_events if e[0] == g) for g in (0, 1, 2)}
-    print(f"  {name}: collections by generation {by_gen}; over {over_s * 1000:.0f} ms: "
-          + (", ".join(f"gen{g} {d * 1000:.0f} ms" for g, _, d in big[:20]) or "none")
-          + (f"; total GC {sum(d for *_, d in gc_events) * 1000:.0f} ms" if gc_events else ""))
+def pauses(name: str, gc_events: list, lags: list | None = None, over_s: float = 0.005, frozen: int | None = None) -> None:
+    """The collections of a process by generation: how many, wall and CPU ms (median, max); loop lateness."""
+    parts = []
+    for g in (0, 1, 2):
+        ev = [e for e in gc_events if e[0] == g]
+        if ev:
+            wall = sorted(e[2] * 1000 for e in ev)
+            cpu = sorted(e[3] * 1000 for e in ev)
+            parts.append(f"gen{g} x{len(ev)} wall {wall[len(wall) // 2]:.1f}/{wall[-1]:.0f} cpu {cpu[len(cpu) // 2]:.1f}/{cpu[-1]:.1f}")
+    print(f"  {name}: GC (median/max ms) " + "; ".join(parts)
+          + (f"; total wall {sum(e[2] for e in gc_events) * 1000:.0f} ms, cpu {sum(e[3] for e in gc_events) * 1000:.0f} ms" if gc_events else "")
+          + ("" if frozen is None else f"; frozen objects {frozen}"))
     if lags is not None:
         lags_ms = sorted((d * 1000 for _, d in lags), reverse=True)
-        print(f"  {name}: event loop late by > 2 ms {len(lags_ms)} times; worst " + ", ".join(f"{x:.0f}" for x in lags_ms[:15]) + " ms")
+        print(f"  {name}: event loop late by > 2 ms {len(lags_ms)} times; worst " + ", ".join(f"{x:.0f}" for x in lags_ms[:10]) + " ms")
