@@ -55,9 +55,9 @@ class GcLog:
 
 def install_taps() -> dict[str, Any]:
     """In the bench process: the start and end of every batch a transport sends (run, first seq)."""
-    import orjson
-
     import threading
+
+    import orjson
 
     from services.tap import http_transport, spool, transports
 
