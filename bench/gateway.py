@@ -10,9 +10,15 @@ wall-clock ms at which it was added. Three modes, interleaved per rate:
 
 Measured per mode and rate: delivered lines/s (lines / time until the last one is confirmed) and
 the delay each line saw (Redis stream id ms - written ms: p50, p99). The ratio is gateway/direct
-delivered lines/s; "added" is the gateway's percentile minus direct's.
+delivered lines/s; "added" is the gateway's percentile minus direct's. Each tap first sends one
+warm-up line (a new spool file, the sender thread's first run, a new connection: once per tap, which
+runs for a whole agent session), reported apart as "first line"; ``--no-warmup`` counts them in
+(then, with 200 taps for 5 s, they are 4% of the lines: the whole p99). "runq ms/s": the time the
+taps' and the gateways' threads waited for a CPU per second (/proc schedstat): how much the
+machine's other work delayed this mode. ``TMPDIR=/dev/shm`` keeps the spools' fsyncs off a shared
+disk (a stall there delays every mode's taps alike).
 
-    python bench/gateway.py [--taps 200] [--rates 1000,10000] [--seconds 5]
+    python bench/gateway.py [--taps 200] [--rates 1000,10000] [--seconds 5] [--trace DIR] [--order direct,1,2]
     python bench/gateway.py --requests [--connections 50] [--seconds 5] [--entries 1]
 
 ``--requests`` measures one gateway process alone: requests/s it serves for one-entry POSTs (or
@@ -20,7 +26,9 @@ delivered lines/s; "added" is the gateway's percentile minus direct's.
 pre-built requests, so the client costs little of the shared cores), and their p50/p99 latency,
 on uvloop+httptools, uvloop+h11 and asyncio+h11 (modules hidden from the gateway process).
 ``--compare DIR`` adds another source tree's gateway (e.g. ``git archive <commit> | tar -x -C DIR``)
-to either mode, in the same run: before/after ratios that share the machine's load.
+to either mode, in the same run: before/after ratios that share the machine's load (on asyncio+h11
+unless ``--compare-without ''``). ``--trace DIR`` splits each line's delay into stages and lists every
+process's garbage collections and the gateways' event-loop lateness (bench/gateway_trace.py).
 
 Targets (issue 21): >= 0.5 of direct with one gateway process; p99 added < 20 ms at 1,000 lines/s.
 Everything (taps, gateways, Redis) shares this machine's cores: on 2 cores the taps' own CPU is part
@@ -92,6 +100,18 @@ def cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def runq_wait_s(pid: int | str = "self") -> float:
+    """Seconds the process's threads spent runnable but waiting for a CPU (/proc/<pid>/task/*/schedstat): how
+    much the machine's other work delayed it. Threads that ended are not counted."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
 def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoints: list[str], token: str,
              taps: int, rate: float, seconds: float, gateway_pids: list[int] = (), trace: bool = False,
              warmup: bool = True) -> dict:
@@ -123,6 +143,7 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
         for p in pubs:
             p.flush(timeout=120)
     cpu_before = cpu_s(), sum(cpu_s(p) for p in gateway_pids)
+    wait_before = runq_wait_s(), sum(runq_wait_s(p) for p in gateway_pids)
     total = int(rate * seconds)
     start = time.monotonic()
     for i in range(total):
@@ -137,6 +158,8 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
         p.flush(timeout=120)
     elapsed = time.monotonic() - start
     taps_cpu, gw_cpu = cpu_s() - cpu_before[0], sum(cpu_s(p) for p in gateway_pids) - cpu_before[1]
+    taps_wait = runq_wait_s() - wait_before[0]
+    gw_wait = sum(runq_wait_s(p) for p in gateway_pids) - wait_before[1]
     for p in pubs:
         p.close(timeout=5)
     gc.unfreeze()
@@ -166,6 +189,7 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
     firsts.sort()
     return {"first_p50": statistics.median(firsts) if firsts else 0, "first_max": firsts[-1] if firsts else 0,"lines_per_s": total / elapsed, "p50": statistics.median(delays), "copies": copies, "lines": lines,
             "taps_cpu": taps_cpu / elapsed, "gw_cpu": gw_cpu / elapsed,
+            "taps_wait": taps_wait / elapsed * 1000, "gw_wait": gw_wait / elapsed * 1000,
             "p99": delays[min(len(delays) - 1, int(len(delays) * 0.99))]}
 
 
@@ -265,6 +289,9 @@ def main() -> None:
     ap.add_argument("--trace", default="", metavar="DIR",
                     help="split each line's delay into stages (bench/gateway_trace.py), GC and event-loop lag; "
                          "gateway traces are written to DIR")
+    ap.add_argument("--order", default="", metavar="MODES",
+                    help="the modes and their order, from direct,1,2,compare (direct first: the others are "
+                         "compared with it); default all")
     ap.add_argument("--compare-without", default="uvloop,httptools", metavar="MODULES",
                     help="modules hidden from the --compare tree's gateway ('' : the same stack as this tree's)")
     ap.add_argument("--compare", default="", metavar="DIR",
@@ -302,9 +329,12 @@ def main() -> None:
                                           trace=trace_dir)
                 procs.append(proc)
                 modes["1 gw --compare"] = [url]
+            if args.order:  # e.g. direct,compare,1 (same-run comparisons, each in either position)
+                names = {"direct": "direct", "1": "1 gateway", "2": "2 gateways", "compare": "1 gw --compare"}
+                modes = {names[m]: modes[names[m]] for m in args.order.split(",")}
             token, _ = tokens.create(client, base.layout, "bench/", {})
             print(f"{args.taps} taps, {args.seconds:.0f} s per rate and mode, ~445-byte lines")
-            print(f"{'rate':>7} {'mode':>15} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6} {'taps cpu':>8} {'gw cpu':>6}"
+            print(f"{'rate':>7} {'mode':>15} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6} {'taps cpu':>8} {'gw cpu':>6} {'runq ms/s':>10}"
                   + ("" if args.no_warmup else f" {'first line p50/max ms':>21}"))
             for rate in (float(r) for r in args.rates.split(",")):
                 results = {}
@@ -317,7 +347,7 @@ def main() -> None:
                 for mode, r in results.items():
                     ratio = r["lines_per_s"] / direct["lines_per_s"]
                     print(f"{rate:>7.0f} {mode:>15} {r['lines_per_s']:>9.0f} {ratio:>6.2f} {r['p50']:>7.0f} "
-                          f"{r['p99']:>7.0f} {r['p50'] - direct['p50']:>6.0f} {r['p99'] - direct['p99']:>6.0f} {r['copies']:>6} {r['taps_cpu']:>8.2f} {r['gw_cpu']:>6.2f}"
+                          f"{r['p99']:>7.0f} {r['p50'] - direct['p50']:>6.0f} {r['p99'] - direct['p99']:>6.0f} {r['copies']:>6} {r['taps_cpu']:>8.2f} {r['gw_cpu']:>6.2f} {r['taps_wait']:>4.0f} / {r['gw_wait']:>3.0f}"
                           + ("" if args.no_warmup else f" {r['first_p50']:>10.0f} / {r['first_max']:>8.0f}"))
         finally:
             for p in procs:
@@ -341,7 +371,8 @@ def main() -> None:
             gateway_trace.pauses("taps (this process)", tap_trace["gc"].events, frozen=gc.get_freeze_count())
             for n, g in gw.items():
                 serving = min((r["asgi"] for r in g["requests"]), default=0.0)  # not the start-up's collections
-                gateway_trace.pauses(n, [e for e in g["gc"] if e[1] >= serving], g["lags"], frozen=g.get("frozen"))
+                gateway_trace.pauses(f"{n} ({', '.join(g.get('loop', []))})", [e for e in g["gc"] if e[1] >= serving],
+                                     g["lags"], frozen=g.get("frozen"))
 
 
 if __name__ == "__main__":
