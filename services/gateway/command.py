@@ -74,12 +74,13 @@ def _check_shard_count(client: object, settings: object) -> None:
 def freeze_startup_heap() -> None:
     """Move everything start-up made (modules, classes, the app: ~60,000 objects) out of the collector's sight.
 
-    Why: a full (generation 2) collection walks every tracked object and stops the event loop meanwhile;
-    under load it comes every few seconds, and with the start-up heap in it each took 20-50 ms here
-    (190 ms at load 30), stalling every request in flight: that was the gateway's share of the p99
+    Why: a full (generation 2) collection walks every tracked object with the event loop stopped; at
+    1,000 requests/s one came every 2.5-5 s, and with the start-up heap in it each took 31-39 ms of CPU
+    here (60-100 ms wall under load), holding every request in flight: the gateway's share of the p99
     (``bench/gateway.py --trace``, docs/gateway.md). Those objects live as long as the process, so
     collecting them never frees anything; after the freeze a full collection walks only what requests
-    made (~0 ms on an idle gateway). Objects are still freed by reference counting as before."""
+    and connections hold (5-11 ms of CPU with 200 connections, under load). Objects are still freed by
+    reference counting as before."""
     gc.collect()
     gc.freeze()
 
