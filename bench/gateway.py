@@ -10,9 +10,15 @@ wall-clock ms at which it was added. Three modes, interleaved per rate:
 
 Measured per mode and rate: delivered lines/s (lines / time until the last one is confirmed) and
 the delay each line saw (Redis stream id ms - written ms: p50, p99). The ratio is gateway/direct
-delivered lines/s; "added" is the gateway's percentile minus direct's.
+delivered lines/s; "added" is the gateway's percentile minus direct's. Each tap first sends one
+warm-up line (a new spool file, the sender thread's first run, a new connection: once per tap, which
+runs for a whole agent session), reported apart as "first line"; ``--no-warmup`` counts them in
+(then, with 200 taps for 5 s, they are 4% of the lines: the whole p99). "runq ms/s": the time the
+taps' and the gateways' threads waited for a CPU per second (/proc schedstat): how much the
+machine's other work delayed this mode. ``TMPDIR=/dev/shm`` keeps the spools' fsyncs off a shared
+disk (a stall there delays every mode's taps alike).
 
-    python bench/gateway.py [--taps 200] [--rates 1000,10000] [--seconds 5]
+    python bench/gateway.py [--taps 200] [--rates 1000,10000] [--seconds 5] [--trace DIR] [--order direct,1,2]
     python bench/gateway.py --requests [--connections 50] [--seconds 5] [--entries 1]
 
 ``--requests`` measures one gateway process alone: requests/s it serves for one-entry POSTs (or
@@ -20,7 +26,9 @@ delivered lines/s; "added" is the gateway's percentile minus direct's.
 pre-built requests, so the client costs little of the shared cores), and their p50/p99 latency,
 on uvloop+httptools, uvloop+h11 and asyncio+h11 (modules hidden from the gateway process).
 ``--compare DIR`` adds another source tree's gateway (e.g. ``git archive <commit> | tar -x -C DIR``)
-to either mode, in the same run: before/after ratios that share the machine's load.
+to either mode, in the same run: before/after ratios that share the machine's load (on asyncio+h11
+unless ``--compare-without ''``). ``--trace DIR`` splits each line's delay into stages and lists every
+process's garbage collections and the gateways' event-loop lateness (bench/gateway_trace.py).
 
 Targets (issue 21): >= 0.5 of direct with one gateway process; p99 added < 20 ms at 1,000 lines/s.
 Everything (taps, gateways, Redis) shares this machine's cores: on 2 cores the taps' own CPU is part
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import resource
@@ -57,7 +66,7 @@ PAD = "x" * 300
 
 
 def start_gateway(settings: Settings, tmp: Path, name: str, without: tuple[str, ...] = (),
-                  root: Path = ROOT, **extra: str) -> tuple[subprocess.Popen, str]:
+                  root: Path = ROOT, trace: Path | None = None, **extra: str) -> tuple[subprocess.Popen, str]:
     """A `goose-ingest gateway` process; ``without`` hides installed modules from it (e.g. uvloop, httptools:
     the same code on the stack uvicorn falls back to, for a same-run comparison)."""
     port = free_port()
@@ -65,6 +74,9 @@ def start_gateway(settings: Settings, tmp: Path, name: str, without: tuple[str, 
            "GOOSE_INGEST_NAMESPACE": settings.namespace, "GOOSE_INGEST_SHARDS": str(settings.shards),
            "GOOSE_INGEST_GATEWAY_RATE_LINES_PER_S": "0", "GOOSE_INGEST_GATEWAY_RATE_BYTES_PER_S": "0", **extra}
     hide = "".join(f"sys.modules[{m!r}] = None; " for m in without)
+    if trace is not None:  # bench/gateway_trace.py: per-request stages, GC and loop lag, dumped at exit
+        hide += (f"sys.path.insert(0, {str(ROOT / 'bench')!r}); import gateway_trace; "
+                 f"gateway_trace.install_gateway({str(trace / (name + '.json'))!r}); ")
     code = f"import sys; {hide}from services.cli import main; sys.exit(main())"
     proc = subprocess.Popen([sys.executable, "-c", code, "gateway", "--host", "127.0.0.1", "--port", str(port)],
                             cwd=root, env=env, stdout=(tmp / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
@@ -88,9 +100,21 @@ def cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def runq_wait_s(pid: int | str = "self") -> float:
+    """Seconds the process's threads spent runnable but waiting for a CPU (/proc/<pid>/task/*/schedstat): how
+    much the machine's other work delayed it. Threads that ended are not counted."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
 def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoints: list[str], token: str,
-             taps: int, rate: float, seconds: float, gateway_pids: list[int] = ()) -> dict:
-    cpu_before = cpu_s(), sum(cpu_s(p) for p in gateway_pids)
+             taps: int, rate: float, seconds: float, gateway_pids: list[int] = (), trace: bool = False,
+             warmup: bool = True) -> dict:
     tag = f"{mode.replace(' ', '-')}-{int(rate)}"
     pubs = []
     for i in range(taps):
@@ -99,6 +123,27 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
             s = s.model_copy(update={"endpoint": endpoints[i % len(endpoints)],
                                      "token": tokens_secret(token)})
         pubs.append(Publisher(s, f"bench/{tag}/{i}", {"host": "bench"}))
+    # 200 taps in one process share one garbage collector: each full collection walked this whole process
+    # (the bench, redis-py, 200 publishers: 30 ms of CPU, 60-90 ms wall at load ~10, 3-4 times a mode) and
+    # stalled all 200 taps at once, 30-90 lines each time -- enough on its own to set a mode's p99. In a
+    # fleet each tap is a process with a heap of its own. Freezing what exists now keeps the collections
+    # to what the lines make, in every mode alike.
+    gc.collect()
+    gc.freeze()
+    if warmup:
+        # Each tap's first line, at the offered rate, before the measured lines: it pays for a new spool
+        # file, the sender thread's first run and a new connection -- once per tap, which runs for a whole
+        # agent session, but 200 of 5,000 lines (4%) in a 5 s run, i.e. the whole of the p99. Reported apart.
+        start = time.monotonic()
+        for i, p in enumerate(pubs):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            p.add_line(orjson.dumps({"type": "message", "written": time.time_ns() // 1_000_000, "first": 1, "pad": PAD}))
+        for p in pubs:
+            p.flush(timeout=120)
+    cpu_before = cpu_s(), sum(cpu_s(p) for p in gateway_pids)
+    wait_before = runq_wait_s(), sum(runq_wait_s(p) for p in gateway_pids)
     total = int(rate * seconds)
     start = time.monotonic()
     for i in range(total):
@@ -113,9 +158,14 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
         p.flush(timeout=120)
     elapsed = time.monotonic() - start
     taps_cpu, gw_cpu = cpu_s() - cpu_before[0], sum(cpu_s(p) for p in gateway_pids) - cpu_before[1]
+    taps_wait = runq_wait_s() - wait_before[0]
+    gw_wait = sum(runq_wait_s(p) for p in gateway_pids) - wait_before[1]
     for p in pubs:
         p.close(timeout=5)
+    gc.unfreeze()
     delays = []
+    firsts = []  # the warm-up's first line of each tap
+    lines = []  # (run, seq, written ms, Redis ms) for --trace
     seen: set[tuple[bytes, bytes]] = set()
     copies = 0
     for stream in base.layout.raw_streams():
@@ -125,12 +175,21 @@ def run_mode(base: Settings, client: redis.Redis, tmp: Path, mode: str, endpoint
                 continue
             seen.add((f[b"run"], f[b"seq"]))
             ms = int(sid.split(b"-")[0])
-            delays.append(ms - orjson.loads(f[b"line"])["written"])
+            doc = orjson.loads(f[b"line"])
+            written = doc["written"]
+            if doc.get("first"):
+                firsts.append(ms - written)
+                continue
+            delays.append(ms - written)
+            if trace:
+                lines.append((f[b"run"].decode(), int(f[b"seq"]), written, ms))
         client.delete(stream)
     assert len(delays) == total, (mode, len(delays), total)
     delays.sort()
-    return {"lines_per_s": total / elapsed, "p50": statistics.median(delays), "copies": copies,
+    firsts.sort()
+    return {"first_p50": statistics.median(firsts) if firsts else 0, "first_max": firsts[-1] if firsts else 0,"lines_per_s": total / elapsed, "p50": statistics.median(delays), "copies": copies, "lines": lines,
             "taps_cpu": taps_cpu / elapsed, "gw_cpu": gw_cpu / elapsed,
+            "taps_wait": taps_wait / elapsed * 1000, "gw_wait": gw_wait / elapsed * 1000,
             "p99": delays[min(len(delays) - 1, int(len(delays) * 0.99))]}
 
 
@@ -187,8 +246,8 @@ def requests_mode(args: argparse.Namespace) -> None:
             stacks: dict[str, tuple[tuple[str, ...], Path]] = {
                 "uvloop+h11": (("httptools",), ROOT), "asyncio+h11": (("uvloop", "httptools"), ROOT),
                 "uvloop+httptools": ((), ROOT)}
-            if args.compare:  # another tree's gateway (e.g. `git archive` of an older commit) on asyncio+h11
-                stacks["--compare tree"] = (("uvloop", "httptools"), Path(args.compare))
+            if args.compare:  # another tree's gateway (e.g. `git archive` of an older commit), on asyncio+h11 by default
+                stacks["--compare tree"] = (_modules(args.compare_without), Path(args.compare))
             print(f"{args.connections} connections, {args.entries} entries a request, {args.seconds:.0f} s per stack and round")
             for rnd in range(args.rounds):
                 for name, (without, root) in stacks.items():
@@ -203,6 +262,10 @@ def requests_mode(args: argparse.Namespace) -> None:
                           f"entries/s, p50 {statistics.median(lat) * 1000:5.1f} ms, p99 {lat[int(len(lat) * 0.99)] * 1000:6.1f} ms")
         finally:
             server.close()
+
+
+def _modules(names: str) -> tuple[str, ...]:
+    return tuple(m for m in names.split(",") if m)
 
 
 def tokens_secret(token: str):  # a SecretStr for the settings, as the environment would give it
@@ -221,6 +284,16 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--without", default="", help="modules hidden from the gateways, e.g. uvloop,httptools")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="count each tap's first line (new spool, thread, connection) among the measured ones")
+    ap.add_argument("--trace", default="", metavar="DIR",
+                    help="split each line's delay into stages (bench/gateway_trace.py), GC and event-loop lag; "
+                         "gateway traces are written to DIR")
+    ap.add_argument("--order", default="", metavar="MODES",
+                    help="the modes and their order, from direct,1,2,compare (direct first: the others are "
+                         "compared with it); default all")
+    ap.add_argument("--compare-without", default="uvloop,httptools", metavar="MODULES",
+                    help="modules hidden from the --compare tree's gateway ('' : the same stack as this tree's)")
     ap.add_argument("--compare", default="", metavar="DIR",
                     help="also measure the gateway of another source tree (asyncio+h11), e.g. `git archive` of a commit")
     args = ap.parse_args()
@@ -233,37 +306,73 @@ def main() -> None:
         tmp = Path(d)
         server = start_redis(dir=str(tmp / "redis"))
         procs = []
+        trace_dir = Path(args.trace) if args.trace else None
+        tap_trace = None
+        if trace_dir is not None:
+            import gateway_trace
+
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            tap_trace = gateway_trace.install_taps()
+        traced: dict[str, list] = {}
         try:
             base = Settings(redis_url=server.url, shards=4, spool_dir=str(tmp / "spool"))
             client = redis.Redis(port=server.port)
             gws = []
             for name in ("gw1", "gw2"):
-                proc, url = start_gateway(base, tmp, name, tuple(m for m in args.without.split(",") if m))
+                proc, url = start_gateway(base, tmp, name, _modules(args.without),
+                                          trace=trace_dir)
                 procs.append(proc)
                 gws.append(url)
             modes = {"direct": [], "1 gateway": gws[:1], "2 gateways": gws}
             if args.compare:  # the same taps through another tree's gateway, same run
-                proc, url = start_gateway(base, tmp, "gw-compare", ("uvloop", "httptools"), Path(args.compare))
+                proc, url = start_gateway(base, tmp, "gw-compare", _modules(args.compare_without), Path(args.compare),
+                                          trace=trace_dir)
                 procs.append(proc)
                 modes["1 gw --compare"] = [url]
+            if args.order:  # e.g. direct,compare,1 (same-run comparisons, each in either position)
+                names = {"direct": "direct", "1": "1 gateway", "2": "2 gateways", "compare": "1 gw --compare"}
+                modes = {names[m]: modes[names[m]] for m in args.order.split(",")}
             token, _ = tokens.create(client, base.layout, "bench/", {})
             print(f"{args.taps} taps, {args.seconds:.0f} s per rate and mode, ~445-byte lines")
-            print(f"{'rate':>7} {'mode':>15} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6} {'taps cpu':>8} {'gw cpu':>6}")
+            print(f"{'rate':>7} {'mode':>15} {'lines/s':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>6} {'+p99':>6} {'resent':>6} {'taps cpu':>8} {'gw cpu':>6} {'runq ms/s':>10}"
+                  + ("" if args.no_warmup else f" {'first line p50/max ms':>21}"))
             for rate in (float(r) for r in args.rates.split(",")):
                 results = {}
                 for mode, endpoints in modes.items():
                     pids = [procs[gws.index(e)].pid if e in gws else procs[-1].pid for e in endpoints]
-                    results[mode] = run_mode(base, client, tmp, mode, endpoints, token, args.taps, rate, args.seconds, pids)
+                    results[mode] = run_mode(base, client, tmp, mode, endpoints, token, args.taps, rate, args.seconds, pids,
+                                             trace=trace_dir is not None, warmup=not args.no_warmup)
+                    traced[f"{mode} @ {rate:.0f}"] = results[mode].pop("lines")
                 direct = results["direct"]
                 for mode, r in results.items():
                     ratio = r["lines_per_s"] / direct["lines_per_s"]
                     print(f"{rate:>7.0f} {mode:>15} {r['lines_per_s']:>9.0f} {ratio:>6.2f} {r['p50']:>7.0f} "
-                          f"{r['p99']:>7.0f} {r['p50'] - direct['p50']:>6.0f} {r['p99'] - direct['p99']:>6.0f} {r['copies']:>6} {r['taps_cpu']:>8.2f} {r['gw_cpu']:>6.2f}")
+                          f"{r['p99']:>7.0f} {r['p50'] - direct['p50']:>6.0f} {r['p99'] - direct['p99']:>6.0f} {r['copies']:>6} {r['taps_cpu']:>8.2f} {r['gw_cpu']:>6.2f} {r['taps_wait']:>4.0f} / {r['gw_wait']:>3.0f}"
+                          + ("" if args.no_warmup else f" {r['first_p50']:>10.0f} / {r['first_max']:>8.0f}"))
         finally:
             for p in procs:
                 p.terminate()
                 p.wait(timeout=10)
             server.close()
+        if trace_dir is not None and tap_trace is not None:
+            import json
+
+            import gateway_trace
+
+            gw = {n: json.loads((trace_dir / f"{n}.json").read_text()) for n in ("gw1", "gw2", "gw-compare")
+                  if (trace_dir / f"{n}.json").exists()}
+            requests = [r for g in gw.values() for r in g["requests"]]
+            print("\nwhere the delay goes (bench/gateway_trace.py):")
+            stalls = {f"taps {k}": v for k, v in gateway_trace.stall_spans(tap_trace["gc"].events).items()}
+            for n, g in gw.items():
+                stalls.update({f"{n} {k}": v for k, v in gateway_trace.stall_spans(g["gc"], g["lags"]).items()})
+            for mode, lines in traced.items():
+                gateway_trace.analyse(mode, lines, tap_trace["sends"], requests, stalls)
+            gateway_trace.pauses("taps (this process)", tap_trace["gc"].events, frozen=gc.get_freeze_count())
+            for n, g in gw.items():
+                serving = min((r["asgi"] for r in g["requests"]), default=0.0)  # not the start-up's collections
+                gateway_trace.pauses(f"{n} ({', '.join(g.get('loop', []))})", [e for e in g["gc"] if e[1] >= serving],
+                                     g["lags"], frozen=g.get("frozen"))
 
 
 if __name__ == "__main__":

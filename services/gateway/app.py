@@ -108,7 +108,9 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self._ready_at = 0.0
         self._ready: tuple[bool, str] = (False, "not checked yet")
-        self._writer: GroupWriter | None = None  # write_async's (made on the server's loop, at the first write)
+        # write_async's, made now: its imports (redis.asyncio) and set-up would otherwise stall the event loop
+        # at the first request. It binds no loop (its connections connect at their first command).
+        self._writer: GroupWriter | None = None if settings.redis_cluster else self._group_writer()
 
     # ------------------------------------------------------------------ Redis (in worker threads)
     def _redis(self, fn: Callable[[], Any]) -> Any:
