@@ -568,13 +568,17 @@ def test_a_database_outage_longer_than_claim_idle_times_max_deliveries_dead_lett
         wait_for(lambda: readyz(port) == 200, timeout=60)
         private_postgres.stop("fast")
         add_run(r, settings, "pg-out/0", 3)  # one batch: the reader idles and sweeps while the writer waits
-        wait_for(lambda: group_state(settings) == (0, 5), timeout=30)  # read and held
+        # Read and held: all 5 entries in one batch, or (when the run records land after the reader's
+        # first read, as on a loaded machine) a first batch held while the rest waits unread behind it.
+        wait_for(lambda: group_state(settings)[1] > 0 and sum(group_state(settings)) == 5, timeout=60)
+        held = group_state(settings)[1]
         time.sleep(200 / 1000 * (settings.max_deliveries + 2) * 3)  # far past CLAIM_IDLE_MS x MAX_DELIVERIES
         assert readyz(port) == 503
         stream = settings.layout.events_partition(0)
         rows = [row for s in settings.layout.events_partitions() + settings.layout.runs_partitions()
                 for row in r.xpending_range(s, DEFAULT_GROUP, min="-", max="+", count=100)]
-        assert len(rows) == 5 and {row["times_delivered"] for row in rows} == {1}, (stream, rows)
+        # every held entry delivered once: the sink's own sweep never claimed its held batch back
+        assert len(rows) >= held and {row["times_delivered"] for row in rows} == {1}, (stream, rows)
         private_postgres.start()
         wait_for(lambda: group_state(settings) == (0, 0) and db_count(dsn) == 3, timeout=120)
         assert db_count(dsn, "runs") == 1
