@@ -143,13 +143,14 @@ def _kill_and_restart(c: Consumer, tmp: Path, tag: str, when: Callable[[Consumer
         feeding, fed = background(lambda: _feed(c, w, batch))
         caught, pending = _freeze_when(first, lambda: when(c, w, t, runs), lambda: _pending(w, c))
         kill(first)
+        at_kill = c.at_kill(w, t, runs)  # the target and the consumer's state, frozen by the kill
         delivered_before = c.account(w, t, runs).expected - len(c.account(w, t, runs).lost)
         feeding.join()
         if "error" in fed:
             raise fed["error"]
         second, _ = c.start(w, t, f"{tag}-2", *second_args)
         out = _finish(c, w, t, runs, [second], [_log(w, f"{tag}-1"), _log(w, f"{tag}-2")],
-                      caught=caught, pending_at_kill=pending, delivered_before_kill=delivered_before)
+                      caught=caught, pending_at_kill=pending, delivered_before_kill=delivered_before, **at_kill)
         return out
 
 

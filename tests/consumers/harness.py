@@ -331,6 +331,10 @@ class Consumer:
         """A cheap sign that the target got something (when a case kills mid-batch)."""
         return True
 
+    def at_kill(self, w: World, t: Target, runs: set[str]) -> dict[str, Any]:
+        """Facts read right after a SIGKILL, while nothing moves (a consumer that needs them)."""
+        return {}
+
     def outage_facts(self, w: World, t: Target, before: set[str], during: set[str]) -> dict[str, Any]:
         """Case e, at the end of the target's outage (still down): what this consumer's contract
         checks then, beside readiness. `before`: runs delivered before the outage; `during`: fed in it."""
@@ -441,6 +445,29 @@ class OtlpConsumer(ExporterConsumer):
 
     def sent_some(self, t: Target) -> bool:
         return t.rx.requests > 0
+
+    def at_kill(self, w: World, t: Target, runs: set[str]) -> dict[str, Any]:
+        """The OTLP delivery window at the kill: tool spans the collector had accepted that the
+        exporter's run state did not yet count as sent ("s:<seq>"/"t:<seq>" marks, the "w" watermark,
+        or a run done). Only these may be sent again after a restart (docs/otel.md): OTLP has no
+        idempotent write, so a span accepted just before the kill cannot be known to be out."""
+        with t.rx.lock:
+            accepted = {str(s.attributes.get(GI_EVENT_ID)) for s in t.rx.spans
+                        if not s.name.startswith(OP_INVOKE_AGENT) and GI_EVENT_ID in s.attributes}
+        r = w.root()
+        noted: set[str] = set()
+        for run in runs:
+            state = r.hgetall(w.settings.layout.export_group_state("otlp", self.group(w.settings), run))
+            if b"done" in state:
+                noted |= {e for e in accepted if e.startswith(f"{run}:")}
+                continue
+            mark = int(state.get(b"w") or 0)
+            for event_id in accepted:
+                head, _, seq = event_id.rpartition(":")
+                if head == run and seq.isdigit() and (int(seq) < mark or f"s:{seq}".encode() in state
+                                                       or f"t:{seq}".encode() in state):
+                    noted.add(event_id)
+        return {"accepted_not_noted": sorted(accepted - noted), "accepted_at_kill": len(accepted)}
 
     def account(self, w: World, t: Target, runs: set[str]) -> Account:
         events, records = topic_entries(w)
