@@ -585,3 +585,50 @@ def test_a_database_outage_longer_than_claim_idle_times_max_deliveries_dead_lett
         assert all(r.xlen(s) == 0 for s in settings.layout.export_deadletter_partitions("postgres"))
     finally:
         stop(sink)
+
+
+def test_a_reader_thread_failure_ends_the_sink_with_one_line_and_exit_1(settings, private_redis, pg_dsn, tmp_path):
+    """An error the reader does not know how to wait out ends the process, never a silent hang with
+    the writer idling: here a real one, a server on the broker's port that does not speak Redis (the
+    broker replaced by an HTTP server), which redis-py reports as InvalidResponse. One log line names
+    the thread and the error, no traceback, exit 1 (EXIT_THREAD_FAILED) so the supervisor restarts it."""
+    import socket
+    import threading
+
+    from services.export.postgres.sink import EXIT_THREAD_FAILED
+
+    s = settings.model_copy(update={"redis_url": private_redis.url})
+    add_run(redis.Redis.from_url(s.redis_url), s, "before/1", 5)
+    log = tmp_path / "sink.log"
+    sink = start_sink(s, pg_dsn, log)
+    listener = socket.socket()
+    accepted: list[socket.socket] = []
+    try:
+        port = metrics_port(log)
+        wait_for(lambda: db_count(pg_dsn) == 5 and readyz(port) == 200, timeout=60)
+        private_redis.stop()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", private_redis.port))
+        listener.listen()
+
+        def answer_http() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:  # closed by the test
+                    return
+                accepted.append(conn)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        threading.Thread(target=answer_http, daemon=True).start()
+        assert sink.wait(timeout=90) == EXIT_THREAD_FAILED
+    finally:
+        stop(sink)
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    text = log.read_text(errors="replace")
+    failed = [line for line in text.splitlines() if "thread failed" in line]
+    assert len(failed) == 1, text[-3000:]
+    assert "the reader thread failed: InvalidResponse" in failed[0] and "exiting with code 1" in failed[0], failed
+    assert "Traceback" not in text, text[-3000:]
