@@ -632,3 +632,41 @@ def test_a_reader_thread_failure_ends_the_sink_with_one_line_and_exit_1(settings
     assert len(failed) == 1, text[-3000:]
     assert "the reader thread failed: InvalidResponse" in failed[0] and "exiting with code 1" in failed[0], failed
     assert "Traceback" not in text, text[-3000:]
+
+
+def test_a_writer_thread_failure_stops_the_reader_and_says_why(settings, pg_dsn, caplog):
+    """The other side: a bug in the writer (stood in for by a subclass whose hourly maintenance raises,
+    with the real broker, database and reader thread) stops the reader thread too, `run` returns with
+    `failure` set, /readyz says which thread failed and why, and one ERROR line says it."""
+    import logging
+    import threading
+
+    from services.export.postgres.metrics import SinkMetrics
+    from services.export.postgres.sink import Sink, SinkOptions, ThreadFailure
+    from services.export.postgres.store import Store
+
+    class BuggyMaintenance(Sink):
+        def _maintain(self, force: bool = False) -> None:
+            if not force:
+                raise KeyError("partition 2026-13")  # a bug: what no retry loop expects
+
+    opts = SinkOptions(group="g-writer-bug", consumer="c1", retention=timedelta(days=30), batch_size=10, block_ms=100,
+                       claim_idle_ms=60_000, sweep_interval_s=1.0)
+    store = Store(pg_dsn)
+    sink = BuggyMaintenance(settings, redis.Redis.from_url(settings.redis_url), store, opts, SinkMetrics())
+    runner = threading.Thread(target=sink.run)
+    try:
+        with caplog.at_level(logging.INFO, logger="goose_ingest.export.postgres"):
+            runner.start()
+            runner.join(timeout=60)
+            assert not runner.is_alive()
+    finally:
+        sink.stop()
+        runner.join(timeout=30)
+        store.close()
+    assert sink.failure == ThreadFailure("writer", "KeyError: 'partition 2026-13'")
+    assert not sink.is_ready() and sink.is_ready().reason == "the writer thread failed: KeyError: 'partition 2026-13'"
+    assert not any(t.name == "postgres-sink-reader" for t in threading.enumerate())  # the reader stopped too
+    failed = [r for r in caplog.records if "thread failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelname == "ERROR" and failed[0].exc_info is None, failed
+    assert sink.metrics.registry.get_sample_value("goose_ingest_postgres_ready") == 0
