@@ -585,3 +585,88 @@ def test_a_database_outage_longer_than_claim_idle_times_max_deliveries_dead_lett
         assert all(r.xlen(s) == 0 for s in settings.layout.export_deadletter_partitions("postgres"))
     finally:
         stop(sink)
+
+
+def test_a_reader_thread_failure_ends_the_sink_with_one_line_and_exit_1(settings, private_redis, pg_dsn, tmp_path):
+    """An error the reader does not know how to wait out ends the process, never a silent hang with
+    the writer idling: here a real one, a server on the broker's port that does not speak Redis (the
+    broker replaced by an HTTP server), which redis-py reports as InvalidResponse. One log line names
+    the thread and the error, no traceback, exit 1 (EXIT_THREAD_FAILED) so the supervisor restarts it."""
+    import socket
+    import threading
+
+    from services.export.postgres.sink import EXIT_THREAD_FAILED
+
+    s = settings.model_copy(update={"redis_url": private_redis.url})
+    add_run(redis.Redis.from_url(s.redis_url), s, "before/1", 5)
+    log = tmp_path / "sink.log"
+    sink = start_sink(s, pg_dsn, log)
+    listener = socket.socket()
+    accepted: list[socket.socket] = []
+    try:
+        port = metrics_port(log)
+        wait_for(lambda: db_count(pg_dsn) == 5 and readyz(port) == 200, timeout=60)
+        private_redis.stop()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", private_redis.port))
+        listener.listen()
+
+        def answer_http() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:  # closed by the test
+                    return
+                accepted.append(conn)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        threading.Thread(target=answer_http, daemon=True).start()
+        assert sink.wait(timeout=90) == EXIT_THREAD_FAILED
+    finally:
+        stop(sink)
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    text = log.read_text(errors="replace")
+    failed = [line for line in text.splitlines() if "thread failed" in line]
+    assert len(failed) == 1, text[-3000:]
+    assert "the reader thread failed: InvalidResponse" in failed[0] and "exiting with code 1" in failed[0], failed
+    assert "Traceback" not in text, text[-3000:]
+
+
+def test_a_writer_thread_failure_stops_the_reader_and_says_why(settings, pg_dsn, caplog):
+    """The other side: a bug in the writer (stood in for by a subclass whose hourly maintenance raises,
+    with the real broker, database and reader thread) stops the reader thread too, `run` returns with
+    `failure` set, /readyz says which thread failed and why, and one ERROR line says it."""
+    import logging
+    import threading
+
+    from services.export.postgres.metrics import SinkMetrics
+    from services.export.postgres.sink import Sink, SinkOptions, ThreadFailure
+    from services.export.postgres.store import Store
+
+    class BuggyMaintenance(Sink):
+        def _maintain(self, force: bool = False) -> None:
+            if not force:
+                raise KeyError("partition 2026-13")  # a bug: what no retry loop expects
+
+    opts = SinkOptions(group="g-writer-bug", consumer="c1", retention=timedelta(days=30), batch_size=10, block_ms=100,
+                       claim_idle_ms=60_000, sweep_interval_s=1.0)
+    store = Store(pg_dsn)
+    sink = BuggyMaintenance(settings, redis.Redis.from_url(settings.redis_url), store, opts, SinkMetrics())
+    runner = threading.Thread(target=sink.run)
+    try:
+        with caplog.at_level(logging.INFO, logger="goose_ingest.export.postgres"):
+            runner.start()
+            runner.join(timeout=60)
+            assert not runner.is_alive()
+    finally:
+        sink.stop()
+        runner.join(timeout=30)
+        store.close()
+    assert sink.failure == ThreadFailure("writer", "KeyError: 'partition 2026-13'")
+    assert not sink.is_ready() and sink.is_ready().reason == "the writer thread failed: KeyError: 'partition 2026-13'"
+    assert not any(t.name == "postgres-sink-reader" for t in threading.enumerate())  # the reader stopped too
+    failed = [r for r in caplog.records if "thread failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelname == "ERROR" and failed[0].exc_info is None, failed
+    assert sink.metrics.registry.get_sample_value("goose_ingest_postgres_ready") == 0

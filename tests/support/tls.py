@@ -51,6 +51,19 @@ def make_tls_files(dir: Path) -> TlsFiles:
                     client_cert=dir / "client.pem", client_key=dir / "client-key.pem", other_ca=dir / "other-ca.pem")
 
 
+def untrusted_server_cert(files: TlsFiles, dir: Path) -> tuple[Path, Path]:
+    """A server certificate for localhost / 127.0.0.1 signed by `files.other_ca` (a rotation to a CA the
+    clients do not trust): (cert, key), for ``CONFIG SET tls-cert-file ... tls-key-file ...``."""
+    dir.mkdir(parents=True, exist_ok=True)
+    other_key = files.other_ca.parent / "other-ca-key.pem"  # make_tls_files writes it beside other-ca.pem
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", dir / "untrusted-key.pem", "-out", dir / "untrusted.csr", "-subj", "/CN=localhost")
+    _openssl("x509", "-req", "-in", dir / "untrusted.csr", "-CA", files.other_ca, "-CAkey", other_key,
+             "-CAcreateserial", "-out", dir / "untrusted.pem", "-days", "2",
+             "-extfile", files.other_ca.parent / "server.ext")
+    return dir / "untrusted.pem", dir / "untrusted-key.pem"
+
+
 def tls_server_args(files: TlsFiles, tls_port: int, auth_clients: str = "no") -> list[str]:
     """redis-server options for a TLS port; `auth_clients` is --tls-auth-clients (no, optional, yes)."""
     return ["--tls-port", str(tls_port), "--tls-cert-file", str(files.server_cert),

@@ -112,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_broker(client: Any) -> None:
-    """One PING before the sink starts. The sink's reader retries what looks like an outage forever
-    (and dies silently on anything else), so a broker that can never work as configured -- a TLS
-    failure (BrokerTLSError), refused credentials, a database number out of range -- must surface
-    here, where the CLI prints it as one line, exit 2. A broker that is merely down is not an error:
+    """One PING before the sink starts. The sink retries what looks like an outage forever (a TLS
+    failure mid-run too: a certificate rotated back recovers) and exits EXIT_THREAD_FAILED on
+    anything else, so a broker that can never work as configured -- a TLS failure (BrokerTLSError),
+    refused credentials, a database number out of range -- must surface here, where the CLI prints it as one line, exit 2. A broker that is merely down is not an error:
     the sink waits for it, as it does mid-run."""
     from redis.exceptions import AuthenticationError
     from redis.exceptions import ConnectionError as RedisConnectionError
@@ -132,7 +132,7 @@ def check_broker(client: Any) -> None:
 def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None) -> int:
     from services.broker.connect import sync_client
     from services.export.postgres.metrics import SinkMetrics
-    from services.export.postgres.sink import DEFAULT_GROUP, Sink, SinkOptions, redact_dsn
+    from services.export.postgres.sink import DEFAULT_GROUP, EXIT_THREAD_FAILED, Sink, SinkOptions, redact_dsn
     from services.export.postgres.store import Store
     from services.metrics.server import serve as serve_metrics
     from services.metrics.startup import stop_on_signals
@@ -168,4 +168,6 @@ def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None)
     finally:
         server.close()
         store.close()
-    return 0
+    # A thread failed on an error no retry fixes (logged as one line): not a clean stop, so the
+    # supervisor restarts the process instead of leaving it up with nothing exported.
+    return EXIT_THREAD_FAILED if sink.failure is not None else 0

@@ -23,6 +23,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -33,6 +34,7 @@ from redis.exceptions import ResponseError
 
 from contracts.deadletters import DeadLetter
 from services.broker.errors import describe
+from services.broker.url import BrokerTLSError
 from services.export.postgres.metrics import SinkMetrics
 from services.export.postgres.rows import (
     INVALID_ENTRY,
@@ -56,6 +58,11 @@ EXPORTER = "postgres"  # its key names (contracts/keys.py) and ACL role (service
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 MAINTENANCE_INTERVAL_S = 3600.0  # partitions ahead and retention
+# The exit code of a sink one of whose threads failed on an error it does not know how to wait out
+# (a bug, a server on the broker's port that does not speak Redis...): not 0 (the supervisor must
+# restart it) and not 2 (a configuration error found at start, which a restart would not fix).
+EXIT_THREAD_FAILED = 1
+_MAX_ERROR_TEXT = 200
 
 
 def redact_dsn(dsn: str) -> str:
@@ -72,6 +79,14 @@ class Batch:
     entries: list[StreamEntry]
     parsed: Parsed
     refs: list[EntryRef]
+
+
+@dataclass(frozen=True)
+class ThreadFailure:
+    """Why the sink stopped on its own: the thread and its error, as one line safe to log."""
+
+    thread: str
+    error: str
 
 
 @dataclass(frozen=True)
@@ -119,10 +134,13 @@ class Sink:
         self._last_sweep = 0.0
         self._last_maintenance = 0.0
         self._last_ping = 0.0
+        self.failure: ThreadFailure | None = None  # set once, by the first thread that fails
 
     # ------------------------------------------------------------------ state
     def is_ready(self) -> Readiness:
         """Ready, or not with the reason /readyz shows (services/streams/readiness.py)."""
+        if self.failure is not None:
+            return not_ready(f"the {self.failure.thread} thread failed: {self.failure.error}")
         if self.stopping.is_set():
             return not_ready("stopping")
         if not self._db_ok:
@@ -172,14 +190,37 @@ class Sink:
 
     # ------------------------------------------------------------------ writer (this thread)
     def run(self) -> None:
-        reader = threading.Thread(target=self._reader, name="postgres-sink-reader", daemon=True)
+        """Until stopped, or until either thread fails on an error it does not retry (`failure`
+        says which and why; the command then exits EXIT_THREAD_FAILED). Either way both stop:
+        a reader that died would otherwise leave a writer idling, and the process up, forever."""
+        reader = threading.Thread(target=self._guarded, args=("reader", self._reader), name="postgres-sink-reader",
+                                  daemon=True)
         reader.start()
         try:
-            self._writer()
+            self._guarded("writer", self._writer)
         finally:
             self.stopping.set()
             reader.join(timeout=30)
             self._set(db=False, broker=False)
+
+    def _guarded(self, thread: str, body: Callable[[], None]) -> None:
+        try:
+            body()
+        except Exception as exc:  # anything the loops do not retry: end the process, say why in one line
+            self._fail(thread, exc)
+
+    def _fail(self, thread: str, exc: Exception) -> None:
+        error = _one_line(exc)
+        if self.failure is None:
+            self.failure = ThreadFailure(thread, error)
+        self.stopping.set()
+        self.metrics.ready.set(0)
+        # One line at the default level; the traceback (a bug's) with --log-level DEBUG only, so the
+        # line a supervisor's log shows is this one. Messages carry no credentials: redis-py's and
+        # libpq's name the address, not the password, and the broker's are cut to the server's text.
+        log.error("export postgres stops: the %s thread failed: %s; exiting with code %d so that it is restarted",
+                  thread, error, EXIT_THREAD_FAILED)
+        log.debug("the %s thread's traceback", thread, exc_info=exc)
 
     def _writer(self) -> None:
         backoff = BACKOFF_START_S
@@ -234,6 +275,12 @@ class Sink:
                         except queue.Full:
                             continue
                 continue
+            except BrokerTLSError as exc:
+                # Mid-run (the start check let it pass, so it worked then): a certificate rotated
+                # to one we do not trust. An outage, not an exit: a restart would meet the same
+                # certificate, and waiting recovers as soon as a trusted one is back.
+                self._tls_failure(exc, backoff)
+                self.reader.reset()
             except BROKER_ERRORS as exc:
                 self._set(broker=False, why=f"broker unreachable ({type(exc).__name__})")
                 self.metrics.errors.labels("broker").inc()
@@ -250,6 +297,11 @@ class Sink:
             if self._sleep(backoff):
                 return
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _tls_failure(self, exc: BrokerTLSError, backoff: float, doing: str = "") -> None:
+        self._set(broker=False, why=str(exc))
+        self.metrics.errors.labels("broker").inc()
+        log.warning("%s%s; retrying in %.1fs", exc, doing, backoff)
 
     def _count_poison(self, poison: list[StreamEntry]) -> None:
         """Entries the reader dead-lettered `max-deliveries` (and acknowledged)."""
@@ -312,8 +364,7 @@ class Sink:
         # re-delivery meanwhile is harmless, the rows are idempotent). A refusal of the dead
         # letters' XADD (OOM at maxmemory; LOADING, READONLY, a topology change) aborts the whole
         # MULTI, so the retry writes each dead letter once; the batch stays written and held.
-        if not self.reader.ack_in_place(by_stream(entries), dead, self.stopping, self._ack_refused,
-                                        BACKOFF_START_S, BACKOFF_MAX_S):
+        if not self._ack(by_stream(entries), dead):
             return False
         self._count(parsed, result)
         self.metrics.batches.inc()
@@ -333,6 +384,19 @@ class Sink:
                 self._db_failure(exc, backoff)
             if self._sleep(backoff):
                 return None
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _ack(self, pending: dict[str, list[str]], dead: list[DeadLetter]) -> bool:
+        """`ack_in_place`, also retried in place through a TLS failure (see `_reader`)."""
+        backoff = BACKOFF_START_S
+        while True:
+            try:
+                return self.reader.ack_in_place(pending, dead, self.stopping, self._ack_refused,
+                                                BACKOFF_START_S, BACKOFF_MAX_S)
+            except BrokerTLSError as exc:
+                self._tls_failure(exc, backoff, " (while acknowledging a written batch)")
+            if self._sleep(backoff):
+                return False
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _ack_refused(self, exc: BaseException, backoff: float) -> None:
@@ -361,6 +425,21 @@ class Sink:
 def _dead_letter(reader: GroupReader, letter: RefusedEntry) -> DeadLetter:
     return reader.dead_letter(StreamEntry(letter.ref.stream, letter.ref.entry_id, {}), letter.reason, letter.detail,
                               letter.fields)
+
+
+def _one_line(exc: Exception) -> str:
+    """A failed thread's error as one bounded line: a database error as `_describe`, a broker error
+    as `describe` (never a pipeline's quoted command, which carries entry data), anything else its
+    class and the first line of its message."""
+    if isinstance(exc, psycopg.Error):
+        text = _describe(exc)
+    elif type(exc).__module__.startswith("redis"):
+        text = describe(exc)
+    else:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_ERROR_TEXT else text[:_MAX_ERROR_TEXT] + "..."
 
 
 def _describe(exc: BaseException) -> str:
