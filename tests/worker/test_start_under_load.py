@@ -32,7 +32,6 @@ from services.settings import SINGLE_NODE_SHARDS
 from services.tap.publisher import Publisher
 from tests.support.fixtures import FIXTURES
 from tests.support.heavy_lines import line_costing, runs_on_shard
-from tests.support.slow_proxy import SlowProxy
 from tests.support.pipeline import (
     dead_letters,
     ended_runs,
@@ -42,6 +41,7 @@ from tests.support.pipeline import (
     stop,
     wait_until,
 )
+from tests.support.slow_proxy import SlowProxy
 
 pytestmark = pytest.mark.e2e
 
