@@ -1,4 +1,4 @@
-"""`export otlp` started over a link to Redis that answers past FastStream's 3 s subscriber start
+"""`export otlp` started through a proxy that answers PING past FastStream's 3 s subscriber start
 (issue 20): it says so in one line, starts the subscriber again, and exports every run once.
 
 Same case as tests/worker/test_start_under_load.py for the worker: the exporter's subscribers go
@@ -25,7 +25,7 @@ from tests.support.slow_proxy import SlowProxy
 
 pytestmark = pytest.mark.e2e
 
-SLOW_LINK_S = FASTSTREAM_START_S + 0.5  # each request's round trip through the proxy while it is slow
+SLOW_LINK_S = FASTSTREAM_START_S + 0.5  # how late the proxy passes every PING on
 
 
 def _start_exporter(settings, log: Path, endpoint: str) -> subprocess.Popen:
@@ -42,13 +42,15 @@ def test_an_exporter_whose_subscriber_start_outlasts_3_s_starts_again_and_export
     publish_records(r, settings, [rec for run in runs for rec in run_records(run)])
     r.close()
     broker = urlsplit(settings.redis_url)
-    proxy = SlowProxy(broker.port or 6379, target_host=broker.hostname or "127.0.0.1")
+    # every PING answered after 3.5 s from the start: the subscriber's start waits for one (the
+    # broker's first check does too, with no limit); a delay switched on later raced the start
+    proxy = SlowProxy(broker.port or 6379, target_host=broker.hostname or "127.0.0.1", only=b"PING",
+                      delay_s=SLOW_LINK_S)
     through_proxy = settings.model_copy(update={"redis_url": broker._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()})
     log = tmp_path / "otlp.log"
     with RunningReceiver() as rx:
         exporter = _start_exporter(through_proxy, log, rx.endpoint)
         try:
-            # slow once the app starts (the broker was reached): a subscriber's PING answers after 3.5 s
             wait_until(lambda: exporter.poll() is not None or "app starting" in log.read_text(errors="replace"),
                        timeout=60)
             proxy.delay_s = SLOW_LINK_S
