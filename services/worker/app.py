@@ -29,7 +29,7 @@ from services.broker.errors import describe, is_outage
 from services.metrics import Metrics, serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
-from services.streams.groups import ensure_groups, guard_missing_group, start_through_refusals
+from services.streams.groups import ensure_groups, guard_missing_group, hold_reads_until, start_through_refusals
 from services.streams.names import unique_consumer
 from services.streams.readiness import READY, Readiness, not_ready
 from services.worker.commit import LeaseLost
@@ -119,6 +119,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
     app = FastStream(broker, logger=log)
     runtime = WorkerRuntime(settings, consumer_name())
     layout = settings.layout
+    all_started = asyncio.Event()  # no batch before every subscriber has started (hold_reads_until)
     shard_of_stream = {stream: shard for shard, stream in enumerate(layout.raw_streams())}
 
     async def parse(raw: Any) -> RedisBatchStreamMessage:
@@ -162,6 +163,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         sub(handle)
         guard_missing_group(sub, stream, settings.group, lambda: runtime.client)
         start_through_refusals(sub, stream)
+        hold_reads_until(sub, all_started)
         gate_reads(sub, functools.partial(runtime.may_read, shard_of_stream[stream]), settings.block_ms / 1000)
         runtime.subscribers.append((stream, sub))
 
@@ -211,6 +213,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
     async def _after() -> None:
         assert runtime.housekeeper is not None
         runtime.consuming = True
+        all_started.set()
         runtime.tasks.append(asyncio.create_task(runtime.housekeeper.run()))
         if runtime.leases is not None:
             runtime.tasks.append(asyncio.create_task(runtime.leases.run()))

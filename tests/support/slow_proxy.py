@@ -2,7 +2,8 @@
 
 `delay_s` holds every chunk a client sends for that long before passing it on, so each request
 and reply round trip of the protocol costs at least `delay_s` (a slow database, a congested
-link). The proxy itself never buffers beyond one chunk, never drops bytes, and closes both sides
+link). With `only` set, just the chunks that contain those bytes are held (one command of a
+protocol: b"PING" for Redis). The proxy itself never buffers beyond one chunk, never drops bytes, and closes both sides
 when either closes.
 """
 
@@ -14,9 +15,11 @@ import time
 
 
 class SlowProxy:
-    def __init__(self, target_port: int, delay_s: float = 0.0, target_host: str = "127.0.0.1") -> None:
+    def __init__(self, target_port: int, delay_s: float = 0.0, target_host: str = "127.0.0.1",
+                 only: bytes | None = None) -> None:
         self.target = (target_host, target_port)
         self.delay_s = delay_s
+        self.only = only
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.requests = 0  # client chunks forwarded (each one delayed)
@@ -45,7 +48,7 @@ class SlowProxy:
                 chunk = src.recv(65536)
                 if not chunk:
                     break
-                if delayed and self.delay_s:
+                if delayed and self.delay_s and (self.only is None or self.only in chunk):
                     self.requests += 1
                     time.sleep(self.delay_s)
                 dst.sendall(chunk)

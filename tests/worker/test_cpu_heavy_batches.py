@@ -14,15 +14,12 @@ from __future__ import annotations
 import math
 import time
 
-import orjson
 import pytest
 import redis
 
-from services.sequencer import parse_batch
-from services.settings import Settings
 from services.tap.publisher import Publisher
-from services.worker.processor import BatchProcessor
 from tests.support.fixtures import FIXTURES
+from tests.support.heavy_lines import line_costing, runs_on_shard
 from tests.support.pipeline import (
     dead_letters,
     ended_runs,
@@ -36,7 +33,6 @@ from tests.support.pipeline import (
 pytestmark = pytest.mark.e2e
 
 HEAVY_LINES = 20
-LINE_BYTES = 475_000
 PER_LINE_S = 0.9  # what the finding measured; calibrated below against this machine's speed now
 DEFAULTS = {"GOOSE_INGEST_CLAIM_IDLE_MS": "30000", "GOOSE_INGEST_SWEEP_INTERVAL_S": "5",
             "GOOSE_INGEST_BATCH_SIZE": "500", "GOOSE_INGEST_LEASE_TTL_MS": "10000",
@@ -44,58 +40,13 @@ DEFAULTS = {"GOOSE_INGEST_CLAIM_IDLE_MS": "30000", "GOOSE_INGEST_SWEEP_INTERVAL_
 INNOCENT = FIXTURES / "a-read-edit-test-finish.jsonl"  # 37 lines + eof: 38 entries
 
 
-def _heavy_line(flags: int) -> bytes:
-    """A valid goose tool request of ~LINE_BYTES whose command carries `flags` `--password` flags
-    (each one a check of the command before it: the costly part of redaction), padded with text."""
-    command = "mysql --password " * flags
-    command += "x" * max(0, LINE_BYTES - 300 - len(command))
-    return orjson.dumps({"type": "message", "message": {
-        "id": "msg_heavy", "role": "assistant", "created": 1790431339,
-        "content": [{"type": "toolRequest", "id": "toolu_heavy", "toolCall": {
-            "status": "success", "value": {"name": "shell", "arguments": {"command": command}}}}]}})
-
-
-def _cost(settings: Settings, line: bytes) -> float:
-    """Seconds one heavy line costs the worker's own batch path (normalize + redact), in this process
-    (with its eof: a tool request becomes an event, and is redacted, when its message ends)."""
-    processor = BatchProcessor(settings, client=_NoScripts())
-    fields = [{b"run": b"calibrate/0", b"seq": b"0", b"ts": b"1", b"line": line},
-              {b"run": b"calibrate/0", b"seq": b"1", b"ts": b"1", b"kind": b"eof", b"exit": b"0"}]
-    entries = parse_batch(["1-0", "2-0"], fields, settings.max_line_bytes)
-    processor.new_sequencer("calibrate/1").accept_many(entries)  # type: ignore[arg-type]  # warm-up
-    started = time.perf_counter()
-    outcome = processor.new_sequencer("calibrate/0").accept_many(entries)  # type: ignore[arg-type]
-    assert outcome.events, "the calibration line produced no event: it measures nothing"
-    return time.perf_counter() - started
-
-
-class _NoScripts:
-    def register_script(self, _: str) -> None:
-        return None
-
-
-def _line_costing(settings: Settings, seconds: float) -> tuple[bytes, float]:
-    """A heavy line near `seconds` of work here, and what it really costs (the flag count is capped
-    by the line's size, so on a fast machine a line may cost less than asked)."""
-    flags = 4_000
-    cost = _cost(settings, _heavy_line(flags))
-    flags = max(100, min(LINE_BYTES // 17, int(flags * seconds / cost)))
-    line = _heavy_line(flags)
-    return line, _cost(settings, line)
-
-
-def _runs_on_shard(settings: Settings, shard: int, prefix: str, n: int) -> list[str]:
-    names = (f"{prefix}-{i}" for i in range(10_000))
-    return [name for name in names if settings.layout.shard_of(name) == shard][:n]
-
-
 def test_a_batch_slower_than_the_lease_ttl_commits_once_and_costs_no_run_anything(settings, tmp_path):
     settings = settings.model_copy(update={"lease_ttl_ms": 10_000})
-    line, per_line_s = _line_costing(settings, PER_LINE_S)
+    line, per_line_s = line_costing(settings, PER_LINE_S)
     assert len(line) > 400_000
     # enough of them that the batch outlasts the ttl twice over, however fast this machine is today
     heavy_lines = min(400, max(HEAVY_LINES, math.ceil(2 * settings.lease_ttl_ms / 1000 / per_line_s)))
-    heavy_run, innocent_run = _runs_on_shard(settings, 0, "cpu/heavy", 1) + _runs_on_shard(settings, 0, "cpu/innocent", 1)
+    heavy_run, innocent_run = runs_on_shard(settings, 0, "cpu/heavy", 1) + runs_on_shard(settings, 0, "cpu/innocent", 1)
     with Publisher(settings, heavy_run, {"host": "cpu"}) as pub:
         for _ in range(heavy_lines):
             pub.add_line(line)

@@ -29,7 +29,7 @@ from services.export.otlp.sink import SpanSink
 from services.metrics import serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
-from services.streams.groups import guard_missing_group, start_through_refusals
+from services.streams.groups import guard_missing_group, hold_reads_until, start_through_refusals
 from services.streams.names import unique_consumer
 from services.streams.readiness import READY, Readiness, fresh, not_ready
 
@@ -109,6 +109,7 @@ def build_app(
     app = FastStream(broker, logger=log)
     runtime = ExporterRuntime(consumer_name(), ExporterHealth(settings), metrics if metrics is not None else OtlpMetrics())
     consumer, readiness, metrics = runtime.consumer, runtime.readiness, runtime.metrics
+    all_started = asyncio.Event()  # no batch before every subscriber has started (hold_reads_until)
 
     async def parse(raw: Any) -> RedisBatchStreamMessage:
         # Topic entries are plain fields, not FastStream envelopes: hand them over untouched. The
@@ -145,7 +146,8 @@ def build_app(
         )
         sub(handle)
         guard_missing_group(sub, stream, settings.otlp_group, lambda: runtime.client)
-        start_through_refusals(sub, stream)  # Redis full at start: wait, not a traceback exit
+        start_through_refusals(sub, stream)  # Redis full at start, or a start over 3 s: again, not a traceback exit
+        hold_reads_until(sub, all_started)
 
     @app.on_startup
     async def _startup() -> None:
@@ -160,6 +162,7 @@ def build_app(
     async def _after() -> None:
         assert runtime.exporter is not None
         readiness.subscribers_running = True
+        all_started.set()
         runtime.task = asyncio.create_task(housekeeping(runtime.exporter, readiness, settings))
 
     @app.on_shutdown
