@@ -3,10 +3,9 @@
 One thread, a synchronous Redis client and a plain loop, like the PostgreSQL sink (a batch is a
 segment of up to ARCHIVE_SEGMENT_MAX_ENTRIES entries, not FastStream's one message per call). The
 group reading (positions, own pending entries first, trimmed entries, the one-MULTI
-acknowledgement, group creation) is the consumer skeleton's `GroupReader`
+acknowledgement, group creation, the sweep) is the consumer skeleton's `GroupReader`
 (services/streams/reader.py); this module keeps the segments (cut, write, ack) and the store. It
-uses no sweep and no dead letters: one reader with a fixed name finds its predecessor's pending
-entries itself, and an entry is archived whatever it holds.
+writes no dead letters: an entry is archived whatever it holds (see `_sweep` for poison).
 
 Per stream it reads (every raw shard, every control stream, every partition of the events and runs
 topics), in stream-id order, with its own consumer group (ARCHIVE_GROUP, created at id 0):
@@ -24,7 +23,11 @@ topics), in stream-id order, with its own consumer group (ARCHIVE_GROUP, created
 4. While the store fails, the segment is retried with backoff (the same bytes) and nothing is
    acknowledged or read further on that stream: Redis keeps the entries (the workers' raw trim waits
    for this group's position, services/worker/housekeeping.py), readiness says why.
-5. Memory: raw and control entries of an open segment become compressed row groups every
+5. Every SWEEP_INTERVAL_S, the entries another consumer name left pending (it died: a killed
+   `archive --consumer X`, then an archive under another name) are taken over once ALL of them
+   are idle for CLAIM_IDLE_MS, and read again together with this consumer's own open segment
+   (`_sweep` says why that neither duplicates nor loses an entry).
+6. Memory: raw and control entries of an open segment become compressed row groups every
    ROW_GROUP_ENTRIES or when ARCHIVE_BUFFER_MAX_BYTES is exceeded (the segment stays open); the
    event lake, split by date and type only at the cut, is cut early instead.
 
@@ -51,7 +54,7 @@ from services.broker.errors import describe
 from services.metrics.server import NotReady
 from services.settings import Settings
 from services.streams.groups import is_nogroup
-from services.streams.reader import BROKER_ERRORS, GroupReader
+from services.streams.reader import BROKER_ERRORS, GroupReader, by_stream
 
 log = logging.getLogger("goose_ingest.archive")
 
@@ -123,8 +126,11 @@ class Archiver:
         self.shards = sources(settings)
         self.all = [src for group in self.shards for src in group]
         # Its own pending entries first, then new ones; acknowledgements in one MULTI (step 3).
+        self.by_stream = {src.stream: src for src in self.all}
         self.reader = GroupReader(client, [[src.stream for src in group] for group in self.shards], self.group,
-                                  consumer, logger=log)
+                                  consumer, max_deliveries=settings.max_deliveries,
+                                  claim_idle_ms=settings.claim_idle_ms, logger=log)
+        self._last_sweep = 0.0
         self.stopping = threading.Event()
         self._broker_why: str | None = "connecting to the broker"
         self._store_why: str | None = None
@@ -215,7 +221,7 @@ class Archiver:
 
     def step(self) -> bool:
         """One round over every shard: write what is cut, read more. True if anything happened."""
-        busy = False
+        busy = self._sweep()
         for group in self.shards:
             for src in group:
                 if not src.sealed and src.entries and self._due(src):
@@ -228,6 +234,61 @@ class Archiver:
                 busy |= self._read(group, readable)
             self._bound_memory()
         return busy
+
+    def _sweep(self) -> bool:
+        """Every SWEEP_INTERVAL_S: take over what a dead consumer of the group left pending, so it is
+        archived and stops holding back the raw trim. True if anything was taken.
+
+        How (per stream): the sweep claims ALL the pending entries of ONE other consumer, once every
+        one of them is idle for CLAIM_IDLE_MS (`GroupReader.sweep(whole_consumer=True)`), and only on
+        a stream whose own segment is open (never written: not sealed) and whose own pending entries
+        have all been read. Then that open segment is dropped and this consumer's pending entries of
+        the stream (the claimed ones and its own open ones) are read again from id 0, in id order,
+        as ONE segment whatever the cut settings: exactly what a restart does with its own entries.
+
+        Why no entry is lost or archived twice. The dead consumer D kept the archive's rules: its
+        pending entries on the stream are its last segment S (maybe written, not acknowledged: the
+        object is written whole before the one-MULTI ack) and what it read after S, so the only
+        object of D's that may exist unacknowledged is named after the OLDEST of them, n. All of
+        them are claimed at once, so the rewrite holds every entry of S and starts at n (D read
+        them before it died, through the group's single position, so they are older than the
+        entries this consumer read after starting): the same name, and the new object replaces
+        D's (a superset), as a restart's rewrite does. This consumer's own entries in it were never
+        written (the segment was open), so no object of theirs is left behind under another name.
+        One consumer at a time, each rewritten (written and acknowledged: its stream only becomes
+        sweepable again once the segment is no longer sealed) before the next is claimed: two dead
+        consumers' entries in one segment would leave the second one's object behind (a duplicate).
+        Nothing is acknowledged before its object exists (no gap). A part of D's entries is never
+        claimed (they would start a segment inside S's range: a duplicate, and ranges that overlap).
+        What this does not cover: two archives running at once (not a dead consumer: replicas = 1,
+        docs/archive.md "Replicas").
+
+        Poison: the archive has no dead-letter stream, and no entry is poison for it (any entry is
+        stored byte-exact; what the event lake cannot hold is counted, its raw source archived).
+        The reader hands back the entries delivered more than MAX_DELIVERIES times (only restarts
+        and take-overs deliver an entry to the archive again); they are claimed and archived with
+        the rest of their consumer's entries, with one warning line: leaving them would leave a
+        gap in the log of record and hold back the raw trim for good."""
+        now = time.monotonic()
+        if now - self._last_sweep < self.settings.sweep_interval_s:
+            return False
+        self._last_sweep = now
+        open_ = [src.stream for src in self.all if self._new(src) and not src.sealed]
+        if not open_:
+            return False
+        swept = self.reader.sweep(self.settings.batch_size, streams=open_, whole_consumer=True)
+        taken = by_stream(swept.claimed)
+        for stream, ids in by_stream(swept.poison).items():
+            log.warning("%d entries of %s were delivered more than %d times (to archives that died): archiving them",
+                        len(ids), stream, self.settings.max_deliveries)
+            taken.setdefault(stream, []).extend(e.entry_id for e in self.reader.claim(stream, ids))
+        for stream, ids in taken.items():
+            if not ids:
+                continue
+            log.info("took over %d entries of %s left pending by a dead consumer: rewriting from them", len(ids), stream)
+            self.by_stream[stream].reset()  # open, never written (see above): read again below
+            self.reader.reread_own(stream)
+        return any(taken.values())
 
     def _bound_memory(self) -> None:
         """Past ARCHIVE_BUFFER_MAX_BYTES held in open segments, cut the largest now: the archive's
