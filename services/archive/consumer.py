@@ -25,8 +25,9 @@ topics), in stream-id order, with its own consumer group (ARCHIVE_GROUP, created
    for this group's position, services/worker/housekeeping.py), readiness says why.
 5. Every SWEEP_INTERVAL_S, the entries another consumer name left pending (it died: a killed
    `archive --consumer X`, then an archive under another name) are taken over once ALL of them
-   are idle for CLAIM_IDLE_MS, and read again together with this consumer's own open segment
-   (`_sweep` says why that neither duplicates nor loses an entry).
+   are idle for CLAIM_IDLE_MS: this consumer's open segment is cut first, then they are claimed
+   and written as one segment of their own (`_sweep` says why that neither duplicates nor loses
+   an entry).
 6. Memory: raw and control entries of an open segment become compressed row groups every
    ROW_GROUP_ENTRIES or when ARCHIVE_BUFFER_MAX_BYTES is exceeded (the segment stays open); the
    event lake, split by date and type only at the cut, is cut early instead.
@@ -89,9 +90,13 @@ class Source:
     writer: sg.RawSegmentWriter | None = None
     objects: list[tuple[str, bytes]] | None = None
     rejected: int = 0
+    # A dead consumer's entries wait to be taken over here: its own segment was cut for them and
+    # nothing more is read until they are (Archiver._sweep).
+    takeover: bool = False
 
     def reset(self) -> None:
         self.entries = []
+        self.takeover = False
         self.size = self.total = self.sealed = self.encoded = self.rejected = 0
         self.writer = None
         self.objects = None
@@ -229,7 +234,7 @@ class Archiver:
                 if src.sealed:
                     self.write(src)
                     busy = True
-            readable = [src.stream for src in group if not src.sealed]
+            readable = [src.stream for src in group if not src.sealed and not src.takeover]
             if readable:
                 busy |= self._read(group, readable)
             self._bound_memory()
@@ -237,31 +242,32 @@ class Archiver:
 
     def _sweep(self) -> bool:
         """Every SWEEP_INTERVAL_S: take over what a dead consumer of the group left pending, so it is
-        archived and stops holding back the raw trim. True if anything was taken.
+        archived and stops holding back the raw trim. True if anything changed.
 
-        How (per stream): the sweep claims ALL the pending entries of ONE other consumer, once every
-        one of them is idle for CLAIM_IDLE_MS (`GroupReader.sweep(whole_consumer=True)`), and only on
-        a stream whose own segment is open (never written: not sealed) and whose own pending entries
-        have all been read. Then that open segment is dropped and this consumer's pending entries of
-        the stream (the claimed ones and its own open ones) are read again from id 0, in id order,
-        as ONE segment whatever the cut settings: exactly what a restart does with its own entries.
+        How (per stream, only one whose own pending entries were all read and whose segment is not
+        sealed): when ONE other consumer's pending entries are ALL idle for CLAIM_IDLE_MS
+        (`GroupReader.dead_consumer_entries`), (1) this consumer's open segment is cut now (written
+        and acknowledged like any, a shorter segment) and nothing more is read on the stream; (2) at
+        the next sweep, its own segment being empty, the sweep claims ALL those entries
+        (`GroupReader.sweep(whole_consumer=True)`) and they are read again from id 0 as ONE segment
+        whatever the cut settings, as a restart reads its own; then reading goes on.
 
         Why no entry is lost or archived twice. The dead consumer D kept the archive's rules: its
         pending entries on the stream are its last segment S (maybe written, not acknowledged: the
         object is written whole before the one-MULTI ack) and what it read after S, so the only
-        object of D's that may exist unacknowledged is named after the OLDEST of them, n. All of
-        them are claimed at once, so the rewrite holds every entry of S and starts at n (D read
-        them before it died, through the group's single position, so they are older than the
-        entries this consumer read after starting): the same name, and the new object replaces
-        D's (a superset), as a restart's rewrite does. This consumer's own entries in it were never
-        written (the segment was open), so no object of theirs is left behind under another name.
-        One consumer at a time, each rewritten (written and acknowledged: its stream only becomes
-        sweepable again once the segment is no longer sealed) before the next is claimed: two dead
-        consumers' entries in one segment would leave the second one's object behind (a duplicate).
-        Nothing is acknowledged before its object exists (no gap). A part of D's entries is never
-        claimed (they would start a segment inside S's range: a duplicate, and ranges that overlap).
-        What this does not cover: two archives running at once (not a dead consumer: replicas = 1,
-        docs/archive.md "Replicas").
+        object of D's that may exist unacknowledged is named after the OLDEST of them, n. The
+        rewrite holds exactly D's entries (all of them: never a part, whatever was read recently or
+        the count) and starts at n: the same name, so it replaces D's object, as a restart's
+        rewrite does. Nothing of this consumer's own is in it (its segment was acknowledged before
+        the claim), so no object of its own is left behind under another name, even when the
+        broker fails in between (a reset re-reads either its own written segment alone, or D's
+        entries alone). One consumer per stream at a time, each rewritten before the next is
+        claimed (the stream is swept only once that segment is no longer sealed): two consumers'
+        entries in one segment would leave the second one's object behind. Nothing is acknowledged
+        before its object exists (no gap). Each segment holds one consumer's entries, so segments
+        of a stream never overlap in id range (a reader of a time window relies on it:
+        services/archive/reader.py select_segments). Not covered: two archives running at once
+        (neither is dead: replicas = 1, docs/archive.md "Replicas").
 
         Poison: the archive has no dead-letter stream, and no entry is poison for it (any entry is
         stored byte-exact; what the event lake cannot hold is counted, its raw source archived).
@@ -273,22 +279,33 @@ class Archiver:
         if now - self._last_sweep < self.settings.sweep_interval_s:
             return False
         self._last_sweep = now
-        open_ = [src.stream for src in self.all if self._new(src) and not src.sealed]
-        if not open_:
-            return False
-        swept = self.reader.sweep(self.settings.batch_size, streams=open_, whole_consumer=True)
+        ready: list[str] = []
+        changed = False
+        for src in self.all:
+            if not self._new(src) or src.sealed:
+                continue
+            if not self.reader.dead_consumer_entries(src.stream):
+                src.takeover = False  # none (any more): read on
+            elif src.entries:
+                src.sealed = len(src.entries)  # (1): own segment first, written in this step
+                src.takeover = changed = True
+            else:
+                ready.append(src.stream)
+        if not ready:
+            return changed
+        swept = self.reader.sweep(self.settings.batch_size, streams=ready, whole_consumer=True)
         taken = by_stream(swept.claimed)
         for stream, ids in by_stream(swept.poison).items():
             log.warning("%d entries of %s were delivered more than %d times (to archives that died): archiving them",
                         len(ids), stream, self.settings.max_deliveries)
             taken.setdefault(stream, []).extend(e.entry_id for e in self.reader.claim(stream, ids))
-        for stream, ids in taken.items():
-            if not ids:
-                continue
-            log.info("took over %d entries of %s left pending by a dead consumer: rewriting from them", len(ids), stream)
-            self.by_stream[stream].reset()  # open, never written (see above): read again below
-            self.reader.reread_own(stream)
-        return any(taken.values())
+        for stream in ready:
+            self.by_stream[stream].takeover = False
+            if taken.get(stream):
+                log.info("took over %d entries of %s left pending by a dead consumer", len(taken[stream]), stream)
+                self.reader.reread_own(stream)  # (2): they alone, from id 0, as one segment
+                changed = True
+        return changed
 
     def _bound_memory(self) -> None:
         """Past ARCHIVE_BUFFER_MAX_BYTES held in open segments, cut the largest now: the archive's

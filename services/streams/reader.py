@@ -226,7 +226,7 @@ class GroupReader:
         for stream in self.streams:
             if streams is None or stream in streams:
                 if whole_consumer:
-                    rows = self._one_dead_consumer(stream)
+                    rows = self.dead_consumer_entries(stream)
                 else:
                     rows = pending_entries(self.client.xpending_range(stream, self.group, min="-", max="+", count=count,
                                                                       idle=self.claim_idle_ms))
@@ -249,7 +249,7 @@ class GroupReader:
         self._hold(took)
         return took
 
-    def _one_dead_consumer(self, stream: str) -> list[PendingEntry]:
+    def dead_consumer_entries(self, stream: str) -> list[PendingEntry]:
         """The pending entries of the other consumer whose entries are ALL idle for CLAIM_IDLE_MS
         and whose oldest entry is the oldest of such consumers; [] if none. A consumer with one
         entry read more recently is left alone this sweep (alive, or not dead long enough)."""

@@ -620,3 +620,61 @@ def test_memory_budget_cuts_the_largest_lake_segment_early(settings, tmp_path: P
     archiver.flush_on_stop()
     ids = Objects(root=tmp_path / "archive").event_ids()
     assert sorted(ids, key=lambda e: int(e.split(":")[1])) == [f"r:{i}" for i in range(600)]
+
+
+def test_two_dead_consumers_each_rewritten_under_its_own_objects_name_poison_archived(settings, tmp_path: Path, caplog):
+    """Two archives died one after the other under their own names, each after writing the object
+    of its segment and before acknowledging it; the first one's entries were delivered more than
+    MAX_DELIVERIES times (poison, for a consumer with a dead-letter stream). The successor, with
+    entries of its own open, takes them over one consumer at a time, each as a segment of its own
+    under the dead consumer's object's name: every entry archived exactly once (the poison too,
+    with a warning), no two segments of the stream overlapping in id range, nothing left pending."""
+    from types import SimpleNamespace
+
+    from services.archive.consumer import Archiver
+    from services.archive.metrics import ArchiveMetrics
+    from services.archive.store import open_store
+    from services.broker.connect import sync_client
+
+    root = tmp_path / "archive"
+    settings = settings.model_copy(update={"archive_url": f"file://{root}", "claim_idle_ms": 200,
+                                           "sweep_interval_s": 0.1, "archive_segment_max_age_s": 3600})
+    client = sync_client(settings)
+    store = open_store(settings)
+    assert store is not None
+    group, raw0 = settings.archive_group, settings.layout.raw_stream(0)
+    archiver = Archiver(settings, client, store, ArchiveMetrics())  # type: ignore[arg-type]
+    archiver.ensure_groups()
+    dead_objects = []
+    for name in ("dead-1", "dead-2"):
+        for i in range(10):
+            client.xadd(raw0, {"run": name, "seq": str(i), "line": b"\xff" + name.encode()})
+        [[_, read]] = client.xreadgroup(group, name, {raw0: ">"}, count=10)
+        entries = [sg.ArchivedEntry(0, "raw", i.decode(), f) for i, f in read]
+        writer = sg.RawSegmentWriter()
+        writer.add(entries)
+        dead_objects.append(sg.raw_segment_key("raw", 0, entries[0].id))
+        store.put(dead_objects[-1], writer.finish())  # written, never acknowledged: then it died
+        if name == "dead-1":
+            for _ in range(settings.max_deliveries + 1):
+                client.xclaim(raw0, group, name, 0, [e.id for e in entries])
+    for i in range(5):
+        client.xadd(raw0, {"run": "own", "seq": str(i), "line": b"own"})
+    b = SimpleNamespace(settings=settings)
+    deadline = time.monotonic() + 60
+    while set(pending_by_consumer(client, b, group)) - {"archive"} and time.monotonic() < deadline:  # type: ignore[arg-type]
+        for i in range(2):  # own entries keep arriving: its segment is open when a takeover starts
+            client.xadd(raw0, {"run": "own", "seq": f"late-{time.monotonic()}-{i}", "line": b"own"})
+        archiver.step()
+        time.sleep(0.05)
+    for _ in range(5):  # read what is left (the age cut is an hour: the open segments stay open)
+        archiver.step()
+    archiver.flush_on_stop()  # as on SIGTERM: the open segments, whole
+    assert pending_by_consumer(client, b, group) == {}  # type: ignore[arg-type]
+    objects = Objects(root=root)
+    assert set(dead_objects) <= set(objects.keys("raw"))  # rewritten under the same names
+    assert_exactly_once(objects, client, b, events=0, records=0)  # type: ignore[arg-type]
+    ranges = sorted((sg.id_parts(es[0].id), sg.id_parts(es[-1].id))
+                    for es in (sg.decode_raw_segment(objects.get(k)) for k in objects.keys("raw") if "shard=000/raw-" in k))
+    assert all(a[1] < b_[0] for a, b_ in zip(ranges, ranges[1:])), ranges  # no two segments overlap
+    assert any("delivered more than" in r.getMessage() for r in caplog.records)
