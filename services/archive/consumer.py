@@ -3,10 +3,9 @@
 One thread, a synchronous Redis client and a plain loop, like the PostgreSQL sink (a batch is a
 segment of up to ARCHIVE_SEGMENT_MAX_ENTRIES entries, not FastStream's one message per call). The
 group reading (positions, own pending entries first, trimmed entries, the one-MULTI
-acknowledgement, group creation) is the consumer skeleton's `GroupReader`
+acknowledgement, group creation, the sweep) is the consumer skeleton's `GroupReader`
 (services/streams/reader.py); this module keeps the segments (cut, write, ack) and the store. It
-uses no sweep and no dead letters: one reader with a fixed name finds its predecessor's pending
-entries itself, and an entry is archived whatever it holds.
+writes no dead letters: an entry is archived whatever it holds (see `_sweep` for poison).
 
 Per stream it reads (every raw shard, every control stream, every partition of the events and runs
 topics), in stream-id order, with its own consumer group (ARCHIVE_GROUP, created at id 0):
@@ -24,7 +23,12 @@ topics), in stream-id order, with its own consumer group (ARCHIVE_GROUP, created
 4. While the store fails, the segment is retried with backoff (the same bytes) and nothing is
    acknowledged or read further on that stream: Redis keeps the entries (the workers' raw trim waits
    for this group's position, services/worker/housekeeping.py), readiness says why.
-5. Memory: raw and control entries of an open segment become compressed row groups every
+5. Every SWEEP_INTERVAL_S, the entries another consumer name left pending (it died: a killed
+   `archive --consumer X`, then an archive under another name) are taken over once ALL of them
+   are idle for CLAIM_IDLE_MS: this consumer's open segment is cut first, then they are claimed
+   and written as one segment of their own (`_sweep` says why that neither duplicates nor loses
+   an entry).
+6. Memory: raw and control entries of an open segment become compressed row groups every
    ROW_GROUP_ENTRIES or when ARCHIVE_BUFFER_MAX_BYTES is exceeded (the segment stays open); the
    event lake, split by date and type only at the cut, is cut early instead.
 
@@ -51,7 +55,7 @@ from services.broker.errors import describe
 from services.metrics.server import NotReady
 from services.settings import Settings
 from services.streams.groups import is_nogroup
-from services.streams.reader import BROKER_ERRORS, GroupReader
+from services.streams.reader import BROKER_ERRORS, GroupReader, by_stream
 
 log = logging.getLogger("goose_ingest.archive")
 
@@ -86,9 +90,13 @@ class Source:
     writer: sg.RawSegmentWriter | None = None
     objects: list[tuple[str, bytes]] | None = None
     rejected: int = 0
+    # A dead consumer's entries wait to be taken over here: its own segment was cut for them and
+    # nothing more is read until they are (Archiver._sweep).
+    takeover: bool = False
 
     def reset(self) -> None:
         self.entries = []
+        self.takeover = False
         self.size = self.total = self.sealed = self.encoded = self.rejected = 0
         self.writer = None
         self.objects = None
@@ -123,8 +131,11 @@ class Archiver:
         self.shards = sources(settings)
         self.all = [src for group in self.shards for src in group]
         # Its own pending entries first, then new ones; acknowledgements in one MULTI (step 3).
+        self.by_stream = {src.stream: src for src in self.all}
         self.reader = GroupReader(client, [[src.stream for src in group] for group in self.shards], self.group,
-                                  consumer, logger=log)
+                                  consumer, max_deliveries=settings.max_deliveries,
+                                  claim_idle_ms=settings.claim_idle_ms, logger=log)
+        self._last_sweep = 0.0
         self.stopping = threading.Event()
         self._broker_why: str | None = "connecting to the broker"
         self._store_why: str | None = None
@@ -215,7 +226,7 @@ class Archiver:
 
     def step(self) -> bool:
         """One round over every shard: write what is cut, read more. True if anything happened."""
-        busy = False
+        busy = self._sweep()
         for group in self.shards:
             for src in group:
                 if not src.sealed and src.entries and self._due(src):
@@ -223,11 +234,78 @@ class Archiver:
                 if src.sealed:
                     self.write(src)
                     busy = True
-            readable = [src.stream for src in group if not src.sealed]
+            readable = [src.stream for src in group if not src.sealed and not src.takeover]
             if readable:
                 busy |= self._read(group, readable)
             self._bound_memory()
         return busy
+
+    def _sweep(self) -> bool:
+        """Every SWEEP_INTERVAL_S: take over what a dead consumer of the group left pending, so it is
+        archived and stops holding back the raw trim. True if anything changed.
+
+        How (per stream, only one whose own pending entries were all read and whose segment is not
+        sealed): when ONE other consumer's pending entries are ALL idle for CLAIM_IDLE_MS
+        (`GroupReader.dead_consumer_entries`), (1) this consumer's open segment is cut now (written
+        and acknowledged like any, a shorter segment) and nothing more is read on the stream; (2) at
+        the next sweep, its own segment being empty, the sweep claims ALL those entries
+        (`GroupReader.sweep(whole_consumer=True)`) and they are read again from id 0 as ONE segment
+        whatever the cut settings, as a restart reads its own; then reading goes on.
+
+        Why no entry is lost or archived twice. The dead consumer D kept the archive's rules: its
+        pending entries on the stream are its last segment S (maybe written, not acknowledged: the
+        object is written whole before the one-MULTI ack) and what it read after S, so the only
+        object of D's that may exist unacknowledged is named after the OLDEST of them, n. The
+        rewrite holds exactly D's entries (all of them: never a part, whatever was read recently or
+        the count) and starts at n: the same name, so it replaces D's object, as a restart's
+        rewrite does. Nothing of this consumer's own is in it (its segment was acknowledged before
+        the claim), so no object of its own is left behind under another name, even when the
+        broker fails in between (a reset re-reads either its own written segment alone, or D's
+        entries alone). One consumer per stream at a time, each rewritten before the next is
+        claimed (the stream is swept only once that segment is no longer sealed): two consumers'
+        entries in one segment would leave the second one's object behind. Nothing is acknowledged
+        before its object exists (no gap). Each segment holds one consumer's entries, so segments
+        of a stream never overlap in id range (a reader of a time window relies on it:
+        services/archive/reader.py select_segments). Not covered: two archives running at once
+        (neither is dead: replicas = 1, docs/archive.md "Replicas").
+
+        Poison: the archive has no dead-letter stream, and no entry is poison for it (any entry is
+        stored byte-exact; what the event lake cannot hold is counted, its raw source archived).
+        The reader hands back the entries delivered more than MAX_DELIVERIES times (only restarts
+        and take-overs deliver an entry to the archive again); they are claimed and archived with
+        the rest of their consumer's entries, with one warning line: leaving them would leave a
+        gap in the log of record and hold back the raw trim for good."""
+        now = time.monotonic()
+        if now - self._last_sweep < self.settings.sweep_interval_s:
+            return False
+        self._last_sweep = now
+        ready: list[str] = []
+        changed = False
+        for src in self.all:
+            if not self._new(src) or src.sealed:
+                continue
+            if not self.reader.dead_consumer_entries(src.stream):
+                src.takeover = False  # none (any more): read on
+            elif src.entries:
+                src.sealed = len(src.entries)  # (1): own segment first, written in this step
+                src.takeover = changed = True
+            else:
+                ready.append(src.stream)
+        if not ready:
+            return changed
+        swept = self.reader.sweep(self.settings.batch_size, streams=ready, whole_consumer=True)
+        taken = by_stream(swept.claimed)
+        for stream, ids in by_stream(swept.poison).items():
+            log.warning("%d entries of %s were delivered more than %d times (to archives that died): archiving them",
+                        len(ids), stream, self.settings.max_deliveries)
+            taken.setdefault(stream, []).extend(e.entry_id for e in self.reader.claim(stream, ids))
+        for stream in ready:
+            self.by_stream[stream].takeover = False
+            if taken.get(stream):
+                log.info("took over %d entries of %s left pending by a dead consumer", len(taken[stream]), stream)
+                self.reader.reread_own(stream)  # (2): they alone, from id 0, as one segment
+                changed = True
+        return changed
 
     def _bound_memory(self) -> None:
         """Past ARCHIVE_BUFFER_MAX_BYTES held in open segments, cut the largest now: the archive's

@@ -12,7 +12,8 @@ and one MULTI per shard work there) and one group/consumer, a `GroupReader` owns
   MAX_DELIVERIES times (a stable consumer name re-reads them on every restart: an entry that
   crashes the process would stop it for good otherwise);
 - the sweep: XPENDING + `pending.plan_reclaim` + XCLAIM of the entries a dead consumer left idle for
-  CLAIM_IDLE_MS, never the entries this process holds (read and not yet acknowledged); poison
+  CLAIM_IDLE_MS (or, `whole_consumer`, all the entries of one dead consumer at once), never the
+  entries this process holds (read and not yet acknowledged); poison
   dead-lettered (or handed to the caller when the consumer has no dead-letter stream); the group's
   backlog per stream (`lag.read_backlog_sync`: unknown lag counted);
 - acknowledgement: XACK, with the dead letters (contracts/deadletters.py, into the consumer's OWN
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -133,6 +134,12 @@ class GroupReader:
                 for ids in self._held.values():
                     ids.clear()
 
+    def reread_own(self, stream: str) -> None:
+        """Read this consumer's own pending entries of `stream` again from id 0 (the caller dropped
+        what it had read of them, e.g. to read claimed entries together with its own, in id order).
+        What it holds stays held: those entries are still its own, and the sweep must not take them."""
+        self.position[stream] = PENDING_START
+
     def reading_new(self, stream: str) -> bool:
         """True once the stream's own pending entries have all been read."""
         return self.position[stream] == NEW
@@ -202,29 +209,63 @@ class GroupReader:
         return dead
 
     # ------------------------------------------------------------------ sweep
-    def sweep(self, count: int) -> SweepResult:
+    def sweep(self, count: int, streams: Collection[str] | None = None, whole_consumer: bool = False) -> SweepResult:
         """Claim what a dead consumer left idle for CLAIM_IDLE_MS (never what this process holds),
-        dead-letter poison, and measure the group's backlog on every stream."""
+        dead-letter poison, and measure the group's backlog on every stream.
+
+        `streams`: claim on these only (the backlog is measured on all). `whole_consumer`: per
+        stream, claim all the pending entries of ONE other consumer, and only once every one of
+        them is idle for CLAIM_IDLE_MS (the one whose oldest entry is oldest); never a part of a
+        consumer's entries. For a consumer whose batches must keep their boundaries (the archive:
+        a segment's object is named after its first id, services/archive/consumer.py)."""
         if not self.groups_ok:
             self.ensure_groups()
         claimed: list[StreamEntry] = []
         poison: list[StreamEntry] = []
         backlog: dict[str, GroupBacklog] = {}
         for stream in self.streams:
-            rows = self.client.xpending_range(stream, self.group, min="-", max="+", count=count,
-                                              idle=self.claim_idle_ms)
-            plan = plan_reclaim(pending_entries(rows), self.max_deliveries, self.held(stream))
-            poison += self._dead_letter_poison(stream, plan.poison)
-            if plan.claim:
-                reply = self.client.xclaim(stream, self.group, self.consumer, self.claim_idle_ms,
-                                           [row.entry_id for row in plan.claim])
-                took = [StreamEntry(stream, _s(entry_id), fields) for entry_id, fields in reply or [] if fields]
-                self._hold(took)
-                claimed += took
+            if streams is None or stream in streams:
+                if whole_consumer:
+                    rows = self.dead_consumer_entries(stream)
+                else:
+                    rows = pending_entries(self.client.xpending_range(stream, self.group, min="-", max="+", count=count,
+                                                                      idle=self.claim_idle_ms))
+                plan = plan_reclaim(rows, self.max_deliveries, self.held(stream))
+                poison += self._dead_letter_poison(stream, plan.poison)
+                claimed += self.claim(stream, [row.entry_id for row in plan.claim])
             backlog[stream] = read_backlog_sync(self.client, stream, self.group)
         if claimed:
             self.log.info("claimed %d entries left pending by another consumer", len(claimed))
         return SweepResult(claimed, poison, backlog)
+
+    def claim(self, stream: str, ids: Sequence[str]) -> list[StreamEntry]:
+        """XCLAIM `ids` (still idle for CLAIM_IDLE_MS: a consumer that came back in between keeps
+        them) for this consumer and hold them. Entries deleted from the stream meanwhile are not
+        returned (Redis drops them from the pending list)."""
+        took: list[StreamEntry] = []
+        for i in range(0, len(ids), ACK_CHUNK):
+            reply = self.client.xclaim(stream, self.group, self.consumer, self.claim_idle_ms, list(ids[i: i + ACK_CHUNK]))
+            took += [StreamEntry(stream, _s(entry_id), fields) for entry_id, fields in reply or [] if fields]
+        self._hold(took)
+        return took
+
+    def dead_consumer_entries(self, stream: str) -> list[PendingEntry]:
+        """The pending entries of the other consumer whose entries are ALL idle for CLAIM_IDLE_MS
+        and whose oldest entry is the oldest of such consumers; [] if none. A consumer with one
+        entry read more recently is left alone this sweep (alive, or not dead long enough)."""
+        summary = self.client.xpending(stream, self.group) or {}
+        best: list[PendingEntry] = []
+        for row in summary.get("consumers") or []:
+            name, total = _s(row["name"]), int(row["pending"])
+            if name == self.consumer or total <= 0:
+                continue
+            rows = pending_entries(self.client.xpending_range(stream, self.group, min="-", max="+", count=total,
+                                                              consumername=name, idle=self.claim_idle_ms))
+            if len(rows) < total:
+                continue
+            if not best or _id_key(rows[0].entry_id) < _id_key(best[0].entry_id):
+                best = rows
+        return best
 
     def _dead_letter_poison(self, stream: str, poison: list[PendingEntry]) -> list[StreamEntry]:
         """Poison with its fields; dead-lettered and acked in one MULTI when the consumer has a
@@ -311,6 +352,11 @@ class GroupReader:
             after = self.client.xrange(stream, min="(" + backlog.last_delivered, count=1)
             return _s(after[0][0]) if after else None
         return None
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def by_stream(entries: Iterable[tuple[str, str] | StreamEntry]) -> dict[str, list[str]]:

@@ -10,6 +10,7 @@ event lake; a store that is down keeps Redis from trimming what is not archived.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,9 +23,13 @@ from pathlib import Path
 import orjson
 import pytest
 import redis
+from pydantic import SecretStr
 
 from services.archive import segments as sg
+from services.broker.connect import async_client
 from services.metrics.server import read_port_file
+from services.settings import Settings
+from services.worker.housekeeping import Housekeeper
 from tests.broker.test_acl import REPO, AclBroker, acl_broker  # noqa: F401 (fixture)
 from tests.support.pipeline import wait_until
 from tests.support.s3_proxy import S3Proxy
@@ -135,7 +140,34 @@ def archive_done(r: redis.Redis, b: AclBroker, group: str = "goose-ingest-archiv
     return True
 
 
-def start_archive(b: AclBroker, tmp_path: Path, url: str, log_name: str = "archive.log", **env: str) -> tuple[subprocess.Popen, Path]:
+def trim_as_worker(b: AclBroker, archive_url: str | None) -> None:
+    """One retention pass of a worker (Housekeeper.trim) under the worker's ACL user."""
+    settings: Settings = b.settings.model_copy(update={
+        "redis_username": b.user("worker"), "redis_password": SecretStr(b.passwords["worker"]),
+        "raw_retention_hours": 0.0001, "archive_url": archive_url})
+
+    async def go() -> None:
+        client = async_client(settings)
+        try:
+            await Housekeeper(settings, client, processor=None, consumer="t").trim()  # type: ignore[arg-type]
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def worker_committed_everything(b: AclBroker) -> None:
+    """The workers' group has processed every raw entry (so only the archive can hold the trim back)."""
+    r = b.root()
+    for stream in b.settings.layout.raw_streams():
+        try:
+            r.xgroup_create(stream, b.settings.group, id="$", mkstream=True)
+        except Exception:
+            r.xgroup_setid(stream, b.settings.group, "$")
+
+
+def start_archive(b: AclBroker, tmp_path: Path, url: str, log_name: str = "archive.log", args: tuple[str, ...] = (),
+                  **env: str) -> tuple[subprocess.Popen, Path]:
     port_file = tmp_path / f"{log_name}.port"
     port_file.unlink(missing_ok=True)
     full = b.env("archive", **{"GOOSE_INGEST_ARCHIVE_URL": url, "GOOSE_INGEST_METRICS_PORT": "0",
@@ -144,7 +176,7 @@ def start_archive(b: AclBroker, tmp_path: Path, url: str, log_name: str = "archi
                                **env})
     log = tmp_path / log_name
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "archive"], cwd=REPO, env=full, stdout=out,
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "archive", *args], cwd=REPO, env=full, stdout=out,
                                 stderr=subprocess.STDOUT)
     return proc, port_file
 
@@ -234,6 +266,71 @@ def test_sigkill_between_write_and_ack_leaves_no_gap_and_no_duplicate(acl_broker
     objects = Objects(s3=s3)
     assert set(written_before) <= set(objects.keys())  # rewritten under the same names
     assert_exactly_once(objects, r, b, events=140, records=28)
+
+
+def pending_by_consumer(r: redis.Redis, b: AclBroker, group: str = "goose-ingest-archive") -> dict[str, dict[str, list[bytes]]]:
+    """{consumer: {stream: [pending ids]}} of the archive's group on every stream it reads."""
+    layout = b.settings.layout
+    out: dict[str, dict[str, list[bytes]]] = {}
+    for stream in [*layout.raw_streams(), *layout.control_streams(), *layout.events_partitions(), *layout.runs_partitions()]:
+        for row in r.xpending_range(stream, group, min="-", max="+", count=100_000):
+            out.setdefault(row["consumer"].decode(), {}).setdefault(stream, []).append(row["message_id"])
+    return out
+
+
+def test_a_dead_consumer_names_pending_entries_are_taken_over_by_another_name(acl_broker: AclBroker, tmp_path: Path):  # noqa: F811
+    """Issue 20/23 (the bug: the archive never took over another consumer name's pending entries, so
+    they were never archived and held back the raw trim for good). `archive --consumer first` is
+    SIGKILLed after writing a segment's object and before acknowledging it, with more entries read
+    and pending; new entries arrive; `archive` (the default name) starts. At defaults for
+    CLAIM_IDLE_MS (30 s) and SWEEP_INTERVAL_S (5 s): everything is archived exactly once (the
+    killed segment rewritten under its own name), nothing stays pending under `first`, and the raw
+    trim then removes what `first` had left pending."""
+    b = acl_broker
+    r = b.root()
+    r.config_set("stream-node-max-entries", 1)  # exact trims: the test sees each entry go
+    root = tmp_path / "archive"
+    url = f"file://{root}"
+    defaults = {"GOOSE_INGEST_SWEEP_INTERVAL_S": "5"}  # start_archive shortens it; CLAIM_IDLE_MS is never set
+    publish(r, b, 100)
+    first, _ = start_archive(b, tmp_path, url, "first.log", ("--consumer", "first"),
+                             GOOSE_INGEST_TEST_ARCHIVE_HOLD_BEFORE_ACK_S="60", **defaults)
+    try:
+        wait_until(lambda: "holding" in (tmp_path / "first.log").read_text(), timeout=90)
+        written_before = Objects(root=root).keys("raw")
+        assert written_before
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    left = pending_by_consumer(r, b).get("first", {})
+    raw_left = {s: ids for s, ids in left.items() if s in b.settings.layout.raw_streams()}
+    assert raw_left, left  # the written segment, at least, is pending under the dead name
+    worker_committed_everything(b)
+    time.sleep(0.5)  # past the 0.36 s retention of trim_as_worker
+    trim_as_worker(b, url)
+    assert all(r.xrange(s, min=ids[0], max=ids[0]) for s, ids in raw_left.items())  # held back: not archived
+    publish(r, b, 40, tag="b")
+    second, _ = start_archive(b, tmp_path, url, "second.log", **defaults)
+    try:
+        wait_until(lambda: archive_done(r, b), timeout=120)
+        assert pending_by_consumer(r, b) == {}
+        objects = Objects(root=root)
+        assert set(written_before) <= set(objects.keys("raw"))  # rewritten under the same names
+        assert_exactly_once(objects, r, b, events=140, records=28)
+        assert "took over" in (tmp_path / "second.log").read_text()
+        # the trim proceeds: the archive's position moves past `first`'s entries (the frontier is in
+        # whole milliseconds, so a later round moves it past the last one archived)
+        time.sleep(0.01)
+        publish(r, b, 2, tag="c")
+        wait_until(lambda: archive_done(r, b), timeout=60)
+    finally:
+        assert stop(second) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    worker_committed_everything(b)
+    time.sleep(0.5)
+    trim_as_worker(b, url)
+    assert not any(r.xrange(s, min=i, max=i) for s, ids in raw_left.items() for i in ids)
 
 
 @pytest.mark.parametrize("url,extra,expect", [
@@ -523,3 +620,61 @@ def test_memory_budget_cuts_the_largest_lake_segment_early(settings, tmp_path: P
     archiver.flush_on_stop()
     ids = Objects(root=tmp_path / "archive").event_ids()
     assert sorted(ids, key=lambda e: int(e.split(":")[1])) == [f"r:{i}" for i in range(600)]
+
+
+def test_two_dead_consumers_each_rewritten_under_its_own_objects_name_poison_archived(settings, tmp_path: Path, caplog):
+    """Two archives died one after the other under their own names, each after writing the object
+    of its segment and before acknowledging it; the first one's entries were delivered more than
+    MAX_DELIVERIES times (poison, for a consumer with a dead-letter stream). The successor, with
+    entries of its own open, takes them over one consumer at a time, each as a segment of its own
+    under the dead consumer's object's name: every entry archived exactly once (the poison too,
+    with a warning), no two segments of the stream overlapping in id range, nothing left pending."""
+    from types import SimpleNamespace
+
+    from services.archive.consumer import Archiver
+    from services.archive.metrics import ArchiveMetrics
+    from services.archive.store import open_store
+    from services.broker.connect import sync_client
+
+    root = tmp_path / "archive"
+    settings = settings.model_copy(update={"archive_url": f"file://{root}", "claim_idle_ms": 200,
+                                           "sweep_interval_s": 0.1, "archive_segment_max_age_s": 3600})
+    client = sync_client(settings)
+    store = open_store(settings)
+    assert store is not None
+    group, raw0 = settings.archive_group, settings.layout.raw_stream(0)
+    archiver = Archiver(settings, client, store, ArchiveMetrics())  # type: ignore[arg-type]
+    archiver.ensure_groups()
+    dead_objects = []
+    for name in ("dead-1", "dead-2"):
+        for i in range(10):
+            client.xadd(raw0, {"run": name, "seq": str(i), "line": b"\xff" + name.encode()})
+        [[_, read]] = client.xreadgroup(group, name, {raw0: ">"}, count=10)
+        entries = [sg.ArchivedEntry(0, "raw", i.decode(), f) for i, f in read]
+        writer = sg.RawSegmentWriter()
+        writer.add(entries)
+        dead_objects.append(sg.raw_segment_key("raw", 0, entries[0].id))
+        store.put(dead_objects[-1], writer.finish())  # written, never acknowledged: then it died
+        if name == "dead-1":
+            for _ in range(settings.max_deliveries + 1):
+                client.xclaim(raw0, group, name, 0, [e.id for e in entries])
+    for i in range(5):
+        client.xadd(raw0, {"run": "own", "seq": str(i), "line": b"own"})
+    b = SimpleNamespace(settings=settings)
+    deadline = time.monotonic() + 60
+    while set(pending_by_consumer(client, b, group)) - {"archive"} and time.monotonic() < deadline:  # type: ignore[arg-type]
+        for i in range(2):  # own entries keep arriving: its segment is open when a takeover starts
+            client.xadd(raw0, {"run": "own", "seq": f"late-{time.monotonic()}-{i}", "line": b"own"})
+        archiver.step()
+        time.sleep(0.05)
+    for _ in range(5):  # read what is left (the age cut is an hour: the open segments stay open)
+        archiver.step()
+    archiver.flush_on_stop()  # as on SIGTERM: the open segments, whole
+    assert pending_by_consumer(client, b, group) == {}  # type: ignore[arg-type]
+    objects = Objects(root=root)
+    assert set(dead_objects) <= set(objects.keys("raw"))  # rewritten under the same names
+    assert_exactly_once(objects, client, b, events=0, records=0)  # type: ignore[arg-type]
+    ranges = sorted((sg.id_parts(es[0].id), sg.id_parts(es[-1].id))
+                    for es in (sg.decode_raw_segment(objects.get(k)) for k in objects.keys("raw") if "shard=000/raw-" in k))
+    assert len(ranges) >= 3 and all(a[1] < b_[0] for a, b_ in zip(ranges, ranges[1:], strict=False)), ranges  # no overlap
+    assert any("delivered more than" in r.getMessage() for r in caplog.records)

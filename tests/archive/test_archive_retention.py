@@ -9,46 +9,16 @@ longer than several sweep intervals and store timeouts.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
-from pydantic import SecretStr
-
-from services.broker.connect import async_client
-from services.settings import Settings
-from services.worker.housekeeping import Housekeeper
 from tests.archive.test_archive import Objects, archive_done, expected_raw, http, publish, start_archive, stop
+from tests.archive.test_archive import trim_as_worker as _trim
+from tests.archive.test_archive import worker_committed_everything as _worker_committed_everything
 from tests.broker.test_acl import AclBroker, acl_broker  # noqa: F401 (fixture)
 from tests.support.pipeline import wait_until
 from tests.support.s3_server import TEST_BUCKET as BUCKET
 from tests.support.s3_server import S3Server
-
-
-def _trim(b: AclBroker, archive_url: str | None) -> None:
-    """One retention pass of a worker (Housekeeper.trim) under the worker's ACL user."""
-    settings: Settings = b.settings.model_copy(update={
-        "redis_username": b.user("worker"), "redis_password": SecretStr(b.passwords["worker"]),
-        "raw_retention_hours": 0.0001, "archive_url": archive_url})
-
-    async def go() -> None:
-        client = async_client(settings)
-        try:
-            await Housekeeper(settings, client, processor=None, consumer="t").trim()  # type: ignore[arg-type]
-        finally:
-            await client.aclose()
-
-    asyncio.run(go())
-
-
-def _worker_committed_everything(b: AclBroker) -> None:
-    """The workers' group has processed every raw entry (so only the archive can hold the trim back)."""
-    r = b.root()
-    for stream in b.settings.layout.raw_streams():
-        try:
-            r.xgroup_create(stream, b.settings.group, id="$", mkstream=True)
-        except Exception:
-            r.xgroup_setid(stream, b.settings.group, "$")
 
 
 def _ids(r, streams: list[str]) -> set[tuple[str, bytes]]:

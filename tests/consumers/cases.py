@@ -19,6 +19,7 @@ from tests.consumers.harness import (
     REDIS_FULL_S,
     TARGET_OUTAGE_S,
     Account,
+    ArchiveConsumer,
     Consumer,
     ExporterConsumer,
     PostgresConsumer,
@@ -182,8 +183,11 @@ def _mid_batch(c: Consumer, w: World, t: Target, runs: set[str]) -> bool:
 
 def dead_consumer(c: Consumer, tmp: Path) -> Outcome:
     """A consumer SIGKILLed with entries pending; another consumer (another name) reclaims them
-    after CLAIM_IDLE_MS (30 s at defaults)."""
-    names = (("--consumer", "contract-first"), ("--consumer", "contract-second")) if isinstance(c, PostgresConsumer) else ((), ())
+    after CLAIM_IDLE_MS (30 s at defaults). The PostgreSQL sink and the archive keep a stable name
+    by default (a restart re-reads its own entries at once): they are given two names here, so the
+    successor must take the entries over (the worker and the OTLP exporter are unique per process)."""
+    names = ((("--consumer", "contract-first"), ("--consumer", "contract-second"))
+             if isinstance(c, (PostgresConsumer, ArchiveConsumer)) else ((), ()))
     return _kill_and_restart(c, tmp, "b", _has_pending, names[1], names[0])
 
 

@@ -86,8 +86,8 @@ class ConsumerContract:
         _ran_through(out)
 
     def test_dead_consumer(self, contract_outcomes):
-        """b) A consumer SIGKILLed with entries pending; another process (the PostgreSQL sink: another
-        consumer name) reclaims them after CLAIM_IDLE_MS at defaults."""
+        """b) A consumer SIGKILLed with entries pending; another process (the PostgreSQL sink and the
+        archive: another consumer name) reclaims them after CLAIM_IDLE_MS at defaults."""
         out = self.outcome(contract_outcomes, "dead_consumer")
         assert out.facts["caught"] and out.facts["pending_at_kill"] > 0, f"no pending entry at the kill: {out.facts}"
         _lost_doubled(out)

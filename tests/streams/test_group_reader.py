@@ -112,6 +112,50 @@ def test_the_sweep_claims_a_dead_consumers_idle_entries_and_never_its_own(settin
     assert _pending(r, s0) == {} and live.held(s0) == set()
 
 
+def test_whole_consumer_sweep_claims_all_of_one_dead_consumer_or_nothing(settings):
+    """`whole_consumer` (the archive's sweep): a consumer with one entry read within CLAIM_IDLE_MS
+    keeps all of them; of two dead consumers, only the one whose oldest entry is oldest is claimed
+    per sweep, all its entries at once; `streams` limits where it claims."""
+    r = _client(settings)
+    [s0], [s1] = _streams(settings)
+    live = _reader(settings, r, "live", dead=False)
+    live.ensure_groups()
+    older = _add(r, s0, 3)
+    r.xreadgroup(GROUP, "older", {s0: ">"}, count=3)
+    newer = _add(r, s0, 2)
+    r.xreadgroup(GROUP, "newer", {s0: ">"}, count=2)
+    time.sleep(IDLE_MS / 1000 * 2)
+    r.xclaim(s0, GROUP, "older", 0, [older[2]])  # one entry of `older` just delivered again: not all idle
+    assert live.sweep(count=100, streams=[s1], whole_consumer=True).claimed == []  # not on s0
+    swept = live.sweep(count=1, whole_consumer=True)
+    # `older` is not all idle; `newer` is: all of its entries, whatever the count
+    assert [e.entry_id for e in swept.claimed] == newer
+    assert {i: c for i, (c, _) in _pending(r, s0).items()} == {**dict.fromkeys(older, "older"), **dict.fromkeys(newer, "live")}
+    time.sleep(IDLE_MS / 1000 * 2)
+    swept = live.sweep(count=1, whole_consumer=True)
+    assert [e.entry_id for e in swept.claimed] == older
+    assert {c for c, _ in _pending(r, s0).values()} == {"live"}
+    live.reread_own(s0)  # the caller dropped what it had read: its own entries again, in id order
+    assert not live.reading_new(s0)
+    assert [e.entry_id for e in live.read([s0], count=100).entries] == older + newer
+    assert live.read([s0], count=100).caught_up == [s0]
+
+
+def test_whole_consumer_sweep_picks_the_consumer_with_the_oldest_entry(settings):
+    r = _client(settings)
+    [s0], _ = _streams(settings)
+    live = _reader(settings, r, "live", dead=False)
+    live.ensure_groups()
+    first = _add(r, s0, 2)
+    r.xreadgroup(GROUP, "b-first", {s0: ">"}, count=2)
+    second = _add(r, s0, 2)
+    r.xreadgroup(GROUP, "a-second", {s0: ">"}, count=2)
+    time.sleep(IDLE_MS / 1000 * 2)
+    assert [e.entry_id for e in live.sweep(count=100, whole_consumer=True).claimed] == first
+    time.sleep(IDLE_MS / 1000 * 2)
+    assert [e.entry_id for e in live.sweep(count=100, whole_consumer=True).claimed] == second
+
+
 def test_a_poison_entry_is_dead_lettered_in_the_consumers_own_stream_with_its_ack(settings):
     r = _client(settings)
     [s0], _ = _streams(settings)
