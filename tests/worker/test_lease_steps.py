@@ -17,8 +17,8 @@ from services.settings import Settings
 from services.worker.commit import LeaseLost
 from services.worker.leases import ShardLeases
 from services.worker.processor import STEP_CHARS, BatchProcessor
+from tests.support.heavy_lines import line_costing
 from tests.worker.test_batch_processor import Harness, eof, expected, line, run_async
-from tests.worker.test_cpu_heavy_batches import _line_costing
 
 TTL_MS = 3_000
 STEP_S = 0.3  # what one heavy line costs here (calibrated): ten of them to a ttl
@@ -32,7 +32,7 @@ def slow(settings: Settings) -> Settings:
 
 def _heavy_batch(h: Harness, settings: Settings, run: str) -> tuple[int, float]:
     """Enough heavy lines on `run`'s shard that their computation lasts ~3 ttl; returns (shard, cost)."""
-    heavy, per_line_s = _line_costing(settings, STEP_S)
+    heavy, per_line_s = line_costing(settings, STEP_S)
     assert len(heavy) >= STEP_CHARS  # one line is one step
     n = max(4, int(3 * settings.lease_ttl_ms / 1000 / per_line_s) + 1)
     for seq in range(n):
