@@ -67,4 +67,11 @@ buildah bud --quiet --format docker --isolation chroot --layers \
   -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
   --build-arg VERSION="$version" --build-arg REVISION="$revision" --build-arg SOURCE="$source" \
   -f "$STATE/Dockerfile.local" -t "$IMAGE" "$ROOT" >/dev/null
+# The labels again, on the image itself: with --layers a tree whose build context did not change
+# (a commit that touched only tests or docs) reuses every cached layer, the LABEL step's included,
+# and the image would carry the revision of the build that made the cache. A metadata-only commit.
+ctr=$(buildah from --quiet "$IMAGE")
+buildah config --label org.opencontainers.image.revision="$revision" \
+  --label org.opencontainers.image.version="$version" --label org.opencontainers.image.source="$source" "$ctr"
+buildah commit --quiet --format docker --rm "$ctr" "$IMAGE" >/dev/null
 echo "$IMAGE"
