@@ -13,6 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import duckdb  # the test extra's: a missing one fails the test, never skips it
 import orjson
 import psycopg
 import pytest
@@ -23,8 +24,6 @@ from tests.export.test_export_postgres_live import start_sink
 from tests.support import postgres as pg_support
 from tests.support.archive_reading import archived_everything, publish_runs, runs_of, start_archive_process
 from tests.support.pipeline import REPO, ended_runs, start_worker, stop, wait_until
-
-duckdb = pytest.importorskip("duckdb")
 
 pytestmark = pytest.mark.e2e
 
