@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.settings import Settings
+from services.streams.lag import read_backlog_sync
 
 if TYPE_CHECKING:
     from services.archive.consumer import Archiver
@@ -40,40 +41,33 @@ class LocalArchive:
         self.archiver.stop()
         self.thread.join(timeout)
 
-    def unread(self) -> int | None:
-        """Entries of the archived streams its group has not read yet (None: not known yet, e.g. the
-        group does not exist on a stream). Read entries are in its open segments or written."""
-        total = 0
+    def backlog(self) -> tuple[int, int] | None:
+        """(unread, pending) entries of the archived streams for its group (the skeleton's one lag
+        rule, services/streams/lag.py); None while its group does not exist on every stream yet."""
+        unread = pending = 0
         for src in self.archiver.all:
-            try:
-                groups = self.archiver.client.xinfo_groups(src.stream)
-            except Exception:  # noqa: BLE001 - no stream yet, broker hiccup: not known
+            b = read_backlog_sync(self.archiver.client, src.stream, self.archiver.group)
+            if b.missing:
                 return None
-            mine = next((g for g in groups if _text(g.get("name", b"")) == self.archiver.group), None)
-            if mine is None or mine.get("lag") is None:
-                return None
-            total += int(mine["lag"])
-        return total
+            unread, pending = unread + (b.lag or 0), pending + b.pending
+        return unread, pending
 
     def finish(self, timeout: float) -> int:
         """A one-shot command's end (`demo`): wait until the archive has read everything, then stop it,
         which writes what it read (flush_on_stop). Returns how many entries stay unarchived (pending
-        or unread: they are rewritten on the next start against the same broker)."""
+        or unread: rewritten on the next start against the same broker), -1 when that is unknown."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.unread() != 0:
+        while time.monotonic() < deadline and (self._backlog_or_none() or (1, 0))[0] != 0:
             time.sleep(0.1)
         self.stop(timeout=max(1.0, deadline - time.monotonic()))
-        left = 0
-        for src in self.archiver.all:
-            try:
-                left += int(self.archiver.client.xpending(src.stream, self.archiver.group)["pending"])
-            except Exception:  # noqa: BLE001 - counted as what we could not check
-                return -1
-        return left + (self.unread() or 0)
+        left = self._backlog_or_none()
+        return -1 if left is None else sum(left)
 
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    def _backlog_or_none(self) -> tuple[int, int] | None:
+        try:
+            return self.backlog()
+        except Exception:  # noqa: BLE001 - a broker hiccup: not known (waited for, or reported as -1)
+            return None
 
 
 def archives_here(settings: Settings, embedded: bool) -> bool:
