@@ -13,8 +13,9 @@ came back full may have more of the same commit behind it, so entries near or af
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-import time
+import threading
 from typing import Any, TextIO
 
 import orjson
@@ -77,7 +78,11 @@ def _last_id(client: Any, stream: str) -> str:
     return newest[0][0].decode() if newest else "0-0"
 
 
-def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout,
+           stopping: threading.Event | None = None) -> int:
+    """Print until --count lines, the end of the topics (--no-follow), or `stopping` is set (checked
+    after every read, so at most FOLLOW_BLOCK_MS after it is set)."""
+    stopping = stopping if stopping is not None else threading.Event()
     client = sync_client(settings)
     groups = stream_groups(settings, args)
     from_start = args.from_start or args.no_follow
@@ -87,7 +92,7 @@ def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdou
     pending: list[Followed] = []
     printed = 0
     block = None if args.no_follow or len(groups) > 1 else FOLLOW_BLOCK_MS
-    while True:
+    while not stopping.is_set():
         horizon: int | None = None  # entries from this ms on may have more of their commit unread
         got = 0
         woken = False  # a blocking read returned: Redis (< 7.2) answers with the one stream that woke it
@@ -131,7 +136,8 @@ def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdou
             if args.no_follow:
                 return 0
             if block is None:
-                time.sleep(POLL_INTERVAL_S)
+                stopping.wait(POLL_INTERVAL_S)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,9 +146,23 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("no broker configured: set GOOSE_INGEST_REDIS_URL (as `goose-ingest up` prints)")
     if args.count is not None and args.count < 1:
         raise ConfigError("--count must be at least 1")
+    # SIGINT (Ctrl-C) and SIGTERM end the follow after the read in progress, exit 0. A flag, not
+    # KeyboardInterrupt thrown wherever the signal lands (inside the broker client's read, whose
+    # cleanup then runs under it); a second signal interrupts at once.
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if stopping.is_set():
+            raise KeyboardInterrupt
+        stopping.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return follow(settings, args)
+        return follow(settings, args, stopping=stopping)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # `tail | head`: the reader is gone, which is not an error
         return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

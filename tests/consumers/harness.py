@@ -447,27 +447,41 @@ class OtlpConsumer(ExporterConsumer):
         return t.rx.requests > 0
 
     def at_kill(self, w: World, t: Target, runs: set[str]) -> dict[str, Any]:
-        """The OTLP delivery window at the kill: tool spans the collector had accepted that the
-        exporter's run state did not yet count as sent ("s:<seq>"/"t:<seq>" marks, the "w" watermark,
-        or a run done). Only these may be sent again after a restart (docs/otel.md): OTLP has no
-        idempotent write, so a span accepted just before the kill cannot be known to be out."""
+        """The OTLP delivery window at the kill: what the collector had accepted that the exporter's
+        run state did not yet count as sent. Only these may be sent again after a restart
+        (docs/otel.md "Ids"): OTLP has no idempotent write, so a span accepted just before the kill
+        cannot be known to be out.
+
+        - a tool span: its event not yet seen in the state ("s:<seq>"/"t:<seq>" marks, the "w"
+          watermark, or the run done);
+        - a root: its run not yet closed ("done"), with the span events it carries (the account
+          counts a root's span events by event id, so a repeated root repeats them).
+
+        Read while the process is dead (its state cannot change), after the receiver has answered
+        whatever the killed process had already written to its socket: those spans are accepted
+        too, after the kill (a snapshot taken before would miss them)."""
+        quiet = t.rx.settle(quiet_s=2.0)
         with t.rx.lock:
-            accepted = {str(s.attributes.get(GI_EVENT_ID)) for s in t.rx.spans
-                        if not s.name.startswith(OP_INVOKE_AGENT) and GI_EVENT_ID in s.attributes}
+            spans = list(t.rx.spans)
+        tools = {str(s.attributes.get(GI_EVENT_ID)) for s in spans
+                 if not s.name.startswith(OP_INVOKE_AGENT) and GI_EVENT_ID in s.attributes}
+        roots = {str(s.attributes.get(GEN_AI_CONVERSATION_ID)): [str(a[GI_EVENT_ID]) for _, a in s.events if GI_EVENT_ID in a]
+                 for s in spans if s.name.startswith(OP_INVOKE_AGENT)}
         r = w.root()
-        noted: set[str] = set()
+        window: set[str] = set()
         for run in runs:
             state = r.hgetall(w.settings.layout.export_group_state("otlp", self.group(w.settings), run))
             if b"done" in state:
-                noted |= {e for e in accepted if e.startswith(f"{run}:")}
-                continue
+                continue  # closed: everything of it is counted as sent
+            if run in roots:
+                window |= {f"root:{run}", *roots[run]}
             mark = int(state.get(b"w") or 0)
-            for event_id in accepted:
+            for event_id in tools:
                 head, _, seq = event_id.rpartition(":")
-                if head == run and seq.isdigit() and (int(seq) < mark or f"s:{seq}".encode() in state
-                                                       or f"t:{seq}".encode() in state):
-                    noted.add(event_id)
-        return {"accepted_not_noted": sorted(accepted - noted), "accepted_at_kill": len(accepted)}
+                if head == run and seq.isdigit() and not (int(seq) < mark or f"s:{seq}".encode() in state
+                                                           or f"t:{seq}".encode() in state):
+                    window.add(event_id)
+        return {"accepted_not_noted": sorted(window), "accepted_at_kill": len(spans), "receiver_quiet": quiet}
 
     def account(self, w: World, t: Target, runs: set[str]) -> Account:
         events, records = topic_entries(w)

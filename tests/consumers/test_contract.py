@@ -166,13 +166,15 @@ class TestExportOtlp(ConsumerContract):
 
     def test_killed_mid_batch(self, contract_outcomes):
         """g) for OTLP, whose collector has no idempotent write: 0 lost, and nothing sent twice but
-        tool spans the collector accepted in the instant before the kill that the exporter had not
-        yet noted as sent (docs/otel.md "Ids": the copies carry the same trace and span ids, which
-        Phoenix and Tempo keep once). Roots and their span events never repeat, and no span that
-        the run's state counted as sent at the kill is sent again."""
+        what the collector accepted in the instant before the kill that the exporter had not yet
+        noted (docs/otel.md "Ids": the copies carry the same trace and span ids, which Phoenix and
+        Tempo keep once): tool spans whose events the run's state did not count as seen, and roots
+        (with their span events) whose run the state had not closed. Nothing the state counted as
+        sent at the kill is sent again."""
         out = self.outcome(contract_outcomes, "killed_mid_batch")
         assert out.facts["caught"], f"never caught mid-batch: {out.facts}"
         assert not out.account.lost, f"lost {len(out.account.lost)}: {out.account.lost[:10]}"
+        assert out.facts["receiver_quiet"], "the collector was still answering the killed exporter's requests"
         window = set(out.facts["accepted_not_noted"])
         outside = {k: n for k, n in out.account.doubled.items() if k not in window}
         assert not outside, f"sent twice outside the accept-to-note window: {dict(list(outside.items())[:10])}"

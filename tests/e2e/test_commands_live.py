@@ -55,6 +55,27 @@ def test_tail_prints_events_and_run_records_for_a_human(settings, tmp_path):
     assert '"type":"error"' in errors.stdout and '"goose exited with code 2"' in errors.stdout
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_tail_ends_on_a_signal_during_a_blocking_read(settings, sig):
+    """Ctrl-C (or a supervisor's SIGTERM) while `tail` waits in XREAD BLOCK: exit 0, no traceback,
+    within one read (FOLLOW_BLOCK_MS); a second signal is not needed."""
+    client = sync_client(settings)
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "tail", "--run", "sig/none"], cwd=REPO,
+                            env=cli_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # in its follow loop: a client of ours blocked in XREAD (CLIENT LIST names the command)
+        assert wait_until(lambda: any(c.get("cmd") == "xread" and "b" in c.get("flags", "")
+                                      for c in client.client_list()), timeout=60), "tail never blocked in XREAD"
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr[-2000:]
+    assert stdout == ""
+
+
 def test_tail_without_a_broker_says_how_to_get_one():
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
     out = subprocess.run([sys.executable, "-m", "services.cli", "tail"], cwd=REPO, env=env,

@@ -53,7 +53,22 @@ class Receiver:
     delay_s: float = 0.0  # a slow collector: every request takes this long
     fail_status: int | None = None  # answer every request with this status (an outage), while set
     failed: int = 0
+    busy: int = 0  # requests read and not yet answered (a sender killed mid-request still lands)
+    answered_at: float = 0.0  # time.monotonic() of the last answer
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def settle(self, quiet_s: float = 1.0, timeout: float = 30.0) -> bool:
+        """Wait until no request is being handled and none was answered for `quiet_s`: a request a
+        killed sender had written to its socket is read, decoded and kept after the kill, so what
+        the collector accepted is known only then. True once quiet (False at `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                quiet = self.busy == 0 and time.monotonic() - self.answered_at >= quiet_s
+            if quiet:
+                return True
+            time.sleep(0.05)
+        return False
 
     @property
     def endpoint(self) -> str:
@@ -88,8 +103,18 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def do_POST(self) -> None:  # noqa: N802
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         rec = self.server.receiver
+        with rec.lock:
+            rec.busy += 1
+        try:
+            self._post(rec)
+        finally:
+            with rec.lock:
+                rec.busy -= 1
+                rec.answered_at = time.monotonic()
+
+    def _post(self, rec: Receiver) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if rec.delay_s:
             time.sleep(rec.delay_s)
         try:
