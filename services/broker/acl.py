@@ -210,9 +210,15 @@ def roles(layout: KeyLayout) -> list[Role]:
         Role(
             exporter_role("postgres"),
             "`export postgres`: its consumer groups on the topics and XADD (only) to its own dead-letter "
-            "stream (its state lives in PostgreSQL)",
+            "stream (its state lives in PostgreSQL); a script writes a dead letter and acknowledges its "
+            "entry together (each command in it checked as if sent alone)",
             (*CONNECTION, *STREAM_CONSUMER, *_keys("", *k.topics),
-             _selector("+xadd", *_keys("%W", *k.export_deadletter["postgres"]))),
+             _selector("+xadd", *_keys("%W", *k.export_deadletter["postgres"])),
+             # EVALSHA names its keys (the dead-letter stream and the topics it acknowledges on): this
+             # selector lets the script be called with them; XADD and XACK inside it are checked
+             # against the selectors above, so the script can do nothing the user could not.
+             _selector("+evalsha", "+eval", "+script|load", "+script|exists",
+                       *_keys("", *k.topics, *k.export_deadletter["postgres"]))),
         ),
         Role(
             "archive",

@@ -16,8 +16,9 @@ and one MULTI per shard work there) and one group/consumer, a `GroupReader` owns
   entries this process holds (read and not yet acknowledged); poison
   dead-lettered (or handed to the caller when the consumer has no dead-letter stream); the group's
   backlog per stream (`lag.read_backlog_sync`: unknown lag counted);
-- acknowledgement: XACK, with the dead letters (contracts/deadletters.py, into the consumer's OWN
-  dead-letter stream) in the same MULTI per shard, so a dead letter exists iff its entry is acked;
+- acknowledgement: XACK in one MULTI per shard; with dead letters (contracts/deadletters.py, into the
+  consumer's OWN dead-letter stream), XADD and XACK in one script per shard (deadletter_ack.lua),
+  so a dead letter exists iff its entry is acked, even when the XADD fails;
 - the outage rule that keeps the delivery count honest: an acknowledgement the broker refused for
   its own state (`is_refusal`) is retried in place (`ack_in_place`) with the entries still held, so
   no sweep takes them back and Redis counts no delivery for it (services/streams/pending.py);
@@ -33,6 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from importlib import resources
 from typing import Any, NamedTuple
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -46,6 +48,8 @@ from services.streams.lag import GroupBacklog, read_backlog_sync
 from services.streams.pending import PendingEntry, max_deliveries_detail, pending_entries, plan_reclaim
 
 log = logging.getLogger("goose_ingest.streams")
+
+_DEADLETTER_ACK_LUA = resources.files("services.streams").joinpath("deadletter_ack.lua").read_text()
 
 NEW = ">"  # the position of a stream whose own pending entries have all been read
 PENDING_START = "0"
@@ -117,6 +121,7 @@ class GroupReader:
         # otherwise be claimed again, each claim a delivery, pushing good entries toward MAX_DELIVERIES.
         self._held: dict[str, set[str]] = {s: set() for s in self.streams}
         self._held_lock = threading.Lock()
+        self._ack_script: Any = None  # registered on first use (deadletter_ack.lua)
 
     # ------------------------------------------------------------------ state
     def ensure_groups(self) -> None:
@@ -305,10 +310,11 @@ class GroupReader:
         for letter in dead:
             by_shard.setdefault(self.shard_of[letter.source], ({}, []))[1].append(letter)
         for shard, (acks, letters) in sorted(by_shard.items()):
-            pipe = self.client.pipeline(transaction=True)
-            for letter in letters:
+            if letters:
                 assert self.deadletter_stream is not None
-                pipe.xadd(self.deadletter_stream(shard), letter.to_fields())
+                self._ack_with_letters(self.deadletter_stream(shard), acks, letters)
+                continue
+            pipe = self.client.pipeline(transaction=True)
             for stream, ids in acks.items():
                 for i in range(0, len(ids), ACK_CHUNK):
                     pipe.xack(stream, self.group, *ids[i: i + ACK_CHUNK])
@@ -317,6 +323,21 @@ class GroupReader:
         for letter in dead:
             self.log.warning("dead-lettered %s %s: %s (%s)", letter.source, letter.source_id, letter.reason,
                              letter.detail)
+
+    def _ack_with_letters(self, dead: str, acks: Mapping[str, Sequence[str]], letters: Sequence[DeadLetter]) -> None:
+        """XADD `letters` to `dead` and XACK `acks` in one script (deadletter_ack.lua): nothing is
+        acknowledged unless the dead letters are written. A MULTI is not enough: Redis runs its
+        XACKs even when its XADD fails (`dead` holding another type), and the entry would be gone
+        without its dead letter."""
+        args: list[Any] = [self.group, len(letters)]
+        for letter in letters:
+            fields = [part for pair in letter.to_fields().items() for part in pair]
+            args += [len(fields), *fields]
+        for ids in acks.values():
+            args += [len(ids), *ids]
+        if self._ack_script is None:
+            self._ack_script = self.client.register_script(_DEADLETTER_ACK_LUA)
+        self._ack_script(keys=[dead, *acks], args=args)
 
     def ack_in_place(self, pending: Mapping[str, Sequence[str]], dead: Sequence[DeadLetter],
                      stopping: threading.Event, refused: Callable[[BaseException, float], None],

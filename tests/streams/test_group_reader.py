@@ -1,6 +1,7 @@
 """The consumer skeleton's group reader (services/streams/reader.py) against a real redis-server:
 own pending entries first after a restart, the sweep (a dead consumer's idle entries claimed, this
-process's own never), poison dead-lettered into the consumer's own stream in the MULTI of its XACK,
+process's own never), poison dead-lettered into the consumer's own stream together with its XACK (one script: nothing
+acknowledged when the dead letter cannot be written),
 an acknowledgement refused at maxmemory retried in place without costing a delivery, a lost group
 recreated, entries trimmed while pending acknowledged. Default MAX_DELIVERIES (Settings) throughout;
 the claim idle time is short so that a test does not wait 30 s for what it checks."""
@@ -269,6 +270,13 @@ def test_ack_in_place_gives_up_when_stopping_and_raises_what_is_not_a_refusal(pr
     with pytest.raises(ResponseError) as exc:
         reader.ack_in_place(by_stream([entry]), [letter], threading.Event(), lambda *_: None, 0.05, 0.1)
     assert not is_refusal(exc.value)  # raised to the caller at once, not retried
+    # ... and nothing acknowledged: a MULTI would have run the XACK after its XADD failed, leaving
+    # the entry acknowledged without its dead letter
+    assert "WRONGTYPE" in str(exc.value) and _dead_stream(settings)(0) in str(exc.value)
+    assert _pending(r, s0) == {entry.entry_id: ("live", 1)}
+    r.delete(_dead_stream(settings)(0))
+    reader.ack_in_place(by_stream([entry]), [letter], threading.Event(), lambda *_: None, 0.05, 0.1)
+    assert _pending(r, s0) == {} and r.xlen(_dead_stream(settings)(0)) == 1
 
 
 def test_a_lost_group_is_recreated_at_0_after_reset(settings):
@@ -310,3 +318,30 @@ def test_what_counts_as_a_refusal():
     assert is_refusal(RedisConnectionError("gone")) and is_refusal(ResponseError("OOM command not allowed"))
     assert is_refusal(ResponseError("EXECABORT Transaction discarded")) and is_refusal(ResponseError("LOADING"))
     assert not is_refusal(ResponseError("WRONGTYPE Operation against a key")) and not is_refusal(ValueError("x"))
+
+
+def test_dead_letters_and_their_acks_on_a_cluster_stay_in_the_shards_slot(redis_cluster, cluster_settings):
+    """The export postgres layout on a real cluster: a shard's events and runs partitions and its
+    dead-letter partition share a hash slot, so the one script that writes a dead letter and
+    acknowledges its entries runs there (a cross-slot call would be refused by the cluster)."""
+    from services.broker.connect import sync_client
+
+    layout = cluster_settings.layout
+    client = sync_client(cluster_settings)
+    shards = [[e, r] for e, r in zip(layout.events_partitions(), layout.runs_partitions(), strict=True)]
+    reader = GroupReader(client, shards, GROUP, "live", max_deliveries=cluster_settings.max_deliveries,
+                         claim_idle_ms=IDLE_MS, deadletter_stream=lambda shard: layout.export_deadletter_partition("postgres", shard),
+                         exporter="postgres")
+    reader.ensure_groups()
+    for shard in (0, len(shards) - 1):
+        events, runs = shards[shard]
+        _fresh(reader, events, runs)
+        e_id = client.xadd(events, {"data": "e"}).decode()
+        r_id = client.xadd(runs, {"data": "r"}).decode()
+        got = reader.read([events, runs], count=10)
+        assert {e.entry_id for e in got.entries} == {e_id, r_id}
+        letter = reader.dead_letter(got.entries[0], "postgres-rejected", "refused by the target")
+        reader.ack(by_stream(got.entries), [letter])
+        assert client.xpending(events, GROUP)["pending"] == 0 and client.xpending(runs, GROUP)["pending"] == 0
+        [(_, fields)] = client.xrange(layout.export_deadletter_partition("postgres", shard))
+        assert DeadLetter.from_fields(fields).source_id == got.entries[0].entry_id
