@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError, ResponseError
 
 from contracts.events import EVENT_TYPES
 from contracts.raw import stream_id_ms
+from services.broker.errors import describe, is_outage
 from services.metrics import Metrics
 from services.sequencer import Entry, missing_ranges, plan_abandon
 from services.settings import Settings
@@ -31,6 +33,11 @@ from services.worker.reporting import record_result
 log = logging.getLogger("goose_ingest.worker")
 
 RETENTION_EVERY_S = 60.0
+# A takeover waiting out a broker outage (a failover takes ~2-5 s here: node timeout + election):
+# the first retry soon, then at most this far apart.
+OUTAGE_RETRY_S = 0.1
+OUTAGE_RETRY_MAX_S = 2.0
+T = TypeVar("T")
 
 
 class Housekeeper:
@@ -123,35 +130,61 @@ class Housekeeper:
     # -------------------------------------------------------------- reclaim
     async def take_over(self, shard: int) -> None:
         """Just got the shard's lease: its pending entries are ours now, however recently another
-        worker read them (that worker can no longer commit them: the commit checks the lease)."""
+        worker read them (that worker can no longer commit them: the commit checks the lease).
+
+        A broker outage at that moment (a failover: the cluster client re-reads the slot map, and
+        the first commands after a primary died fail) is waited out here, while the shard is ours,
+        for up to CLAIM_IDLE_MS: given up at once, the entries the previous owner held waited for the
+        periodic reclaim, CLAIM_IDLE_MS after they were read (issue 20 finding 11, the handover
+        case of tests/broker/test_cluster_failover_stall.py)."""
         try:
-            n = await self.reclaim(shard, min_idle_ms=0)
+            n = await self.reclaim(shard, min_idle_ms=0, outage_patience_s=self.settings.claim_idle_ms / 1000)
         except LeaseLost:
             return
         except RedisError as exc:  # the periodic reclaim takes them later
-            log.warning("taking over shard %d: broker unavailable (%s)", shard, type(exc).__name__)
+            log.warning("taking over shard %d failed (%s): its pending entries are left to the periodic reclaim",
+                        shard, describe(exc))
             return
         if n:
             log.info("took over %d pending entries of shard %d", n, shard)
 
-    async def reclaim(self, shard: int, min_idle_ms: int | None = None) -> int:
-        """Take over entries another consumer read but never committed (e.g. it was killed)."""
+    async def _through_outage(self, shard: int, call: Callable[[], Awaitable[T]], patience_s: float) -> T:
+        """`call()`, again while the broker is unavailable (`is_outage`) for at most `patience_s`
+        and while the shard is still ours; then the error. Only for commands that claim or read
+        (XAUTOCLAIM, XPENDING): a refused one took nothing."""
+        deadline = time.monotonic() + patience_s
+        delay = OUTAGE_RETRY_S
+        while True:
+            try:
+                return await call()
+            except RedisError as exc:
+                if not is_outage(exc) or time.monotonic() + delay > deadline or not self.owns(shard):
+                    raise
+                if delay == OUTAGE_RETRY_S:  # one line per takeover, not one per attempt
+                    log.info("taking over shard %d: broker unavailable (%s); trying again for up to %.0f s",
+                             shard, describe(exc), patience_s)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, OUTAGE_RETRY_MAX_S)
+
+    async def reclaim(self, shard: int, min_idle_ms: int | None = None, outage_patience_s: float = 0.0) -> int:
+        """Take over entries another consumer read but never committed (e.g. it was killed).
+        `outage_patience_s`: how long a broker outage is waited out (`_through_outage`) before it is raised."""
         s = self.settings
         stream = s.layout.raw_stream(shard)
         start = "0-0"
         total = 0
         idle = s.claim_idle_ms if min_idle_ms is None else min_idle_ms
         while True:
-            reply = await self.client.xautoclaim(
-                stream, s.group, self.consumer, min_idle_time=idle, start_id=start, count=s.batch_size
-            )
+            reply = await self._through_outage(shard, partial(
+                self.client.xautoclaim, stream, s.group, self.consumer, min_idle_time=idle, start_id=start,
+                count=s.batch_size), outage_patience_s)
             start, entries = reply[0], reply[1]
             entries = [(i, f) for i, f in entries if f is not None]
             if entries:
                 ids = [i for i, _ in entries]
-                pending = await self.client.xpending_range(
-                    stream, s.group, min=ids[0], max=ids[-1], count=len(ids) * 2, consumername=self.consumer
-                )
+                pending = await self._through_outage(shard, partial(
+                    self.client.xpending_range, stream, s.group, min=ids[0], max=ids[-1], count=len(ids) * 2,
+                    consumername=self.consumer), outage_patience_s)
                 deliveries = {p["message_id"].decode(): int(p["times_delivered"]) for p in pending}
                 started = time.perf_counter()
                 result = await self.processor.process(shard, ids, [f for _, f in entries], deliveries=deliveries)

@@ -169,6 +169,88 @@ def test_a_new_owner_takes_a_dead_workers_pending_entries_at_once_not_after_the_
         assert h.events(run) == expected(run, 3)
 
 
+class _FailoverMoment:
+    """The worker's async client, whose first `n` XAUTOCLAIM calls fail the way the cluster client's
+    do in the seconds after a primary died (connection closed; the slot map is being read again).
+    Everything else, and every later call, goes to the real Redis."""
+
+    def __init__(self, client: Any, n: int) -> None:
+        self._client, self.left, self.failed = client, n, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def xautoclaim(self, *args: Any, **kwargs: Any) -> Any:
+        if self.left > 0:
+            self.left -= 1
+            self.failed += 1
+            raise redis.exceptions.ConnectionError("Connection closed by server.")
+        return await self._client.xautoclaim(*args, **kwargs)
+
+
+def test_a_takeover_waits_out_a_failover_instead_of_leaving_the_entries_to_the_claim_idle_time(leased):
+    """Issue 20 finding 11 (the handover case of tests/broker/test_cluster_failover_stall.py): the
+    broker fails the takeover's first XAUTOCLAIMs (a failover right after the lease moved). The new
+    owner tries again while the shard is its own and processes the previous owner's entries within
+    seconds; given up at the first error, they waited for the periodic reclaim (CLAIM_IDLE_MS, 30 s
+    at defaults, after they were read)."""
+    settings = leased
+    assert settings.claim_idle_ms == 30_000
+    h = Harness(settings)
+    run = "lease/failover"
+    for seq in range(3):
+        h.add(line(run, seq))
+    h.add(eof(run, 3))
+    shard = settings.layout.shard_of(run)
+    h.sync.xgroup_create(settings.layout.raw_stream(shard), settings.group, id="0", mkstream=True)
+    h.sync.xreadgroup(settings.group, "previous", {settings.layout.raw_stream(shard): ">"}, count=100)
+    assert h.pending(shard) == 4
+
+    async def body(client):
+        flaky = _FailoverMoment(client, 3)
+        keeper = Housekeeper(settings, flaky, BatchProcessor(settings, client, lease_owner="heir"), "heir")
+        await client.set(settings.layout.shard_lease(shard), "heir", px=60_000)
+        started = time.monotonic()
+        await keeper.take_over(shard)
+        return time.monotonic() - started, flaky.failed
+
+    took, failed = _run(settings, body)
+    assert failed == 3  # the failures happened, and were waited out
+    assert took < settings.claim_idle_ms / 1000 / 3
+    assert h.pending(shard) == 0 and h.events(run) == expected(run, 3)
+
+
+def test_a_takeover_does_not_wait_out_what_is_not_an_outage(leased, caplog):
+    """An error that is not an outage (WRONGTYPE: the raw stream's key overwritten) is a refusal of
+    the request itself: tried once, one warning, left to the periodic reclaim."""
+    settings = leased
+    shard = 0
+    Harness(settings).sync.set(settings.layout.raw_stream(shard), "not a stream")
+
+    async def body() -> int:
+        client = async_client(settings)
+        try:
+            counting = _FailoverMoment(client, 0)
+            keeper = Housekeeper(settings, counting, BatchProcessor(settings, client, lease_owner="heir"), "heir")
+            calls = 0
+            real = counting.xautoclaim
+
+            async def xautoclaim(*args: Any, **kwargs: Any) -> Any:
+                nonlocal calls
+                calls += 1
+                return await real(*args, **kwargs)
+
+            counting.xautoclaim = xautoclaim  # type: ignore[method-assign]
+            await keeper.take_over(shard)
+            return calls
+        finally:
+            await client.aclose()
+
+    with caplog.at_level("WARNING", logger="goose_ingest.worker"):
+        assert asyncio.run(body()) == 1
+    assert any(f"taking over shard {shard} failed (ResponseError: WRONGTYPE" in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_two_worker_processes_split_the_shards_and_a_killed_ones_shards_move_after_the_ttl(settings, tmp_path):
     """Default lease and claim settings: the survivor finishes the killed worker's runs about one
     lease ttl (10 s) after the kill, well before the 30 s reclaim of idle entries would have."""
