@@ -315,11 +315,39 @@ def test_compose_bind_mounts_reference_existing_files(compose):
     assert ("prometheus", "/etc/prometheus/prometheus.yml") in targets
 
 
-def test_prometheus_scrapes_both_workers_and_loads_the_rules(compose):
+def _scrape_targets(job: dict) -> set[str]:
+    static = {t for st in job.get("static_configs", []) for t in st["targets"]}
+    by_name = {f"{n}:{sd['port']}" for sd in job.get("dns_sd_configs", []) for n in sd["names"]}
+    return static | by_name
+
+
+# the compose command of each component -> the suffix of its job (the chart's Service names), which
+# rules.yml uses to tell the workers' job from the others' (GooseIngestNoWorkers, ComponentDown)
+COMPONENT_JOBS = {("export", "otlp"): "otlp", ("export", "postgres"): "postgres", ("gateway",): "gateway",
+                  ("archive",): "archive"}
+
+
+def test_prometheus_scrapes_every_goose_service_under_its_job_and_loads_the_rules(compose):
     prom = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    targets = {t for sc in prom["scrape_configs"] for st in sc["static_configs"] for t in st["targets"]}
+    jobs = {sc["job_name"]: sc for sc in prom["scrape_configs"]}
+    workers, *others = prom["scrape_configs"]
+    assert workers["job_name"] == "goose-ingest"  # first: the live Prometheus test scrapes its workers
     hostnames = {s["hostname"] for n, s in compose["services"].items() if n.startswith("worker")}
-    assert targets == {f"{h}:9464" for h in hostnames}
+    assert _scrape_targets(workers) == {f"{h}:9464" for h in hostnames}
+    scraped = {}
+    for name, svc in compose["services"].items():
+        component = COMPONENT_JOBS.get(tuple(svc.get("command", [])))
+        if component is None:
+            continue
+        env = svc.get("environment", {})
+        port = env.get("GOOSE_INGEST_GATEWAY_PORT") if component == "gateway" else env.get("GOOSE_INGEST_METRICS_PORT")
+        job = jobs[f"goose-ingest-{component}"]
+        assert _scrape_targets(job) == {f"{svc['hostname']}:{port}"}, name
+        # a service of an opt-in profile is found by name: not started, no target (never a down one)
+        assert ("dns_sd_configs" in job) == bool(svc.get("profiles")), name
+        scraped[component] = name
+    assert set(scraped) == set(COMPONENT_JOBS.values())
+    assert len(others) == len(scraped)
     # rule_files are relative to prometheus.yml; both are mounted into /etc/prometheus/
     mounted = {t for s, _, t in bind_mounts(compose) if s == "prometheus"}
     for rf in prom["rule_files"]:

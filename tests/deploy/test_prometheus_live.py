@@ -207,8 +207,9 @@ class Stack:
         g["evaluation_interval"] = _scaled(g["evaluation_interval"])
         g["scrape_timeout"] = g["scrape_interval"]
         config["rule_files"] = [str(self.tmp / "rules.yml")]
-        (job,) = config["scrape_configs"]
+        job = config["scrape_configs"][0]  # the workers' job; the other components do not run here
         job["static_configs"] = [{"targets": [f"127.0.0.1:{p}" for p in ports]}]
+        config["scrape_configs"] = [job]
         return config
 
     def worker_log(self) -> str:

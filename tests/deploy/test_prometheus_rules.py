@@ -29,6 +29,7 @@ EXPECTED_ALERTS = {
     "GooseIngestLagGrowing",
     "GooseIngestStalled",
     "GooseIngestNoWorkers",
+    "GooseIngestComponentDown",
     "GooseIngestPendingEntryStuck",
     # error classes and per-tool failures (group goose-ingest.error-classes)
     "GooseIngestAuthErrors",
