@@ -31,6 +31,7 @@ from services.gateway.app import RateLimiter
 from services.gateway.body import BodyError, check_entry, decompress, parse
 from services.settings import Settings
 from tests.support.fixtures import REPO, TRANSCRIPTS
+from tests.support.needs import missing
 from tests.support.pipeline import expected_events, start_worker, stop, wait_until
 from tests.support.redis_server import cli_env
 
@@ -772,7 +773,7 @@ def test_ten_thousand_idle_connections_cost_bounded_memory_and_one_more_than_the
     limit = _raise_fd_limit(10_000 + 500)  # this process holds the client ends; the gateway inherits the limit
     n = min(10_000, limit - 500)
     if n < 2_000:
-        pytest.skip(f"the open-files limit ({limit}) cannot be raised to 2,500 here")
+        missing(f"an open-files limit of 2,500 (this machine allows {limit})", "ulimit -n 10500, or raise the hard limit")
     creds = {"GOOSE_INGEST_REDIS_USERNAME": user_name("gateway", d.settings.namespace),
              "GOOSE_INGEST_REDIS_PASSWORD": d.passwords["gateway"]}
     gw = start_gateway(d.settings, tmp_path / "gw.log", GOOSE_INGEST_GATEWAY_MAX_CONNECTIONS=str(n + 20), **creds)
