@@ -638,11 +638,16 @@ class Machinery:
             event.update(tail)
 
     # ------------------------------------------------------------------ errors
-    def error(self, out: list[Event], ts_ms: int, message: str, code: str | None, seq: int) -> None:
-        """An `error` event, remembered for the not-reported-twice rules."""
+    def error(
+        self, out: list[Event], ts_ms: int, message: str, code: str | None, seq: int, error_class: str | None = None
+    ) -> None:
+        """An `error` event, remembered for the not-reported-twice rules. ``error_class``: the class a
+        format read off a field of its own (Claude's `terminal_reason`), else the rules decide."""
         fields: dict[str, Any] = {"message": message}
         if code is not None:
             fields["code"] = code
+        if error_class is not None:
+            fields["errorClass"] = error_class
         self.emit(out, ts_ms, "error", fields, seq, seq)
         errors = self.errors
         if message not in errors:
@@ -724,7 +729,7 @@ class Machinery:
                 "sessionId": session,
                 **fields,
             }
-        if etype == "error" or etype == "warning":  # errorClass (services/normalizer/error_classes.py)
+        if (etype == "error" or etype == "warning") and "errorClass" not in fields:  # services/normalizer/error_classes.py
             error_class = event_class(etype, fields.get("code"), fields.get("message"))
             if error_class is not None:
                 event["errorClass"] = error_class
