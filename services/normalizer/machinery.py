@@ -10,8 +10,8 @@ caps and ``truncated``, usage and error bookkeeping, and the serialisable state.
 format is one ``FormatRules`` record per module of ``services/normalizer/formats/``: how a parsed
 JSON object is mapped.
 
-This module knows no format: the format modules import it (and only it, ``tools``, ``shell`` and
-``paths``), and ``run_normalizer`` puts the two together (the format decision, F1-F4, and the
+This module knows no format: the format modules import it (and only it, ``tools``, ``shell``,
+``paths`` and ``error_classes``, for a class a format reads off a field of its own), and ``run_normalizer`` puts the two together (the format decision, F1-F4, and the
 registry of ``FormatRules``) in ``RunNormalizer``, a subclass of ``Machinery``. So the imports go
 one way: machinery <- formats <- run_normalizer, with no circle.
 
