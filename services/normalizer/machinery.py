@@ -638,11 +638,10 @@ class Machinery:
             event.update(tail)
 
     # ------------------------------------------------------------------ errors
-    def error(
-        self, out: list[Event], ts_ms: int, message: str, code: str | None, seq: int, error_class: str | None = None
-    ) -> None:
-        """An `error` event, remembered for the not-reported-twice rules. ``error_class``: the class a
-        format read off a field of its own (Claude's `terminal_reason`), else the rules decide."""
+    def error(self, out: list[Event], ts_ms: int, message: str, code: str | None, seq: int,
+              error_class: str | None = None) -> None:
+        """An `error` event, remembered for the not-reported-twice rules. ``error_class``: the class
+        the format's own rules gave (None: the shared rules of error_classes.py decide)."""
         fields: dict[str, Any] = {"message": message}
         if code is not None:
             fields["code"] = code
@@ -729,7 +728,9 @@ class Machinery:
                 "sessionId": session,
                 **fields,
             }
-        if (etype == "error" or etype == "warning") and "errorClass" not in fields:  # services/normalizer/error_classes.py
+        # errorClass (services/normalizer/error_classes.py), unless the format set it from its own
+        # texts (fields with "errorClass": a format module's table, read before the shared rules).
+        if (etype == "error" or etype == "warning") and "errorClass" not in fields:
             error_class = event_class(etype, fields.get("code"), fields.get("message"))
             if error_class is not None:
                 event["errorClass"] = error_class
