@@ -168,9 +168,11 @@ _RULES: Final[tuple[tuple[str, re.Pattern[str], re.Pattern[str] | None], ...]] =
     # session turns"; goose's max-turns stop
     (MAX_TURNS, re.compile(r"max(?:imum)?.{0,12}turns|turn limit"), None),
     # Codex TurnAborted "turn aborted", Interrupted "interrupted (Ctrl-C)"; Claude Code "[Request
-    # interrupted by user]"; goose "Headless run interrupted"; the Anthropic and OpenAI SDKs' APIUserAbortError "Request was aborted.";
-    # gemini-cli FatalCancellationError "Operation cancelled."
-    (CANCELLED, re.compile(r"cancel+ed|interrupted|turn aborted|request was aborted|aborted by|user abort|ctrl.?c\b"), None),
+    # interrupted by user]"; goose "Headless run interrupted"; the Anthropic and OpenAI SDKs'
+    # APIUserAbortError "Request was aborted."; gemini-cli FatalCancellationError "Operation cancelled."
+    # ("Request timed out or interrupted" is a network failure: rule 12)
+    (CANCELLED, re.compile(r"cancel+ed|(?<!timed out or )interrupted|turn aborted|request was aborted|aborted by|user abort"
+                           r"|ctrl.?c\b"), None),
     # goose ServerError "Server error: upstream returned 529 overloaded_error"; Claude Code
     # `overloaded_error`, "API Error: 529", `api_error`; Codex InternalServerError "experiencing high
     # demand"; OpenAI "The server had an error while processing your request"; any HTTP 5xx
@@ -187,9 +189,9 @@ def classify(code: str | None, message: str) -> str:
     if code is not None:
         by_code = _BY_CODE.get(code)
         if by_code is not None:
-            if code in _VAGUE_CODES and _NETWORK.search(text) is not None and _SERVER_STATUS.search(text) is None:
-                return TIMEOUT
-            return by_code
+            if code not in _VAGUE_CODES or _NETWORK.search(text) is None or _SERVER_STATUS.search(text) is not None:
+                return by_code
+            return TIMEOUT
     exited = _EXIT.match(text)
     if exited is not None:
         return CANCELLED if exited.group(1) in _SIGNAL_EXITS else AGENT_EXIT

@@ -101,3 +101,9 @@ def test_terminal_reasons_name_their_class_or_nothing():
     assert ec.reason_class("max_turns") == "max_turns"
     for nothing in ("completed", "api_error", "", None, 5, ["aborted_tools"]):
         assert ec.reason_class(nothing) is None
+
+
+def test_a_timeout_or_interruption_is_the_network_and_a_user_interruption_is_cancelled():
+    assert ec.classify(None, "Request timed out or interrupted. This could be due to a network timeout.") == "timeout"
+    assert ec.classify(None, "[Request interrupted by user for tool use]") == "cancelled"
+    assert ec.classify(None, "The operation was aborted due to timeout") == "timeout"
