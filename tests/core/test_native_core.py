@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tests.core.test_error_classes as error_class_cases
-import tests.core.test_provider_error_texts as provider_texts
 import tests.core.test_normalizer_properties_formats as formats_props
+import tests.core.test_provider_error_texts as provider_texts
 import tests.core.test_redaction as redaction_props
 from services import native
 from tests.support import core_cases
