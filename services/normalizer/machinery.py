@@ -10,8 +10,8 @@ caps and ``truncated``, usage and error bookkeeping, and the serialisable state.
 format is one ``FormatRules`` record per module of ``services/normalizer/formats/``: how a parsed
 JSON object is mapped.
 
-This module knows no format: the format modules import it (and only it, ``tools``, ``shell`` and
-``paths``), and ``run_normalizer`` puts the two together (the format decision, F1-F4, and the
+This module knows no format: the format modules import it (and only it, ``tools``, ``shell``,
+``paths`` and ``error_classes``, for a class a format reads off a field of its own), and ``run_normalizer`` puts the two together (the format decision, F1-F4, and the
 registry of ``FormatRules``) in ``RunNormalizer``, a subclass of ``Machinery``. So the imports go
 one way: machinery <- formats <- run_normalizer, with no circle.
 
@@ -638,11 +638,15 @@ class Machinery:
             event.update(tail)
 
     # ------------------------------------------------------------------ errors
-    def error(self, out: list[Event], ts_ms: int, message: str, code: str | None, seq: int) -> None:
-        """An `error` event, remembered for the not-reported-twice rules."""
+    def error(self, out: list[Event], ts_ms: int, message: str, code: str | None, seq: int,
+              error_class: str | None = None) -> None:
+        """An `error` event, remembered for the not-reported-twice rules. ``error_class``: the class
+        the format's own rules gave (None: the shared rules of error_classes.py decide)."""
         fields: dict[str, Any] = {"message": message}
         if code is not None:
             fields["code"] = code
+        if error_class is not None:
+            fields["errorClass"] = error_class
         self.emit(out, ts_ms, "error", fields, seq, seq)
         errors = self.errors
         if message not in errors:
@@ -724,7 +728,9 @@ class Machinery:
                 "sessionId": session,
                 **fields,
             }
-        if etype == "error" or etype == "warning":  # errorClass (services/normalizer/error_classes.py)
+        # errorClass (services/normalizer/error_classes.py), unless the format set it from its own
+        # texts (fields with "errorClass": a format module's table, read before the shared rules).
+        if (etype == "error" or etype == "warning") and "errorClass" not in fields:
             error_class = event_class(etype, fields.get("code"), fields.get("message"))
             if error_class is not None:
                 event["errorClass"] = error_class

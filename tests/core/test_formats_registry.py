@@ -50,7 +50,7 @@ def test_every_format_module_is_compiled_and_nothing_else_of_formats_is_missing(
 @pytest.mark.parametrize("fmt", AGENT_FORMATS, ids=lambda f: f.name)
 def test_a_format_module_imports_only_the_shared_machinery(fmt):
     allowed = {"services.normalizer.machinery", "services.normalizer.tools", "services.normalizer.shell",
-               "services.normalizer.paths", "contracts.formats"}
+               "services.normalizer.paths", "services.normalizer.error_classes", "contracts.formats"}
     tree = ast.parse((FORMATS_DIR / f"{fmt.module}.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}

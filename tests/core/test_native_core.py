@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import tests.core.test_error_classes as error_class_cases
 import tests.core.test_normalizer_properties_formats as formats_props
+import tests.core.test_provider_error_texts as provider_texts
 import tests.core.test_redaction as redaction_props
 from services import native
 from tests.support import core_cases
@@ -193,8 +194,10 @@ def test_redaction_gives_the_same_bytes_compiled_and_as_python(reference, events
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(["error", "warning", "agent"]),
                           st.one_of(st.none(), st.sampled_from(["api_retry", "retry", "rate_limit", "error_max_turns",
-                                                                "server_error", "turn_failed"]), st.text(max_size=12)),
-                          st.one_of(st.text(max_size=300), st.sampled_from([c[1] for c in error_class_cases.CASES]))),
+                                                                "server_error", "turn_failed", "unknown", "overloaded",
+                                                                "authentication_failed"]), st.text(max_size=12)),
+                          st.one_of(st.text(max_size=300), st.sampled_from([c[1] for c in error_class_cases.CASES]),
+                                    st.sampled_from([e["text"] for e in provider_texts.CORPUS]))),
                 min_size=1, max_size=20))
 def test_error_classes_are_the_same_compiled_and_as_python(reference, items):
     ours, theirs = reference("classify", {"items": items})

@@ -308,7 +308,8 @@ def test_C_R1_init_warns_for_failed_and_needs_auth_mcp_servers_only():
     assert f.norm.span is not None  # not flushed
 
 
-@pytest.mark.parametrize("subtype", ["status", "compact_boundary", "thinking_tokens", "task_progress", "hook_started", "hook_progress"])
+@pytest.mark.parametrize("subtype", ["status", "compact_boundary", "thinking_tokens", "task_progress", "hook_started", "hook_progress",
+                                     "task_started", "task_updated", "task_notification"])
 def test_C_R2_progress_subtypes_map_to_nothing_and_do_not_flush(subtype):
     f = cfeed()
     f.line(c_assistant("m", c_text("Hi")))
@@ -321,8 +322,12 @@ def test_C_R2_progress_subtypes_map_to_nothing_and_do_not_flush(subtype):
     [({"error": "rate_limit", "error_status": 429, "attempt": 2, "max_retries": 10}, "API request failed (rate_limit, HTTP 429); retry 2/10", "rate_limit"),
      ({"error": "server_error", "error_status": None, "attempt": 1, "max_retries": 3}, "API request failed (server_error); retry 1/3", "provider_unavailable"),
      ({"error_status": 529}, "API request failed (HTTP 529)", "provider_unavailable"),
-     ({"attempt": 1}, "API request failed", "other"),
-     ({"error": 5, "attempt": "1", "max_retries": 2}, "API request failed", "other")],
+     # a retry that names no HTTP status was not an HTTP answer: a connection-level failure
+     ({"attempt": 1}, "API request failed", "timeout"),
+     ({"error": "unknown", "error_status": None, "attempt": 1, "max_retries": 10}, "API request failed (unknown); retry 1/10", "timeout"),
+     ({"error": "unknown", "error_status": 400}, "API request failed (unknown, HTTP 400)", "other"),
+     ({"error": "overloaded", "error_status": 529}, "API request failed (overloaded, HTTP 529)", "provider_unavailable"),
+     ({"error": 5, "attempt": "1", "max_retries": 2}, "API request failed", "timeout")],
 )
 def test_C_R3_api_retry_is_a_warning(fields, message, cls):
     f = cfeed()
@@ -331,7 +336,7 @@ def test_C_R3_api_retry_is_a_warning(fields, message, cls):
     assert bodies(out) == [{"type": "warning", "lines": [1, 1], "message": message, "code": "api_retry", "errorClass": cls}]
 
 
-@pytest.mark.parametrize("fields", [{"subtype": "task_started"}, {"subtype": "hook_response"}, {}, {"subtype": None}])
+@pytest.mark.parametrize("fields", [{"subtype": "hook_response"}, {"subtype": "local_command_output"}, {}, {"subtype": None}])
 def test_C_R4_other_system_records_are_unknown_without_flushing(fields):
     f = cfeed()
     f.line(c_assistant("m", c_text("Hi")))
@@ -1008,7 +1013,7 @@ def test_envelope_order_with_a_session_id():
     f = cfeed()
     (event,) = f.line(claude("system", subtype="api_retry"))
     assert list(event)[:7] == ["eventId", "runId", "seq", "type", "timestamp", "lines", "sessionId"]
-    assert event == ev(0, "warning", 0, (0, 0), sessionId=SESSION, message="API request failed", code="api_retry", errorClass="other")
+    assert event == ev(0, "warning", 0, (0, 0), sessionId=SESSION, message="API request failed", code="api_retry", errorClass="timeout")
 
 
 # =========================================================== through the sequencer

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from contracts.formats import CLAUDE_CODE
+from services.normalizer.error_classes import reason_class
 from services.normalizer.machinery import (
     Event,
     Machinery,
@@ -24,10 +25,26 @@ from services.normalizer.machinery import (
 )
 from services.normalizer.tools import classify_mcp, mcp_consumed
 
-# C-R2: progress and bookkeeping subtypes, mapped to nothing.
+# C-R2: progress and bookkeeping subtypes, mapped to nothing. The background-task lifecycle
+# (`task_started`, `task_updated`, `task_notification`; Claude Code 2.1.197 writes the first and last
+# in a SIGINT run) joins `task_progress`: a task's tool calls are events of their own and its
+# outcome reaches the agent as the result of the tool call that started it.
 QUIET_SUBTYPES = frozenset(
-    ("status", "compact_boundary", "thinking_tokens", "task_progress", "hook_started", "hook_progress")
+    (
+        "status",
+        "compact_boundary",
+        "thinking_tokens",
+        "task_progress",
+        "hook_started",
+        "hook_progress",
+        "task_started",
+        "task_updated",
+        "task_notification",
+    )
 )
+# C-F3: `terminal_reason` values that name no failure code (2.1.197 writes `completed` on a final
+# API error, where the spec's builds wrote `api_error`).
+_NO_REASON = frozenset(("completed",))
 FAILED_MCP_STATUSES = frozenset(("failed", "needs-auth"))
 # 5.4: the observed `Bash` failure text; N bounded so it always fits an int64.
 _EXIT_CODE = re.compile(r"(?:Error: )?Exit code (-?\d{1,18})(?!\d)")
@@ -157,7 +174,9 @@ def _result(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record
     if rec.get("is_error") is True or (type(subtype) is str and subtype != "success"):
         message = failure_message(rec)
         if message not in norm.errors:  # C-F4
-            norm.error(out, ts_ms, message, failure_code(rec), seq)
+            # the CLI's own reason, when it names a cause, classifies the failure (a SIGINT's
+            # `error_during_execution` carries only a diagnostic text and `aborted_tools`)
+            norm.error(out, ts_ms, message, failure_code(rec), seq, reason_class(rec.get("terminal_reason")))
     norm.turn_ended(usage(rec))
 
 
@@ -189,7 +208,10 @@ def failure_code(rec: Record) -> str:
     reason = rec.get("terminal_reason")
     if nonempty_str(reason):
         assert type(reason) is str
-        return reason
+        if reason not in _NO_REASON:
+            return reason
+        if is_int(rec.get("api_error_status")):
+            return "api_error"  # what builds before 2.1.197 said for the same failure
     return "is_error"
 
 

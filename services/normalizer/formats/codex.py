@@ -30,8 +30,9 @@ from services.normalizer.tools import MCP_PREFIX, classify_mcp, mcp_consumed, mc
 
 # X-R3: items that are tool calls (recorded when started).
 TOOL_ITEMS = frozenset(("command_execution", "file_change", "mcp_tool_call", "web_search", "collab_tool_call"))
-# X-E1: retry notices, in the newest and the older core's wording.
-_RETRY = re.compile(r"^Reconnecting\.\.\. \d+/\d+|; retrying \d+/\d+ in ")
+# X-E1: retry notices, in the newest and the older core's wording; 0.171 also waits for the network
+# without a budget ("Reconnecting... waiting for network (Connection failed: ...)", endlessly by default).
+_RETRY = re.compile(r"^Reconnecting\.\.\. (?:\d+/\d+|waiting for network)|; retrying \d+/\d+ in ")
 
 
 def consumed(name: str) -> bool:
