@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import sys
+import tempfile
 from pathlib import Path
 from uuid import uuid4
 
@@ -69,3 +71,15 @@ def fixture_db(tmp_path: Path) -> Path:
     conn.executescript((FIXTURES / "a-read-edit-test-finish.sessions-db.sql").read_text("utf-8"))
     conn.close()
     return path
+
+
+@pytest.fixture(autouse=True)
+def _default_ports_alone(request):
+    """A test marked `default_ports` holds a machine-wide lock while it runs: two pytest-xdist
+    workers (or two pytest sessions) must not both bind a command's fixed default port."""
+    if request.node.get_closest_marker("default_ports") is None:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / "goose-ingest-tests-default-ports.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -176,6 +176,7 @@ pg_database = pg_support.pg_database
 pg_dsn = pg_support.pg_dsn
 
 
+@pytest.mark.default_ports
 def test_export_postgres_beside_a_worker_takes_its_own_port(settings, pg_dsn):
     """`export postgres` without GOOSE_INGEST_METRICS_PORT on a host where 9464 is a worker's: it binds
     9466 and says so (the line names the port)."""
@@ -199,6 +200,7 @@ def test_export_postgres_beside_a_worker_takes_its_own_port(settings, pg_dsn):
     assert re.search(r"metrics on [0-9.]+:9466\b", text) or re.search(r":9466 is already in use", text), text[-3000:]
 
 
+@pytest.mark.default_ports
 def test_up_and_export_postgres_on_one_host_bind_their_own_default_ports(tmp_path, pg_dsn):
     """The issue's collision, as a user meets it: `up` and then `export postgres` against up's broker,
     neither with GOOSE_INGEST_METRICS_PORT set. Both bind (up's worker 9464, the exporter 9466) and

@@ -136,6 +136,9 @@ def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
         "GOOSE_INGEST_SPOOL_DIR": settings.spool_dir,
         "GOOSE_INGEST_PUBLISH_BATCH": str(settings.publish_batch),
         "PYTHONUNBUFFERED": "1",
+        # Any free port: a command's fixed default (9464-9467) would be bound by two tests at once
+        # under pytest-xdist. The tests of the defaults pop this or use a `default_ports` marker.
+        "GOOSE_INGEST_METRICS_PORT": "0",
     })
     if settings.host_label:
         env["GOOSE_INGEST_HOST_LABEL"] = settings.host_label
