@@ -32,7 +32,7 @@ pg_dsn = pg_support.pg_dsn
 
 SECTION = "## The same questions over the event lake (DuckDB)"
 VIEWS = ("tool_failure_rate_weekly", "error_events_per_1000_runs", "errors_by_class", "errors_by_class_format",
-         "usage_by_model_day", "run_duration_percentiles", "problem_runs", "slowest_commands")
+         "class_failures", "usage_by_model_day", "run_duration_percentiles", "problem_runs", "slowest_commands")
 
 
 def lake_sql() -> list[str]:
