@@ -71,7 +71,7 @@ BATCH_ENTRIES_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 1000
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _BASE_NAMES = frozenset(TOOL_BASE_NAMES)
-# GOOSE_INGEST_METRIC_TOOLS: each listed name adds up to len(TOOL_OUTCOMES) series per worker, so the
+# GOOSE_INGEST_METRIC_TOOLS: each listed name adds len(TOOL_OUTCOMES) series and three runs/hosts gauges per worker, so the
 # list is capped; names are label values shown on dashboards and in alert notifications, so they are
 # plain identifiers (MCP tool names are: `server__tool`, `mcp__server__tool`), never free text.
 METRIC_TOOLS_MAX = 32
