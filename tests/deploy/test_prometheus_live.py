@@ -22,6 +22,7 @@ window holds ~20 scrapes (as 5m holds 20 at 15s) and the 1m baseline 60 evaluati
 Volume: the rule pages only above ``> 0.5`` events/s (read from the rule), i.e. 2.5 events per
 scaled 5s window. The fleet runs at 20x that (10 events/s), with a normal 2% error share (one
 error run in 50), like the promtool unit test of deploy/prometheus/tests/rules_test.yml.
+The runs come from FLEET_HOSTS hosts: the spike pages only with errors on ALERT_MIN_HOSTS hosts.
 
 Main test (~90 s): calm for scaled(1h) + scaled(5m) + 10 s = 75 s so the baseline window is full
 (the runbook promises silence during a deployment's first hour), asserting every 0.5 s and then
@@ -68,6 +69,7 @@ WORKERS = 2
 VOLUME_MULTIPLE = 20  # events/s published, as a multiple of the rule's volume floor
 CALM_ERROR_EVERY = 50  # one error run (1 error event) per 50 runs of 1 event: 2%
 CALM_MARGIN_S = 10.0
+FLEET_HOSTS = 5  # more than ALERT_MIN_HOSTS (3)
 FIRING_TIMEOUT_S = 90.0
 
 MESSAGE = (b'{"type":"message","message":{"id":"m1","role":"assistant",'
@@ -128,8 +130,9 @@ class RunStream(threading.Thread):
         self._client = redis.Redis.from_url(settings.redis_url)
 
     def host(self) -> str:
-        """The `host` label of the next run (one host for the whole calm fleet)."""
-        return "x"
+        """The `host` label of the next run: round robin over FLEET_HOSTS (the spike pages only with
+        errors on ALERT_MIN_HOSTS hosts)."""
+        return f"host-{self.runs % FLEET_HOSTS}"
 
     def _next_run(self) -> list[bytes]:
         if self.mode == "burst":
