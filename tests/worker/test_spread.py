@@ -157,3 +157,33 @@ def test_the_window_and_thresholds_are_settings_and_refuse_a_single_host():
         Settings(alert_min_hosts=1)
     with pytest.raises(ValueError, match="alert_window_s"):
         Settings(alert_window_s=0)
+
+
+def test_on_a_redis_cluster_the_sets_live_in_many_slots_and_count_alike(cluster_settings: Settings):
+    """Each set is its own key (no hash tag): the pipelines span slots and nodes, and the counts are
+    the same as on one node."""
+    from services.broker.connect import async_client
+
+    settings = cluster_settings.model_copy(update={"alert_window_s": 60})
+    metrics = Metrics(CollectorRegistry())
+    events = [{"type": "error", "runId": f"r{i}", "errorClass": cls}
+              for i in range(10) for cls in ("auth", "timeout", "rate_limit")]
+    events += [{"type": "command", "runId": f"r{i}", "tool": "developer__shell", "isSuccess": False}
+               for i in range(10) for _ in range(HOST_MIN_TOOL_CALLS)]
+    hosts = {f"r{i}": f"host-{i % 5}" for i in range(10)}
+
+    async def body() -> dict[Any, int]:
+        client = async_client(settings)
+        try:
+            spread = Spread(client, settings, metrics)
+            await spread.record(events, hosts)
+            return await spread.refresh()
+        finally:
+            await client.aclose()
+
+    sizes = asyncio.run(body())
+    for cls in ("auth", "timeout", "rate_limit"):
+        assert (sizes[("class", cls, "runs")], sizes[("class", cls, "hosts")]) == (10, 5), cls
+    assert (sizes[("tool", "shell", "runs")], sizes[("tool", "shell", "hosts")],
+            sizes[("tool", "shell", "calling")]) == (10, 5, 5)
+    assert gauge(metrics, "goose_ingest_tool_failing_hosts", tool="shell") == 5
