@@ -38,6 +38,9 @@ LEASE = "goose-ingest:lease"  # which worker reads a shard (string: owner, with 
 WORKERS = "goose-ingest:workers"  # sorted set worker -> until when it counts as alive (ms)
 GATEWAY_TOKEN = "goose-ingest:token"  # hash per gateway token: its SHA-256, prefix, labels (never the token)
 GATEWAY_TOKENS = "goose-ingest:tokens"  # set of the gateway token ids (for `tokens list`)
+# Sorted sets (hashed run or host -> ms of its last failure) behind the workers' runs/hosts gauges per
+# error class and per tool, and per (tool, host) tallies of a window (services/worker/spread.py).
+SPREAD = "goose-ingest:spread"
 
 
 def group_segment(group: str) -> str:
@@ -152,6 +155,16 @@ class KeyLayout:
     def workers(self) -> str:
         """The live workers (for each one's fair share of the shards)."""
         return self.key(WORKERS)
+
+    def spread(self, family: str, label: str, kind: str) -> str:
+        """One sorted set of distinct runs or hosts (hashed) failing in an error class or a tool
+        (`family` class|tool, `label` the bounded metric label, `kind` runs|hosts|calling).
+        Fleet-wide, no hash tag: never used with another key in one command."""
+        return self.key(f"{SPREAD}:{family}:{label}:{kind}")
+
+    def spread_tally(self, tool: str, host: str) -> str:
+        """A host's calls and failures of a tool in its current window (hash; `host` hashed)."""
+        return self.key(f"{SPREAD}:tally:{tool}:{host}")
 
     def gateway_token(self, token_id: str) -> str:
         """One gateway token's record (services/gateway/tokens.py): its hash, prefix and labels."""

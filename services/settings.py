@@ -175,6 +175,21 @@ class Settings(BaseSettings):
                     "that keep their own `tool` metric label instead of `mcp`/`other`; JSON list, capped (docs/operations.md).",
     )
 
+    # Pages counted in runs and hosts (docs/operations.md "Pages counted in runs and hosts"): the workers
+    # export how many distinct runs and hosts failed per error class and per tool within the window,
+    # and the thresholds below, which the rules compare against.
+    alert_window_s: float = Field(
+        default=300.0, ge=1, le=86_400,
+        description="Window of the runs/hosts gauges: a run or host counts while its last failure of a class (tool) is this recent.",
+    )
+    alert_min_runs: int = Field(
+        default=5, ge=1, le=1_000_000, description="An error-class or tool page needs failures in at least this many distinct runs.",
+    )
+    alert_min_hosts: int = Field(
+        default=3, ge=2, le=1_000_000,
+        description="... and from at least this many distinct hosts (>= 2: one host never pages on its own).",
+    )
+
     # --- redaction ----------------------------------------------------------
     redaction_enabled: bool = Field(default=True, description="Redact credentials in every published event (never in the raw log).")
     redaction_disable: list[str] = Field(default_factory=list, description='Built-in rules to turn off, JSON list, e.g. ["jwt"].')

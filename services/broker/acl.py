@@ -37,6 +37,7 @@ from contracts.keys import (
     LEASE,
     META,
     RUN_STATE,
+    SPREAD,
     WORKERS,
     KeyLayout,
 )
@@ -114,6 +115,7 @@ class KeyPatterns:
     meta: str
     lease: str
     workers: str
+    spread: str
     gateway_token: str
     everything: str
 
@@ -144,6 +146,7 @@ class KeyPatterns:
             meta=glob_escape(layout.key(META)),
             lease=family(LEASE),
             workers=glob_escape(layout.key(WORKERS)),
+            spread=family(SPREAD),
             gateway_token=family(GATEWAY_TOKEN),
             everything=glob_escape(layout.key("")) + "*" if layout.namespace else "*",
         )
@@ -190,7 +193,7 @@ def roles(layout: KeyLayout) -> list[Role]:
             (*CONNECTION, *STREAM_CONSUMER, "+xadd", "+xtrim", *HASH_RW, *STRING_RW, *KEY_LIFECYCLE,
              *ZSET_RW, "+zremrangebyscore", *SCRIPTS,
              *_keys("", k.raw, k.control, *k.topics, *k.deadletter, k.run_state, k.active_runs, k.meta, k.lease,
-                    k.workers)),
+                    k.workers, k.spread)),
         ),
         Role(
             "consumer",

@@ -71,7 +71,7 @@ BATCH_ENTRIES_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 1000
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _BASE_NAMES = frozenset(TOOL_BASE_NAMES)
-# GOOSE_INGEST_METRIC_TOOLS: each listed name adds up to len(TOOL_OUTCOMES) series per worker, so the
+# GOOSE_INGEST_METRIC_TOOLS: each listed name adds len(TOOL_OUTCOMES) series and three runs/hosts gauges per worker, so the
 # list is capped; names are label values shown on dashboards and in alert notifications, so they are
 # plain identifiers (MCP tool names are: `server__tool`, `mcp__server__tool`), never free text.
 METRIC_TOOLS_MAX = 32
@@ -298,6 +298,49 @@ class Metrics:
             ["group"],
             registry=r,
         )
+        # Pages counted in runs and hosts (services/worker/spread.py): fleet-wide distinct counts kept in
+        # Redis, so every worker reports the same value (aggregate with max(), not sum()). Never a run or
+        # host label: the runs and hosts behind a number are found in the runbook's queries.
+        self.class_runs = Gauge(
+            "goose_ingest_error_class_runs",
+            "Distinct runs with an error or retry warning of the class within ALERT_WINDOW_S (fleet-wide; max, not sum).",
+            ["class"],
+            registry=r,
+        )
+        self.class_hosts = Gauge(
+            "goose_ingest_error_class_hosts",
+            "Distinct hosts with an error or retry warning of the class within ALERT_WINDOW_S (fleet-wide; max, not sum).",
+            ["class"],
+            registry=r,
+        )
+        self.tool_failing_runs = Gauge(
+            "goose_ingest_tool_failing_runs",
+            "Distinct runs with a failed call of the tool within ALERT_WINDOW_S (fleet-wide; max, not sum).",
+            ["tool"],
+            registry=r,
+        )
+        self.tool_failing_hosts = Gauge(
+            "goose_ingest_tool_failing_hosts",
+            "Distinct hosts on which the tool failed more than half of at least 4 calls within ALERT_WINDOW_S (fleet-wide).",
+            ["tool"],
+            registry=r,
+        )
+        self.tool_calling_hosts = Gauge(
+            "goose_ingest_tool_calling_hosts",
+            "Distinct hosts that called the tool (success or failure) within ALERT_WINDOW_S (fleet-wide; max, not sum).",
+            ["tool"],
+            registry=r,
+        )
+        self.alert_min_runs = Gauge(
+            "goose_ingest_alert_min_runs",
+            "ALERT_MIN_RUNS: the distinct runs an error-class or tool alert needs (the rules read it).",
+            registry=r,
+        )
+        self.alert_min_hosts = Gauge(
+            "goose_ingest_alert_min_hosts",
+            "ALERT_MIN_HOSTS: the distinct hosts an error-class or tool alert needs (the rules read it).",
+            registry=r,
+        )
         self.shard_leases = Gauge(
             "goose_ingest_shard_leases_held",
             "Raw shards this worker holds the lease of (reads and commits); summed over workers: the shards being read.",
@@ -327,6 +370,12 @@ class Metrics:
         self._run_children = {(s, fmt): self.runs.labels(s, fmt) for s in RUN_STATES for fmt in FORMAT_LABELS}
         self._token_children = {kind: self.tokens.labels(kind) for kind in TOKEN_KINDS}
         self._eviction_children = {cap: self.pending_tool_eviction_counter.labels(cap) for cap in PENDING_TOOL_CAPS}
+        for cls in ERROR_CLASSES:
+            self.class_runs.labels(cls)
+            self.class_hosts.labels(cls)
+        for tool in self.tool_labels():
+            for gauge in (self.tool_failing_runs, self.tool_failing_hosts, self.tool_calling_hosts):
+                gauge.labels(tool)
         self.worker_ready.set(0)
 
     # --- configuration ---------------------------------------------------------------------
@@ -463,3 +512,21 @@ class Metrics:
 
     def set_leases(self, held: int) -> None:
         self.shard_leases.set(held)
+
+    def tool_labels(self) -> tuple[str, ...]:
+        """Every `tool` label this worker can report (bounded: base names, mcp, other, named tools)."""
+        return (*TOOL_LABELS, *sorted(self.named_tools))
+
+    def set_alert_thresholds(self, min_runs: int, min_hosts: int) -> None:
+        self.alert_min_runs.set(min_runs)
+        self.alert_min_hosts.set(min_hosts)
+
+    def set_spread(self, family: str, kind: str, label: str, count: int) -> None:
+        """A runs/hosts gauge (services/worker/spread.py); a label outside the bounded sets is dropped."""
+        if family == "class" and label in _ERROR_CLASSES:
+            gauge = self.class_runs if kind == "runs" else self.class_hosts
+        elif family == "tool" and (label in TOOL_LABELS or label in self.named_tools):
+            gauge = {"runs": self.tool_failing_runs, "hosts": self.tool_failing_hosts}.get(kind, self.tool_calling_hosts)
+        else:
+            return
+        gauge.labels(label).set(count)

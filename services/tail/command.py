@@ -1,4 +1,4 @@
-"""`goose-ingest tail [--type TYPE] [--run RUN]`: follow harness events (and run records) for a human.
+"""`goose-ingest tail [--type TYPE] [--class CLASS] [--run RUN]`: follow harness events (and run records) for a human.
 
 Events and run records live on different streams (and, on a cluster, on one partition per shard).
 They are printed merged in the order they were committed: runs interleave by stream-id time, and
@@ -8,6 +8,10 @@ run; a record's `counts` say how many events the run had when it was written, so
 before the event with that index (STARTED first, ENDED after the exit error it caused). A page that
 came back full may have more of the same commit behind it, so entries near or after the oldest
 "full" point wait for the next read.
+
+`--class C` prints the events that carry error class C (`error` events and retry `warning`s: what
+the error-class alerts count) with their run's host, which tail learns from the run records it reads
+(a run that started before a follow began shows none); the records themselves are not printed.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from contracts.events import EVENT_TYPES
+from contracts.events import ERROR_CLASSES, EVENT_TYPES
 from contracts.topics import EVENT, RECORD, TopicEntry, TopicEntryError
 from services.broker.connect import sync_client
 from services.settings import ConfigError, Settings
@@ -42,6 +46,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--from-start prints the history first and then follows.",
     )
     p.add_argument("--type", choices=EVENT_TYPES, help="only this event type (reads its own topic)")
+    p.add_argument("--class", dest="error_class", choices=ERROR_CLASSES, metavar="CLASS",
+                   help="only events carrying this error class (errors and retry warnings), with their run's host; "
+                   f"one of: {', '.join(ERROR_CLASSES)}")
     p.add_argument("--run", help="only this run key")
     p.add_argument("--from-start", action="store_true", help="print what the topics already hold first")
     p.add_argument("--json", action="store_true", help="print the events and records as JSON lines")
@@ -64,7 +71,8 @@ def stream_groups(settings: Settings, args: argparse.Namespace) -> list[tuple[li
         streams, records = groups.setdefault(tag, ([], set()))
         topic = layout.type_partition(args.type, s) if args.type else layout.events_partition(s)
         wanted = [topic]
-        if not args.no_runs and not args.type:
+        # --class reads the run records for the hosts (even with --type: a class's event names its run)
+        if getattr(args, "error_class", None) or (not args.no_runs and not args.type):
             wanted.append(layout.runs_partition(s))
             records.add(layout.runs_partition(s))
         for name in wanted:
@@ -91,6 +99,8 @@ def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdou
     records = set().union(*(r for _, r in groups))
     pending: list[Followed] = []
     printed = 0
+    wanted_class = getattr(args, "error_class", None)
+    hosts: dict[str, str] = {}  # run -> host, from the run records read (--class)
     block = None if args.no_follow or len(groups) > 1 else FOLLOW_BLOCK_MS
     while not stopping.is_set():
         horizon: int | None = None  # entries from this ms on may have more of their commit unread
@@ -124,10 +134,19 @@ def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdou
         ready = [e for e in pending if cut is None or e.ms < cut]
         pending = [e for e in pending if not (cut is None or e.ms < cut)]
         for entry in commit_order(ready):
+            if wanted_class is not None:
+                if entry.is_record:
+                    host = entry.data.get("host")
+                    if isinstance(host, str) and host:
+                        hosts[str(entry.data.get("runId"))] = host
+                    continue
+                if entry.data.get("errorClass") != wanted_class or entry.data.get("type") not in ("error", "warning"):
+                    continue
             if args.json:
                 line = orjson.dumps(entry.data).decode()
             else:
-                line = record_line(entry.data) if entry.is_record else event_line(entry.data)
+                line = (record_line(entry.data) if entry.is_record
+                        else event_line(entry.data, hosts.get(str(entry.data.get("runId")))))
             print(line, file=out, flush=True)
             printed += 1
             if args.count and printed >= args.count:
@@ -146,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("no broker configured: set GOOSE_INGEST_REDIS_URL (as `goose-ingest up` prints)")
     if args.count is not None and args.count < 1:
         raise ConfigError("--count must be at least 1")
+    if args.error_class and args.type not in (None, "error", "warning"):
+        raise ConfigError(f"--class selects error and warning events, not --type {args.type}")
     # SIGINT (Ctrl-C) and SIGTERM end the follow after the read in progress, exit 0. A flag, not
     # KeyboardInterrupt thrown wherever the signal lands (inside the broker client's read, whose
     # cleanup then runs under it); a second signal interrupts at once.

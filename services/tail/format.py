@@ -19,8 +19,10 @@ def summary(event: Mapping[str, Any]) -> str:
     t = event.get("type")
     ok = _SUCCESS_MARK.get(event.get("isSuccess"), "")
     if t in ("agent", "reasoning", "error", "warning"):
-        code = f" [{event['code']}]" if event.get("code") else ""
-        return _short(event.get("message", "")) + code
+        # the CLI's own code and the contract's class side by side: a page names the class
+        # (`auth`), the agent's output the code (`server_error`, `authentication_failed`)
+        tags = [str(event[k]) for k in ("code", "errorClass") if event.get(k)]
+        return _short(event.get("message", "")) + (f" [{' '.join(tags)}]" if tags else "")
     if t == "command":
         code = f" (exit {event['exitCode']})" if "exitCode" in event else ""
         return f"$ {_short(event.get('command', ''), 80)}{code}{ok}"
@@ -48,9 +50,11 @@ def when(item: Mapping[str, Any]) -> str:
     return f"{ts[:10]} {ts[11:23]}" if len(ts) >= 23 else ts
 
 
-def event_line(event: Mapping[str, Any]) -> str:
+def event_line(event: Mapping[str, Any], host: str | None = None) -> str:
+    """`host`: the run's host label, when the caller knows it (`tail --class` names it)."""
     ts = when(event)
-    return f"{ts} {event.get('runId', '')}#{event.get('seq', '')} {event.get('type', ''):<9} {summary(event)}"
+    where = f" host={host}" if host else ""
+    return f"{ts} {event.get('runId', '')}#{event.get('seq', '')}{where} {event.get('type', ''):<9} {summary(event)}"
 
 
 def record_line(record: Mapping[str, Any]) -> str:

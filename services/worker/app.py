@@ -37,6 +37,7 @@ from services.worker.housekeeping import Housekeeper
 from services.worker.leases import ShardLeases, gate_reads
 from services.worker.processor import BatchProcessor
 from services.worker.reporting import record_result
+from services.worker.spread import Spread
 
 log = logging.getLogger("goose_ingest.worker")
 START_RETRY_MAX_S = 5.0
@@ -81,6 +82,7 @@ class WorkerRuntime:
     client: Any = None
     processor: BatchProcessor | None = None
     housekeeper: Housekeeper | None = None
+    spread: Spread | None = None
     leases: ShardLeases | None = None  # None: shard leases are off (every worker reads every shard)
     server: MetricsServer | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -196,6 +198,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
             settings, client, lease_owner=runtime.consumer if settings.shard_leases else None)
         if metrics is not None and processor.redactor is not None:
             metrics.known_rules = processor.redactor.rule_names
+        processor.spread = runtime.spread = Spread(client, settings, metrics)  # runs and hosts failing, fleet-wide
         housekeeper = runtime.housekeeper = Housekeeper(settings, client, processor, runtime.consumer, metrics,
                                                         subscribers=runtime.subscriber_health, owns=runtime.may_read)
         gate.then(housekeeper.readiness)
@@ -218,6 +221,8 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         if runtime.leases is not None:
             runtime.tasks.append(asyncio.create_task(runtime.leases.run()))
         runtime.tasks.append(asyncio.create_task(watch()))
+        if runtime.spread is not None:
+            runtime.tasks.append(asyncio.create_task(runtime.spread.run()))
         if settings.redis_cluster:
             runtime.tasks.append(asyncio.create_task(gate.watch(runtime.client, settings.sweep_interval_s)))
 

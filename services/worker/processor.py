@@ -41,7 +41,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from redis.exceptions import ResponseError
@@ -83,6 +83,9 @@ from services.worker.commit import (
     decode_calls,
     decode_held,
 )
+
+if TYPE_CHECKING:
+    from services.worker.spread import Spread
 
 log = logging.getLogger("goose_ingest.worker")
 T = TypeVar("T")
@@ -132,6 +135,7 @@ class BatchResult:
     settled_ms: int = 0
     redactions: dict[str, int] = field(default_factory=dict)  # rule -> replacements
     evictions: dict[str, int] = field(default_factory=dict)  # cap -> pending tool calls surfaced early
+    hosts: dict[str, str | None] = field(default_factory=dict)  # run -> its `host` label, for runs with events
 
     def count(self, outcome: str, reason: str | None = None) -> None:
         """One entry's outcome (the batch's dispositions are added by ``tally``, the same rule)."""
@@ -154,6 +158,7 @@ class BatchResult:
             self.redactions[rule] = self.redactions.get(rule, 0) + n
         for cap, n in other.evictions.items():
             self.evictions[cap] = self.evictions.get(cap, 0) + n
+        self.hosts.update(other.hosts)
 
     def latencies_ms(self, step: int = 1) -> list[int]:
         """Redis clock at the entry's append -> settled, for every `step`-th processed entry."""
@@ -205,6 +210,8 @@ class BatchProcessor:
         self.outage_retries = 0  # reads and commits sent again because of a broker outage
         # Called between two steps of a batch's computation (see the module's docstring).
         self.pulse: Callable[[], None] = _no_pulse
+        # Runs and hosts failing per class and tool (services/worker/spread.py), counted after each commit.
+        self.spread: Spread | None = None
 
     def new_sequencer(self, run: str) -> RunSequencer:
         s = self.settings
@@ -314,7 +321,10 @@ class BatchProcessor:
             for run in batch.by_run:
                 self._cache.pop(run, None)
             raise
-        return self._settle(batch, computed)
+        result = self._settle(batch, computed)
+        if self.spread is not None and result.events:
+            await self.spread.record(result.events, result.hosts)  # best effort: never raises a broker error
+        return result
 
     def _settle(self, batch: _Batch, computed: dict[str, RunResult]) -> BatchResult:
         """After a successful commit: cache the sequencers, tally the result."""
@@ -332,6 +342,7 @@ class BatchProcessor:
             result.events.extend(outcome.events)
             if outcome.events:
                 result.events_by_format.setdefault(rr.sequencer.norm.format, []).extend(outcome.events)
+                result.hosts[run] = rr.sequencer.host
             result.records.extend(outcome.records)
             for rule, n in outcome.redactions.items():
                 result.redactions[rule] = result.redactions.get(rule, 0) + n

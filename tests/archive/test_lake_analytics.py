@@ -20,6 +20,8 @@ import pytest
 
 from contracts.keys import shard_of
 from services.broker.connect import sync_client
+from tests.deploy.test_class_alerts_live import CLASSES as CLASS_ALERTS
+from tests.deploy.test_class_alerts_live import runbook
 from tests.export.test_export_postgres_live import start_sink
 from tests.support import postgres as pg_support
 from tests.support.archive_reading import archived_everything, publish_runs, runs_of, start_archive_process
@@ -32,7 +34,7 @@ pg_dsn = pg_support.pg_dsn
 
 SECTION = "## The same questions over the event lake (DuckDB)"
 VIEWS = ("tool_failure_rate_weekly", "error_events_per_1000_runs", "errors_by_class", "errors_by_class_format",
-         "usage_by_model_day", "run_duration_percentiles", "problem_runs", "slowest_commands")
+         "class_failures", "usage_by_model_day", "run_duration_percentiles", "problem_runs", "slowest_commands")
 
 
 def lake_sql() -> list[str]:
@@ -140,6 +142,18 @@ def test_duckdb_over_the_lake_answers_as_the_postgresql_views(settings, pg_dsn, 
         pg_cols = {v: [d.name for d in conn.execute(f"SELECT * FROM {v} LIMIT 0").description] for v in VIEWS}
     for view in VIEWS:
         assert [d[0] for d in con.execute(f"SELECT * FROM {view} LIMIT 0").description] == pg_cols[view], view
+
+    # The runbooks' queries of the class and tool alerts (docs/operations.md), as written there: the
+    # same rows over the lake as in the database.
+    answered = 0
+    with psycopg.connect(pg_dsn) as conn:
+        for alert in (*(alert for alert, _ in CLASS_ALERTS.values()), "GooseIngestToolFailing"):
+            for statement in runbook(alert)[0]:
+                pg = _rows(conn.execute(statement).fetchall())
+                lake = _rows(con.execute(statement).fetchall())
+                assert _close(lake, pg), f"{alert}: {statement}\n  lake {lake[:5]}\n  pg   {pg[:5]}"
+                answered += bool(pg)
+    assert answered, "no runbook query had rows: the comparison would prove nothing"
 
 
 def test_the_docs_sql_reads_a_lake_path_given_as_a_variable(tmp_path: Path):

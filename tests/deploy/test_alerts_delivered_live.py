@@ -7,8 +7,12 @@ alerts to a real Alertmanager running deploy/alertmanager/alertmanager.yml with 
 pointed at a receiver in this test. Group waits are the shipped ones (30 s): they are what lets a
 cause's alert arrive before the alert it inhibits.
 
-The fleet is calm for a scaled hour (a baseline for GooseIngestErrorSpike), then a storm: every run
-is rate-limited (two `Rate limit exceeded` errors) and its shell call fails. Expected at the
+The fleet is calm for a scaled hour (a baseline for GooseIngestErrorSpike), then a storm from
+STORM_HOSTS hosts: every run is rate-limited (two `Rate limit exceeded` errors) and its shell calls
+fail (HOST_MIN_TOOL_CALLS of them, so each storm host is a host the tool fails on). The class and tool
+alerts count runs and hosts (docs/operations.md "Pages counted in runs and hosts"): the storm has
+more runs than ALERT_MIN_RUNS and exactly ALERT_MIN_HOSTS hosts within the workers' scaled window,
+the shipped defaults. Expected at the
 webhooks: GooseIngestRateLimited (class rate_limit) and GooseIngestToolFailing (tool shell) as
 tickets, each its own group; GooseIngestErrorSpike fires in Prometheus, reaches Alertmanager, which
 shows it `suppressed` and inhibited by the rate-limit alert, and its group wait passes without a
@@ -31,6 +35,8 @@ import pytest
 import yaml
 
 from services.broker.embedded import free_port
+from services.settings import Settings
+from services.worker.spread import HOST_MIN_TOOL_CALLS
 from tests.deploy.test_alertmanager import CONFIG, Webhooks, _test_config
 from tests.deploy.test_prometheus_live import (
     CALM_MARGIN_S,
@@ -47,9 +53,15 @@ from tests.support.prometheus_server import require_binary
 pytestmark = pytest.mark.e2e
 
 RATE_LIMITED = orjson.dumps({"type": "error", "error": "Rate limit exceeded: 429 Too Many Requests"})
-SHELL_CALL = req("call_1", "developer__shell", {"command": "make test"}).encode()
-SHELL_FAILED = resp("call_1", status="error").encode()
-STORM_RUN = [MESSAGE, RATE_LIMITED, RATE_LIMITED, SHELL_CALL, SHELL_FAILED]  # agent, 2 x rate_limit, failed command
+STORM_HOSTS = Settings.model_fields["alert_min_hosts"].default  # the fewest hosts that page, as shipped
+# agent, 2 x rate_limit, HOST_MIN_TOOL_CALLS failed commands
+STORM_RUN = [MESSAGE, RATE_LIMITED, RATE_LIMITED] + [
+    line.encode() for n in range(HOST_MIN_TOOL_CALLS)
+    for line in (req(f"call_{n}", "developer__shell", {"command": "make test"}, mid=f"q{n}"),
+                 resp(f"call_{n}", status="error", mid=f"r{n}"))]
+# Lines/s of the stack's stream, as a multiple of the spike's floor: the storm's runs are long, so at
+# the spike test's rate fewer than ALERT_MIN_RUNS of them would fit in the scaled window.
+STORM_VOLUME = 2
 SPIKE = "GooseIngestErrorSpike"
 DELIVERED = ("GooseIngestRateLimited", "GooseIngestToolFailing")
 # publish -> worker -> scrape -> Prometheus -> Alertmanager -> webhook, beyond the rules' own
@@ -72,6 +84,9 @@ class StormStream(RunStream):
     def _next_run(self) -> list[bytes]:
         return STORM_RUN if self.mode == "storm" else super()._next_run()
 
+    def host(self) -> str:
+        return f"storm-{self.runs % STORM_HOSTS}" if self.mode == "storm" else super().host()
+
 
 class AlertingStack(Stack):
     """Stack (workers + scaled Prometheus) whose Prometheus sends to a real Alertmanager."""
@@ -79,7 +94,7 @@ class AlertingStack(Stack):
     def __init__(self, settings, tmp_path, alertmanager_port: int):
         self.alertmanager_port = alertmanager_port
         super().__init__(settings, tmp_path)
-        self.stream = StormStream(settings, self.stream.events_per_s)
+        self.stream = StormStream(settings, STORM_VOLUME * self.stream.events_per_s)
 
     def _config(self, ports: list[int]) -> dict:
         config = super()._config(ports)

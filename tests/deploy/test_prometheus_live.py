@@ -9,7 +9,8 @@ Time scaling (``TIME_FACTOR`` = 60, done by ``tests/support/prometheus_server.py
 every duration in the rule file is divided by 60 and nothing else changes. Concretely
 ``[5m]`` -> ``[5s]`` (all recording rules, GooseIngestStalled), ``[15m]`` -> ``[15s]``,
 ``[1h] offset 5m`` -> ``[1m] offset 5s`` (the ErrorSpike baseline), ``for: 5m`` -> ``for: 5s``,
-``for: 10m`` -> ``for: 10s``, ``for: 15m`` -> ``for: 15s``. Names (``job:...:rate5m``), matchers,
+``for: 10m`` -> ``for: 10s``, ``for: 15m`` -> ``for: 15s``; the workers' ALERT_WINDOW_S (the window of
+the runs/hosts gauges the class and tool alerts read) 300 s -> 5 s. Names (``job:...:rate5m``), matchers,
 operators, thresholds (``> 3 *``, ``> 0.05``, ``> 0.5`` events/s), labels and annotations are
 untouched; scale_rules asserts the scaled file equals the source with every duration masked, and
 ``promtool check config`` validates the generated config and the scaled rule file. Thresholds on
@@ -21,6 +22,7 @@ window holds ~20 scrapes (as 5m holds 20 at 15s) and the 1m baseline 60 evaluati
 Volume: the rule pages only above ``> 0.5`` events/s (read from the rule), i.e. 2.5 events per
 scaled 5s window. The fleet runs at 20x that (10 events/s), with a normal 2% error share (one
 error run in 50), like the promtool unit test of deploy/prometheus/tests/rules_test.yml.
+The runs come from FLEET_HOSTS hosts: the spike pages only with errors on ALERT_MIN_HOSTS hosts.
 
 Main test (~90 s): calm for scaled(1h) + scaled(5m) + 10 s = 75 s so the baseline window is full
 (the runbook promises silence during a deployment's first hour), asserting every 0.5 s and then
@@ -45,6 +47,7 @@ import redis
 import yaml
 
 from services.broker.embedded import free_port
+from services.settings import Settings
 from services.tap.publisher import Publisher
 from tests.support.pipeline import REPO, start_worker, stop
 from tests.support.prometheus_server import (
@@ -66,6 +69,7 @@ WORKERS = 2
 VOLUME_MULTIPLE = 20  # events/s published, as a multiple of the rule's volume floor
 CALM_ERROR_EVERY = 50  # one error run (1 error event) per 50 runs of 1 event: 2%
 CALM_MARGIN_S = 10.0
+FLEET_HOSTS = 5  # more than ALERT_MIN_HOSTS (3)
 FIRING_TIMEOUT_S = 90.0
 
 MESSAGE = (b'{"type":"message","message":{"id":"m1","role":"assistant",'
@@ -101,6 +105,12 @@ def _scaled(text: str) -> str:
     return format_duration_ms(parse_duration_ms(text) // TIME_FACTOR)
 
 
+def scaled_alert_window_s() -> str:
+    """The workers' ALERT_WINDOW_S (the window of the runs/hosts gauges the class and tool alerts
+    read), scaled like the rules' windows: the shipped default divided by TIME_FACTOR."""
+    return f"{Settings.model_fields['alert_window_s'].default / TIME_FACTOR:g}"
+
+
 # --------------------------------------------------------------------------- publishing
 class RunStream(threading.Thread):
     """Publishes runs at a fixed event rate; ``mode`` ("calm"/"burst") picks what the next runs hold."""
@@ -119,6 +129,11 @@ class RunStream(threading.Thread):
         self.max_lag_s = 0.0
         self._client = redis.Redis.from_url(settings.redis_url)
 
+    def host(self) -> str:
+        """The `host` label of the next run: round robin over FLEET_HOSTS (the spike pages only with
+        errors on ALERT_MIN_HOSTS hosts)."""
+        return f"host-{self.runs % FLEET_HOSTS}"
+
     def _next_run(self) -> list[bytes]:
         if self.mode == "burst":
             return BURST_RUN
@@ -133,7 +148,7 @@ class RunStream(threading.Thread):
                 batch: list[Publisher] = []
                 while published < due:
                     lines = self._next_run()
-                    pub = Publisher(self.settings, f"prom/{self.runs}", {"host": "x"}, client=self._client)
+                    pub = Publisher(self.settings, f"prom/{self.runs}", {"host": self.host()}, client=self._client)
                     for line in lines:
                         pub.add_line(line, "stdout")
                     pub.add_eof(0)
@@ -182,7 +197,8 @@ class Stack:
         log = tmp_path / "workers.log"
         for port in ports:
             self.workers.append(start_worker(settings, log, GOOSE_INGEST_METRICS_PORT=str(port),
-                                             GOOSE_INGEST_METRICS_HOST="127.0.0.1"))
+                                             GOOSE_INGEST_METRICS_HOST="127.0.0.1",
+                                             GOOSE_INGEST_ALERT_WINDOW_S=scaled_alert_window_s()))
         self.prom = PrometheusServer(prometheus, tmp_path / "prometheus.yml", tmp_path, free_port())
         self.prom.wait_ready()
         self.job = config["scrape_configs"][0]["job_name"]

@@ -360,6 +360,36 @@ def test_errors_by_class_format_splits_the_classes_by_format_agent_and_host(stor
                     "ORDER BY 2") == [("auth", "claude-code/2.1", 3), ("auth", "codex/0.5", 1)]
 
 
+def test_class_failures_lists_errors_and_retry_warnings_with_their_runs_host(store):
+    """What the error-class alerts count, one row per event: a retry-only storm is not 0 rows."""
+    batch = [record("T1", 0, "started", "2026-11-30T10:00:00.000Z", agent="codex/0.5", format="codex", host="h1"),
+             record("T2", 0, "started", "2026-11-30T10:00:00.000Z", agent="claude-code/2.1", format="claude-code",
+                    host="h2"),
+             event("T1", 0, type="warning", message="Reconnecting... 1/5", code="retry", errorClass="timeout"),
+             event("T1", 1, type="warning", message="Reconnecting... 2/5", code="retry", errorClass="timeout"),
+             event("T2", 0, type="warning", message="api_retry", code="api_retry", errorClass="timeout"),
+             event("T2", 1, type="warning", message="missing entries", code="missing-entries"),  # no class: no failure
+             event("T2", 2, type="error", message="stream disconnected", errorClass="timeout"),
+             event("T2", 3, type="error", message="boom"),  # before contract 1.1: other
+             event("T9", 0, type="error", message="401", errorClass="auth")]  # a run not known yet
+    _, result = write(store, batch)
+    assert not result.rejected
+    assert q(store, "SELECT c.error_class, c.type, c.run_key, c.host, c.format, c.agent, c.code FROM class_failures c "
+                    "ORDER BY c.run_key, c.message") == [
+        ("timeout", "warning", "T1", "h1", "codex", "codex/0.5", "retry"),
+        ("timeout", "warning", "T1", "h1", "codex", "codex/0.5", "retry"),
+        ("timeout", "warning", "T2", "h2", "claude-code", "claude-code/2.1", "api_retry"),
+        ("other", "error", "T2", "h2", "claude-code", "claude-code/2.1", None),
+        ("timeout", "error", "T2", "h2", "claude-code", "claude-code/2.1", None),
+        ("auth", "error", "T9", None, None, None, None),
+    ]
+    # errors_by_class_format (type `error` only) sees one timeout; the alert counted two runs on two hosts
+    assert q(store, "SELECT sum(runs_with_errors)::int FROM errors_by_class_format WHERE error_class = 'timeout'") \
+        == [(1,)]
+    assert q(store, "SELECT count(DISTINCT run_key)::int, count(DISTINCT host)::int, count(*)::int FROM class_failures "
+                    "WHERE error_class = 'timeout'") == [(2, 2, 4)]
+
+
 def test_views_answer_the_operators_questions(store):
     known_fleet(store)
     from datetime import date
@@ -424,7 +454,7 @@ def test_docs_show_every_view_exactly_as_migrations_create_it():
     docs = (REPO / "docs" / "analytics.md").read_text()
     views = [re.search(r"CREATE VIEW .*?;", m.sql, re.S) for m in shipped()]
     statements = [v for m in shipped() for v in re.findall(r"CREATE VIEW \w+ AS\n.*?;", m.sql, re.S)]
-    assert len(statements) == 8 and any(views)
+    assert len(statements) == 9 and any(views)
     for sql in statements:
         assert sql in docs, f"docs/analytics.md does not show {sql.splitlines()[0]} as migrated"
 

@@ -177,7 +177,7 @@ def test_migrate_flag_applies_then_reports_nothing_more(settings, pg_dsn):
     first = subprocess.run(sink_cmd("--migrate"), cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
     assert first.stdout.split() == ["0001_tables", "0002_model_format_views", "0003_error_classes",
-                                    "0004_errors_by_class_format"]
+                                    "0004_errors_by_class_format", "0005_class_failures"]
     again = subprocess.run(sink_cmd("--migrate"), cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and again.stdout == ""
 
