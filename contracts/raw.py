@@ -86,7 +86,7 @@ class RawEntry(BaseModel):
     format: str = Field(  # type: ignore[assignment]
         default=None,
         max_length=MAX_LABEL_CHARS,
-        description="The agent's output format: goose, claude-code, codex (other short text is kept and reported).",
+        description="The agent's output format: goose, claude-code, codex, gemini-cli, opencode (other short text is kept and reported).",
     )
     parent: str = Field(  # type: ignore[assignment]
         default=None, pattern=RUN_KEY_PATTERN, description="Run key of the parent run (subagent sessions)."

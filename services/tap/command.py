@@ -1,7 +1,7 @@
 """`goose-ingest tap` and `goose-ingest publish`: publish an agent's output lines as raw entries.
 
-Both label every entry with the run's input `format` (goose | claude-code | codex) when it is known:
-given with --format, or, for `tap`, recognised from the command it wraps (`goose`, `claude`, `codex`,
+Both label every entry with the run's input `format` (goose | claude-code | codex | gemini-cli | opencode) when it is known:
+given with --format, or, for `tap`, recognised from the command it wraps (`goose`, `claude`, `codex`, `gemini`, `opencode`,
 also behind launchers such as `env`, `npx`, `nohup`). Without a label the workers detect the format
 from the first JSON line (harness-events-more-formats.md section 1).
 """

@@ -10,8 +10,10 @@ ids, names, arguments and results, its usage record) and imports only the shared
 
 from __future__ import annotations
 
-from services.normalizer.formats import claude_code, codex, goose
+from services.normalizer.formats import claude_code, codex, gemini_cli, goose, opencode
 from services.normalizer.machinery import FormatRules
 
 # One line per format: the registry ``RunNormalizer.set_format`` reads.
-RULES: dict[str, FormatRules] = {rules.name: rules for rules in (goose.RULES, claude_code.RULES, codex.RULES)}
+RULES: dict[str, FormatRules] = {
+    rules.name: rules for rules in (goose.RULES, claude_code.RULES, codex.RULES, gemini_cli.RULES, opencode.RULES)
+}
