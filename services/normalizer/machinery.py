@@ -650,6 +650,10 @@ class Machinery:
         ``kinds`` None: unmapped, one ``unknown{raw}`` with the extras; ``[]``: consumed.
         """
         if kinds is None:
+            if self._too_deep(raw):
+                # As ``unknown``: a record kept whole that no consumer can take is kept as its line's text
+                # (a format whose call and result come in one record, opencode's, never stores it first).
+                raw = self._text.strip()
             self.emit(out, ts_ms, "unknown", {"raw": raw, **tail}, first, last)
             return
         for kind in kinds:
