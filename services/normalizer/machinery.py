@@ -10,9 +10,10 @@ caps and ``truncated``, usage and error bookkeeping, and the serialisable state.
 format is one ``FormatRules`` record per module of ``services/normalizer/formats/``: how a parsed
 JSON object is mapped.
 
-This module knows no format: the format modules import it (and only it, ``tools``, ``shell`` and
-``paths``), and ``run_normalizer`` puts the two together (the format decision, F1-F4, and the
-registry of ``FormatRules``) in ``RunNormalizer``, a subclass of ``Machinery``. So the imports go
+This module knows no format: the format modules import it (and only it, ``tools``, ``shell``,
+``paths``, ``timefmt`` and the class names of ``error_classes``), and ``run_normalizer`` puts the
+two together (the format decision, F1-F4, and the registry of ``FormatRules``) in
+``RunNormalizer``, a subclass of ``Machinery``. So the imports go
 one way: machinery <- formats <- run_normalizer, with no circle.
 
 Everything kept is plain data so ``to_bytes``/``from_bytes`` round-trip exactly.

@@ -2,8 +2,9 @@
 
 Each module holds only what is its format's own (record and block dispatch, where the format keeps
 ids, names, arguments and results, its usage record) and imports only the shared machinery
-(``machinery``, ``tools``, ``shell``, ``paths``), never another format. Its ``RULES`` is built by
-``machinery.format_rules`` from its row of contracts/formats.py (name, product); the row's
+(``machinery``, ``tools``, ``shell``, ``paths``, ``timefmt``, ``error_classes``' class names), never
+another format. Its ``RULES`` is built by ``machinery.format_rules`` from its row of
+contracts/formats.py (name, product); the row's
 ``module`` names the file, and tests/core/test_formats_registry.py holds the table, this registry and
 ``services/native.py``'s compiled modules equal.
 """
