@@ -104,8 +104,8 @@ def _init(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) 
     sid = rec.get("session_id")
     if nonempty_str(sid):
         norm.session = sid  # G-R1
-    elif "session_id" in rec:
-        _unrecognized(norm, out, seq, ts_ms, rec)  # a session id that is not one breaks the schema
+    elif type(sid) is not str and "session_id" in rec:
+        _unrecognized(norm, out, seq, ts_ms, rec)  # a session id that is no string breaks the schema
 
 
 def _message(norm: Machinery, out: list[Event], seq: int, ts_ms: int, rec: Record) -> None:
