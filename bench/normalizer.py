@@ -16,12 +16,12 @@ parsed, its record type looked up in a dict, and as many envelope-only events as
 emits for that line are built (event id, run id, seq, type, cached timestamp text, lines, one
 field) and serialised. No classification, pairing or state: the ratio ``lines()`` can reach at
 most with plain dicts as events, however the mapping is designed.
-Corpora: the shared transcripts of each format (goose, claude-code, codex), repeated.
+Corpora: the shared transcripts of each format (goose, claude-code, codex, gemini-cli, opencode), repeated.
 Variants are interleaved over several rounds because CPU speed here drifts over seconds, and
 timed in process CPU time (``time.process_time``) because the machine is shared: wall time
 would count other processes' turns on the CPU.
 
-    python bench/normalizer.py [--lines 200000] [--rounds 5] [--format goose|claude-code|codex]
+    python bench/normalizer.py [--lines 200000] [--rounds 5] [--format goose|claude-code|codex|gemini-cli|opencode]
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ EVENT_TYPES = (
 TOOL_EVENT_TYPES = ("read", "write", "command", "search", "list", "skill")
 
 # The agent output formats a run can have (extension section 1); the `format` label of run records.
-InputFormat = Literal["goose", "claude-code", "codex"]
+InputFormat = Literal["goose", "claude-code", "codex", "gemini-cli", "opencode"]
 FORMATS: tuple[str, ...] = get_args(InputFormat)
 
 Line = Annotated[int, Field(ge=1)]
@@ -53,8 +53,8 @@ class Envelope(BaseModel):
     sessionId: str = Field(  # type: ignore[assignment]
         default=None,
         min_length=1,
-        description="The agent CLI's own session id current when the event was emitted (Claude Code `session_id`, "
-        "Codex `thread_id`); omitted when unknown and always for goose.",
+        description="The agent CLI's own session id current when the event was emitted (Claude Code and Gemini CLI `session_id`, "
+        "Codex `thread_id`, opencode `sessionID`); omitted when unknown and always for goose.",
     )
 
 

@@ -38,11 +38,23 @@ class AgentFormat(NamedTuple):
     subtyped_record_types: tuple[str, ...] = ()
     # F3: `type` prefixes that name it.
     type_prefixes: tuple[str, ...] = ()
+    # F3: `type`s that name it only when the object also has a string under ``record_key`` (a key no
+    # other row's records have: gemini-cli's `init` with `session_id`, opencode's records with
+    # `sessionID`), so record types it shares with another CLI (`error`, `message`) never decide alone.
+    keyed_record_types: tuple[str, ...] = ()
+    record_key: str = ""
+    # The OpenTelemetry `gen_ai.provider.name` of the model service the CLI talks to, when it talks to
+    # one only (GenAI semantic conventions' well-known values); "" when it can use any provider.
+    provider: str = ""
+    # The shared fixture (../shared/fixtures/<name>/) the demo shows for this format.
+    demo_transcript: str = "a-read-edit-test.jsonl"
 
 
 GOOSE = "goose"
 CLAUDE_CODE = "claude-code"
 CODEX = "codex"
+GEMINI_CLI = "gemini-cli"
+OPENCODE = "opencode"
 
 AGENT_FORMATS: tuple[AgentFormat, ...] = (
     AgentFormat(
@@ -60,6 +72,7 @@ AGENT_FORMATS: tuple[AgentFormat, ...] = (
         agent_products=("claude", "claude-code"),
         commands=("claude",),
         packages=("@anthropic-ai/claude-code",),
+        provider="anthropic",
         record_types=("assistant", "user", "result", "stream_event", "rate_limit_event"),
         subtyped_record_types=("system",),
     ),
@@ -71,6 +84,32 @@ AGENT_FORMATS: tuple[AgentFormat, ...] = (
         commands=("codex",),
         packages=("@openai/codex",),
         type_prefixes=("thread.", "turn.", "item."),
+        provider="openai",
+    ),
+    AgentFormat(
+        name=GEMINI_CLI,
+        product="gemini",
+        module="gemini_cli",
+        agent_products=("gemini", "gemini-cli"),
+        commands=("gemini",),
+        packages=("@google/gemini-cli",),
+        # G-F2: only `init` (always its first line); `message` is goose's type too, `result` Claude's.
+        keyed_record_types=("init",),
+        record_key="session_id",
+        provider="gcp.gemini",
+        demo_transcript="tools.jsonl",
+    ),
+    AgentFormat(
+        name=OPENCODE,
+        product="opencode",
+        module="opencode",
+        agent_products=("opencode",),
+        commands=("opencode",),
+        packages=("opencode-ai",),
+        # O-F2: the camelCase `sessionID` tells its `error` from goose's, its `tool_use` from Claude's.
+        keyed_record_types=("step_start", "step_finish", "text", "reasoning", "tool_use", "error"),
+        record_key="sessionID",
+        demo_transcript="tools.jsonl",
     ),
 )
 

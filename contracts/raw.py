@@ -81,12 +81,17 @@ class RawEntry(BaseModel):
     stream: Literal["stdout", "stderr"] = Field(default="stdout")
     line: str = Field(default=None, description="The raw line without its newline; required for kind=line.")  # type: ignore[assignment]
     exit: int = Field(default=None, ge=-(2**31), le=2**31 - 1, description="goose's exit code, on eof entries when known.")  # type: ignore[assignment]
+    signal: int = Field(  # type: ignore[assignment]
+        default=None, ge=1, le=127,
+        description="kind=eof: the signal the tap forwarded to the command (SIGINT 2, SIGTERM 15, SIGHUP 1), when it did; "
+        "the run then ends with a `cancelled` error whatever the exit code (Gemini CLI exits 0 on SIGINT).",
+    )
     host: str = Field(default=None, description="Label copied into run lifecycle records.")  # type: ignore[assignment]
     agent: str = Field(default=None, description="Label copied into run lifecycle records, e.g. goose/1.56.0.")  # type: ignore[assignment]
     format: str = Field(  # type: ignore[assignment]
         default=None,
         max_length=MAX_LABEL_CHARS,
-        description="The agent's output format: goose, claude-code, codex (other short text is kept and reported).",
+        description="The agent's output format: goose, claude-code, codex, gemini-cli, opencode (other short text is kept and reported).",
     )
     parent: str = Field(  # type: ignore[assignment]
         default=None, pattern=RUN_KEY_PATTERN, description="Run key of the parent run (subagent sessions)."

@@ -13,7 +13,9 @@ RUN_STATES = ("started", "completed", "ended", "abandoned")
 
 class Usage(BaseModel):
     """The agent's cumulative counters from its last completion record (goose `complete`, Claude Code
-    `result`, Codex `turn.completed`); `inputTokens` is the whole prompt, cache reads and writes included."""
+    `result`, Codex `turn.completed`, Gemini CLI `result`); for opencode, whose usage is per step, the
+    sum over the run's `step_finish` records so far. `inputTokens` is the whole prompt, cache reads
+    and writes included."""
 
     inputTokens: int = None  # type: ignore[assignment]
     outputTokens: int = None  # type: ignore[assignment]

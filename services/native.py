@@ -39,6 +39,8 @@ COMPILED_MODULES = (
     "services.normalizer.formats.goose",
     "services.normalizer.formats.claude_code",
     "services.normalizer.formats.codex",
+    "services.normalizer.formats.gemini_cli",
+    "services.normalizer.formats.opencode",
     "services.normalizer.run_normalizer",
     "services.sequencer.entries",
     "services.sequencer.run",

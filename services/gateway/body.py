@@ -25,7 +25,7 @@ from contracts.gateway import REFUSED_OVERSIZE as OVERSIZE
 from services.sequencer.entries import EntryError, parse_fields
 
 # The order of the contract's fields (Entry.to_fields); other fields a shipper adds follow them.
-FIELD_ORDER = (b"run", b"seq", b"ts", b"kind", b"stream", b"line", b"exit", b"host", b"agent", b"format",
+FIELD_ORDER = (b"run", b"seq", b"ts", b"kind", b"stream", b"line", b"exit", b"signal", b"host", b"agent", b"format",
                b"parent", b"continues")
 # Fields only a worker writes (abandon markers, on the control streams) and the spool's local tag.
 FORBIDDEN = frozenset({"through", "missing"})

@@ -39,9 +39,11 @@ class NotAStream(Exception):
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "normalize",
-        help="normalize an agent's stream lines (goose, Claude Code or Codex) from a file or stdin into harness events",
+        help="normalize an agent's stream lines (goose, Claude Code, Codex, Gemini CLI or opencode) from a file or stdin "
+        "into harness events",
         description="Reads lines as `goose run --output-format stream-json`, `claude -p --output-format stream-json "
-        "--verbose` or `codex exec --json` print them and writes one harness event per line as compact JSON. "
+        "--verbose`, `codex exec --json`, `gemini -p ... --output-format stream-json` or `opencode run --format json` "
+        "print them and writes one harness event per line as compact JSON. "
         "End of input is the run's eof. Exit 2: usage error, unreadable input, or input that is not a line "
         "stream (a sessions.db, an --output-format json document); stderr says what to use instead.",
     )

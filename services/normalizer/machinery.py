@@ -11,8 +11,9 @@ format is one ``FormatRules`` record per module of ``services/normalizer/formats
 JSON object is mapped.
 
 This module knows no format: the format modules import it (and only it, ``tools``, ``shell``,
-``paths`` and ``error_classes``, for a class a format reads off a field of its own), and ``run_normalizer`` puts the two together (the format decision, F1-F4, and the
-registry of ``FormatRules``) in ``RunNormalizer``, a subclass of ``Machinery``. So the imports go
+``paths``, ``timefmt`` and the class names of ``error_classes``), and ``run_normalizer`` puts the
+two together (the format decision, F1-F4, and the registry of ``FormatRules``) in
+``RunNormalizer``, a subclass of ``Machinery``. So the imports go
 one way: machinery <- formats <- run_normalizer, with no circle.
 
 Everything kept is plain data so ``to_bytes``/``from_bytes`` round-trip exactly.
@@ -28,7 +29,7 @@ import orjson
 from contracts.events import EVENT_TYPES
 from contracts.formats import BY_NAME, DEFAULT_FORMAT
 from contracts.raw import DEFAULT_MAX_PENDING_TOOL_BYTES, PENDING_TOOL_CAPS
-from services.normalizer.error_classes import event_class
+from services.normalizer.error_classes import CANCELLED, event_class
 from services.normalizer.timefmt import format_ms
 
 STATE_VERSION = 1
@@ -78,6 +79,8 @@ INPUT_SEARCH_DEPTH = 4
 # `where` of a call whose input is not a part of its block (no format does that): the block is
 # stored as [block, input].
 INPUT_BESIDE = True
+# `code` of the end error of a run the tap stopped with a signal (class `cancelled`).
+SIGNALLED: Final = "signalled"
 # Which cap surfaced a call early (the `cap` label of goose_ingest_pending_tool_evictions).
 EVICT_COUNT, EVICT_BYTES = PENDING_TOOL_CAPS
 
@@ -116,6 +119,9 @@ class FormatRules(NamedTuple):
     consumed: Callable[[str], bool]
     # Maps many entries of a run whose format is decided (same events as one `line` call each).
     batch: Callable[[Machinery, list[Event], Iterator[tuple[int, int, str, str]]], None]
+    # At the run's end, after the flush and drain, before the exit error: the format's own end rules
+    # (seq, ts, exit code or None). True: the format has reported the exit itself (no exit error).
+    finish: Callable[[Machinery, list[Event], int, int, int | None], bool] | None = None
 
 
 def format_rules(
@@ -123,11 +129,12 @@ def format_rules(
     record: Callable[[Machinery, list[Event], int, int, Record], None],
     consumed: Callable[[str], bool],
     batch: Callable[[Machinery, list[Event], Iterator[tuple[int, int, str, str]]], None] | None = None,
+    finish: Callable[[Machinery, list[Event], int, int, int | None], bool] | None = None,
 ) -> FormatRules:
     """A format module's ``RULES``: its functions, with its name and product from its row of
     contracts/formats.py (a KeyError at import for a module whose format has no row)."""
     spec = BY_NAME[name]
-    return FormatRules(spec.name, spec.product, record, consumed, generic_batch if batch is None else batch)
+    return FormatRules(spec.name, spec.product, record, consumed, generic_batch if batch is None else batch, finish)
 
 
 def generic_batch(norm: Machinery, out: list[Event], entries: Iterator[tuple[int, int, str, str]]) -> None:
@@ -241,6 +248,7 @@ class Machinery:
         "format",
         "session",
         "errors",
+        "local",
         "_rules",
         "_ts_ms",
         "_ts_text",
@@ -273,6 +281,8 @@ class Machinery:
         self.format: str | None = None
         self.session: str | None = None  # current sessionId (extension section 3)
         self.errors: list[str] = []  # error messages emitted since the last turn end (C-F4, X-E3)
+        # A format's own small counters and flags (plain JSON, bounded by the format: a few keys).
+        self.local: dict[str, Any] = {}
         self._rules: FormatRules | None = None
         self._ts_ms = -1
         self._ts_text = ""
@@ -317,6 +327,8 @@ class Machinery:
             state["session"] = self.session
         if self.errors:
             state["errors"] = self.errors
+        if self.local:
+            state["local"] = self.local
         return state
 
     def to_bytes(self) -> bytes:
@@ -353,6 +365,7 @@ class Machinery:
         self.usage = state["usage"]
         self.session = state.get("session")
         self.errors = state.get("errors", [])
+        self.local = state.get("local", {})
 
     # ----------------------------------------------------------------- format
     def use_rules(self, rules: FormatRules) -> None:
@@ -440,16 +453,28 @@ class Machinery:
             assert rules is not None
         rules.record(self, out, seq, ts_ms, record)
 
-    def end(self, seq: int, ts_ms: int, exit_code: int | None = None, agent: str | None = None) -> list[Event]:
+    def end(self, seq: int, ts_ms: int, exit_code: int | None = None, agent: str | None = None,
+            signal: int | None = None) -> list[Event]:
         """End of the run's input (eof, or the run declared abandoned): flush and drain. `agent`: the
         run's agent label, named in the exit error of a run whose format was never decided (the tap
-        sets it to the command's name), so a command that is not goose is not called goose."""
+        sets it to the command's name), so a command that is not goose is not called goose.
+        `signal`: the signal the tap forwarded to the command (eof `signal`), if any: a run it stopped
+        (a non-zero exit, or no `completed` record) ends with a `cancelled` error instead of the exit
+        error, whatever the exit code (Gemini CLI exits 0 on SIGINT)."""
         out: list[Event] = []
         self._text = ""
         self.flush(out, ts_ms)
         self.drain(out, ts_ms)
+        rules = self._rules
+        product = rules.product if rules is not None else (agent.split("/", 1)[0] if agent else DEFAULT_PRODUCT)
+        if signal is not None and (exit_code != 0 or self.usage is None):
+            exited = "" if exit_code is None else f"; it exited with code {exit_code}"
+            message = f"{product} was stopped by signal {signal} (forwarded by the tap){exited}"
+            self.emit(out, ts_ms, "error", {"message": message, "code": SIGNALLED, "errorClass": CANCELLED}, seq, seq)
+            return out
+        if rules is not None and rules.finish is not None and rules.finish(self, out, seq, ts_ms, exit_code):
+            return out
         if exit_code is not None and exit_code != 0:
-            product = self._rules.product if self._rules is not None else (agent.split("/", 1)[0] if agent else DEFAULT_PRODUCT)
             self.emit(out, ts_ms, "error", {"message": f"{product} exited with code {exit_code}"}, seq, seq)
         return out
 
@@ -626,6 +651,10 @@ class Machinery:
         ``kinds`` None: unmapped, one ``unknown{raw}`` with the extras; ``[]``: consumed.
         """
         if kinds is None:
+            if self._too_deep(raw):
+                # As ``unknown``: a record kept whole that no consumer can take is kept as its line's text
+                # (a format whose call and result come in one record, opencode's, never stores it first).
+                raw = self._text.strip()
             self.emit(out, ts_ms, "unknown", {"raw": raw, **tail}, first, last)
             return
         for kind in kinds:

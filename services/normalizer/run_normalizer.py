@@ -21,6 +21,8 @@ from services.normalizer.machinery import DEFAULT_LIMITS, STATE_VERSION, Event, 
 _BY_RECORD_TYPE = {t: f.name for f in AGENT_FORMATS for t in f.record_types}
 _BY_SUBTYPED_RECORD_TYPE = {t: f.name for f in AGENT_FORMATS for t in f.subtyped_record_types}
 _TYPE_PREFIXES = tuple((p, f.name) for f in AGENT_FORMATS for p in f.type_prefixes)
+# Record type -> (key whose string value it needs, format): checked first, the most specific rule.
+_BY_KEYED_RECORD_TYPE = {t: (f.record_key, f.name) for f in AGENT_FORMATS for t in f.keyed_record_types}
 
 
 def detect_format(record: Record) -> str:
@@ -28,6 +30,9 @@ def detect_format(record: Record) -> str:
     rtype = record.get("type")
     if type(rtype) is not str:
         return DEFAULT_FORMAT
+    keyed = _BY_KEYED_RECORD_TYPE.get(rtype)
+    if keyed is not None and type(record.get(keyed[0])) is str:
+        return keyed[1]
     fmt = _BY_RECORD_TYPE.get(rtype)
     if fmt is not None:
         return fmt

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.formats import DEFAULT_FORMAT, FORMAT_NAMES
+from contracts.formats import AGENT_FORMATS, DEFAULT_FORMAT
 from services.broker.connect import sync_client
 from services.broker.url import DEFAULT_PORT as EMBEDDED_DEFAULT_PORT  # Redis's own: the URL users expect
 from services.broker.url import redact_url
@@ -26,7 +26,7 @@ SHARED_FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtu
 DEFAULT_FIXTURES = SHARED_FIXTURES / DEFAULT_FORMAT
 # Beside every goose fixture, the demo shows one run of each other format of contracts/formats.py
 # (its fixtures' directory is its format's name; one without this transcript is left out).
-OTHER_FORMAT_FIXTURES = tuple((name, "a-read-edit-test.jsonl") for name in FORMAT_NAMES if name != DEFAULT_FORMAT)
+OTHER_FORMAT_FIXTURES = tuple((f.name, f.demo_transcript) for f in AGENT_FORMATS if f.name != DEFAULT_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser(
         "demo",
         help="push goose transcripts through a live pipeline and show the events",
-        description="Publish transcripts (default: the shared goose fixtures and one Claude Code and one Codex "
-        "transcript) as runs through a real worker process -- on an embedded redis-server unless a broker is "
+        description="Publish transcripts (default: the shared goose fixtures and one transcript of each other "
+        "format: Claude Code, Codex, Gemini CLI, opencode) as runs through a real worker process -- on an embedded redis-server unless a broker is "
         "configured -- and print the harness events and run records they became, one run after another. With its "
         "embedded broker (or GOOSE_INGEST_ARCHIVE_URL set) it also archives the runs (docs/archive.md \"Locally\").",
     )

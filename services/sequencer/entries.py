@@ -20,6 +20,7 @@ _RUN_RE = re.compile(RUN_KEY_PATTERN.encode())
 _INT_RE = re.compile(rb"\s*(-?[0-9]{1,19})\s*")
 MAX_SEQ = 2**53  # beyond what a JSON number holds exactly in every consumer language
 MIN_EXIT, MAX_EXIT = -(2**31), 2**31 - 1  # exit codes and signal numbers fit in a C int
+MAX_SIGNAL = 127  # an eof's `signal`: a signal number (Linux: 1..64; 128+N exit codes need N < 128)
 MAX_MISSING_RANGES = 100_000  # a marker names at most this many gaps (a run holds at most 10k entries)
 MAX_MISSING_BYTES = 2_000_000
 STDOUT, STDERR = "stdout", "stderr"
@@ -59,6 +60,7 @@ class Entry(NamedTuple):
     parent: str | None = None  # run key of the parent run (subagent sessions), a label like host
     continues: str | None = None  # run key this run continues (a later part of an imported session)
     format: str | None = None  # the agent's output format label (goose | claude-code | codex | ...)
+    signal: int | None = None  # eof only: the signal the tap forwarded to the command, when it did
 
     # ------------------------------------------------------------------ constructors
     # One per kind, with the fields that kind has: eleven positional fields are easy to misplace.
@@ -71,8 +73,8 @@ class Entry(NamedTuple):
     @classmethod
     def of_eof(cls, run: str, seq: int, ts: int, exit: int | None = 0, *, stream: str = "stdout", sid: str = "",
                host: str | None = None, agent: str | None = None, parent: str | None = None,
-               continues: str | None = None, format: str | None = None) -> Entry:
-        return cls(run, seq, ts, EOF, stream, "", exit, host, agent, sid, -1, (), parent, continues, format)
+               continues: str | None = None, format: str | None = None, signal: int | None = None) -> Entry:
+        return cls(run, seq, ts, EOF, stream, "", exit, host, agent, sid, -1, (), parent, continues, format, signal)
 
     @classmethod
     def of_abandon(cls, run: str, seq: int, ts: int, through: int, missing: tuple[SeqRange, ...] = (), *,
@@ -102,6 +104,8 @@ class Entry(NamedTuple):
             out[b"missing"] = orjson.dumps([list(r) for r in self.missing])
         if self.exit is not None:
             out[b"exit"] = str(self.exit).encode()
+        if self.signal is not None:
+            out[b"signal"] = str(self.signal).encode()
         for name, value in ((b"host", self.host), (b"agent", self.agent), (b"format", self.format),
                             (b"parent", self.parent), (b"continues", self.continues)):
             if value:
@@ -330,7 +334,12 @@ def _parse_rest(fields: dict[bytes, bytes], sid: str, control: bool, run: str, s
         exit_code = _int(exit_b, "exit") if exit_b not in (None, b"") else None
         if exit_code is not None and not MIN_EXIT <= exit_code <= MAX_EXIT:
             raise EntryError("'exit' is out of range (a 32-bit exit code)")
-        return Entry(run, seq, ts, EOF, stream, "", exit_code, host, agent, sid, -1, (), parent, continues, fmt)
+        signal_b = get(b"signal")
+        signum = _int(signal_b, "signal") if signal_b not in (None, b"") else None
+        if signum is not None and not 1 <= signum <= MAX_SIGNAL:
+            raise EntryError(f"'signal' is out of range (a signal number, 1-{MAX_SIGNAL})")
+        return Entry(run, seq, ts, EOF, stream, "", exit_code, host, agent, sid, -1, (), parent, continues, fmt,
+                     signum)
     if kind_b == b"abandon":
         through = _int(fields.get(b"through"), "through")
         if not -1 <= through <= MAX_SEQ:

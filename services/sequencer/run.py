@@ -556,7 +556,7 @@ class RunSequencer:
             # The run's input format is fixed by its seq-0 entry's labels (extension F1, F2, F4).
             out.events.extend(norm.apply_labels(entry.format, entry.agent, entry.seq, entry.ts))
         if entry.kind == EOF:
-            out.events.extend(norm.end(entry.seq, entry.ts, entry.exit, self.agent))
+            out.events.extend(norm.end(entry.seq, entry.ts, entry.exit, self.agent, entry.signal))
             self.state = ENDED
             self.through = entry.seq
             extra: dict[str, Any] = {}

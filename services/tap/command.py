@@ -1,7 +1,7 @@
 """`goose-ingest tap` and `goose-ingest publish`: publish an agent's output lines as raw entries.
 
-Both label every entry with the run's input `format` (goose | claude-code | codex) when it is known:
-given with --format, or, for `tap`, recognised from the command it wraps (`goose`, `claude`, `codex`,
+Both label every entry with the run's input `format` (goose | claude-code | codex | gemini-cli | opencode) when it is known:
+given with --format, or, for `tap`, recognised from the command it wraps (`goose`, `claude`, `codex`, `gemini`, `opencode`,
 also behind launchers such as `env`, `npx`, `nohup`). Without a label the workers detect the format
 from the first JSON line (harness-events-more-formats.md section 1).
 """
@@ -541,7 +541,11 @@ def _tap(args: argparse.Namespace, settings: Settings, run: str, command: list[s
     # No agent label: the eof alone names the command (not every line: bytes per entry), so a
     # run without a JSON line ends as "<command> exited with code N", not as goose's exit.
     name = command_name(command) if agent is None else None
-    pub.add_eof(rc, extra={"agent": name} if name else None)
+    extra = {"agent": name} if name else {}
+    if signalled and signals.first is not None:
+        # What the tap did is evidence the exit code may not carry: Gemini CLI exits 0 on SIGINT.
+        extra["signal"] = str(signals.first)
+    pub.add_eof(rc, extra=extra or None)
     if signalled and (drain_timeout is None or drain_timeout > SIGNALLED_DRAIN_TIMEOUT_S):
         drain_timeout = SIGNALLED_DRAIN_TIMEOUT_S
     delivered = _drain(pub, drain_timeout, abort)

@@ -15,7 +15,7 @@ from tests.support.pipeline import REPO
 
 RUN = st.from_regex(r"[A-Za-z0-9._:/@-]{1,40}", fullmatch=True)
 LABEL = st.none() | st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=30)
-FORMAT = st.none() | st.sampled_from(["goose", "claude-code", "codex", "aider 0.9"])
+FORMAT = st.none() | st.sampled_from(["goose", "claude-code", "codex", "gemini-cli", "opencode", "aider 0.9"])
 SEQ = st.integers(0, MAX_SEQ)
 TS = st.integers(0, 253402300799999)
 
@@ -32,7 +32,8 @@ def entries(draw: st.DrawFn) -> Entry:
     labels = dict(parent=draw(st.none() | RUN), continues=draw(st.none() | RUN), format=draw(FORMAT))
     if kind == "eof":
         return Entry.of_eof(common.pop("run"), common.pop("seq"), common.pop("ts"),
-                            draw(st.none() | st.integers(-(2**31), 2**31 - 1)), **common, **labels)
+                            draw(st.none() | st.integers(-(2**31), 2**31 - 1)), **common, **labels,
+                            signal=draw(st.none() | st.integers(1, 127)))
     return Entry.of_line(common.pop("run"), common.pop("seq"), common.pop("ts"),
                          draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)),
                          stream=draw(st.sampled_from(["stdout", "stderr"])), **common, **labels)
@@ -51,8 +52,8 @@ def test_to_fields_then_from_fields_gives_the_entry_back(entry):
     assert Entry.from_fields(entry.to_fields(), "1-0", control=control) == _normal(entry)
 
 
-FIELD_NAMES = [b"run", b"seq", b"ts", b"kind", b"stream", b"line", b"exit", b"host", b"agent", b"format", b"parent",
-               b"continues", b"through", b"missing", b"x"]
+FIELD_NAMES = [b"run", b"seq", b"ts", b"kind", b"stream", b"line", b"exit", b"signal", b"host", b"agent", b"format",
+               b"parent", b"continues", b"through", b"missing", b"x"]
 POISON_VALUES = [b"--5", b"-", b"+5", b"5" * 5000, "²".encode(), b"10" + b"0" * 30, b"1e3", b"\xff\xfe", b"",
                  b" 7 ", b"[[1,2]]", b"[" * 300 + b"]" * 300, b"[[5,1]]", b"[[0,9007199254740993]]",
                  b"abandon", b"eof", b"line", b"stderr", b"9" * 19, b"-" + b"9" * 19, b"NaN", b"{}", b"null"]
@@ -134,7 +135,7 @@ def _as_json(fields: dict[bytes, bytes]) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, value in fields.items():
         key, text = name.decode(), value.decode("utf-8", "surrogatepass")
-        if key in ("seq", "ts", "exit", "through"):
+        if key in ("seq", "ts", "exit", "signal", "through"):
             out[key] = int(text)
         elif key == "missing":
             out[key] = orjson.loads(value)

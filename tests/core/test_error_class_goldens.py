@@ -3,8 +3,8 @@
 the shared format specs) with their checked-in normalizer output (`<class>.events.jsonl`).
 
 The shared fixtures only reach six classes; these reach every class each CLI can print. Not here:
-`max_turns` for goose and Codex (goose's max-turns stop is an agent message, not an error; Codex exec
-has no turn limit). `agent_exit` inputs end with exit code 1 (the normalizer's own end-of-run error).
+`max_turns` for goose, Codex and opencode (goose's max-turns stop is an agent message, not an error; Codex
+exec has no turn limit; opencode's step limit ends like an answer). `agent_exit` inputs end with exit code 1 (the normalizer's own end-of-run error).
 Regenerate with `UPDATE_GOLDEN=1 pytest tests/core/test_error_class_goldens.py` and review the diff.
 """
 
@@ -20,8 +20,10 @@ from services.normalizer import RunNormalizer
 from tests.support.fixtures import GOLDEN, GOLDEN_EPOCH
 
 ROOT = GOLDEN / "error-classes"
-FORMATS = ("goose", "claude-code", "codex")
-NOT_PRINTED = {"goose": {"max_turns"}, "claude-code": set(), "codex": {"max_turns"}}
+FORMATS = ("goose", "claude-code", "codex", "gemini-cli", "opencode")
+# opencode: its step limit ends like an answer, nothing says it was hit (docs/contract.md "opencode").
+NOT_PRINTED = {"goose": {"max_turns"}, "claude-code": set(), "codex": {"max_turns"}, "gemini-cli": set(),
+               "opencode": {"max_turns"}}
 EXIT_CODES = {"agent_exit": 1}
 CASES = [(fmt, cls) for fmt in FORMATS for cls in ERROR_CLASSES if cls not in NOT_PRINTED[fmt]]
 

@@ -22,6 +22,7 @@ from services.normalizer.formats import RULES
 from services.normalizer.run_normalizer import RunNormalizer, detect_format, format_from_agent
 from services.quickstart.command import OTHER_FORMAT_FIXTURES
 from services.tap.command import format_of_command
+from tests.support.fixtures import SHARED
 
 ROOT = Path(__file__).resolve().parents[2]
 FORMATS_DIR = ROOT / "services" / "normalizer" / "formats"
@@ -50,7 +51,8 @@ def test_every_format_module_is_compiled_and_nothing_else_of_formats_is_missing(
 @pytest.mark.parametrize("fmt", AGENT_FORMATS, ids=lambda f: f.name)
 def test_a_format_module_imports_only_the_shared_machinery(fmt):
     allowed = {"services.normalizer.machinery", "services.normalizer.tools", "services.normalizer.shell",
-               "services.normalizer.paths", "services.normalizer.error_classes", "contracts.formats"}
+               "services.normalizer.paths", "services.normalizer.timefmt", "services.normalizer.error_classes",
+               "contracts.formats"}
     tree = ast.parse((FORMATS_DIR / f"{fmt.module}.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
@@ -80,6 +82,26 @@ def test_the_tap_and_the_workers_recognise_every_row(fmt):
         assert detect_format({"type": rtype}) == DEFAULT_FORMAT
     for prefix in fmt.type_prefixes:
         assert detect_format({"type": f"{prefix}anything"}) == fmt.name
+    for rtype in fmt.keyed_record_types:
+        assert fmt.record_key
+        assert detect_format({"type": rtype, fmt.record_key: "s"}) == fmt.name
+        # without its key (or with a non-string one) the type never names it: shared types stay goose's
+        assert detect_format({"type": rtype}) != fmt.name
+        assert detect_format({"type": rtype, fmt.record_key: 1}) != fmt.name
+
+
+def test_no_detection_rule_of_a_row_is_anothers():
+    """F3 must be unambiguous: no record type or prefix decides for two rows."""
+    seen: dict[str, str] = {}
+    for fmt in AGENT_FORMATS:
+        for rtype in (*fmt.record_types, *fmt.subtyped_record_types):
+            assert seen.setdefault(rtype, fmt.name) == fmt.name, rtype
+    keyed = [(t, f.record_key) for f in AGENT_FORMATS for t in f.keyed_record_types]
+    assert len(keyed) == len(set(keyed))
+    # a keyed type's key is no other row's (goose and Claude records never carry `sessionID`,
+    # and an `init` type is no one else's)
+    keys = {f.record_key for f in AGENT_FORMATS if f.record_key}
+    assert len(keys) == len([f for f in AGENT_FORMATS if f.record_key])
 
 
 @pytest.mark.parametrize("fmt", AGENT_FORMATS, ids=lambda f: f.name)
@@ -109,3 +131,64 @@ def test_the_dashboards_format_variable_is_the_tables_formats_and_the_metrics_la
     options = variables["format"]["query"].split(",")
     assert options == [*FORMAT_LABELS, OTHER]  # every value the `format` label can have
     assert options[: len(FORMAT_NAMES)] == list(FORMAT_NAMES)
+
+
+def _format_words() -> set[str]:
+    """Every name that identifies a format other than the default one (goose is also the project's
+    own name and its sessions importer's, so it is not looked for)."""
+    words: set[str] = set()
+    for fmt in AGENT_FORMATS:
+        if fmt.name != DEFAULT_FORMAT:
+            words |= {fmt.name, fmt.product, *fmt.agent_products, *fmt.commands, *fmt.packages}
+    return words
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """String constants of a module that are not docstrings (what the code uses, not what it says)."""
+    tree = ast.parse(path.read_text())
+    docs = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            docs.add(id(body[0].value))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs]
+
+
+def test_no_format_is_named_outside_the_registry_and_its_module():
+    """Registry, not scatter: the tap, workers, metrics, OTLP mapping, PostgreSQL views, archive and
+    demo read contracts/formats.py; only a format's own module may spell its names."""
+    words = _format_words()
+    found = []
+    for path in sorted((ROOT / "services").rglob("*.py")):
+        if path.parent == FORMATS_DIR:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{line} {value!r}" for line, value in _code_strings(path) if value in words]
+    for path in sorted((ROOT / "services").rglob("*.sql")):
+        text = path.read_text()
+        found += [f"{path.relative_to(ROOT)} '{w}'" for w in words if f"'{w}'" in text]
+    assert not found, found
+
+
+def test_the_dashboard_names_formats_only_in_its_format_variable():
+    text = (ROOT / "deploy" / "grafana" / "dashboard.json").read_text()
+    for fmt in AGENT_FORMATS:
+        if fmt.name != DEFAULT_FORMAT:
+            assert text.count(f'"{fmt.name}"') + text.count(f",{fmt.name},") == 1, fmt.name
+
+
+@pytest.mark.parametrize("fmt", AGENT_FORMATS, ids=lambda f: f.name)
+def test_the_otlp_agent_and_provider_names_come_from_the_row(fmt):
+    from services.export.otlp.mapping import agent_name, provider_name
+
+    assert agent_name(None, fmt.name) == (fmt.product, None)
+    assert agent_name("custom/1.0", fmt.name) == ("custom", "1.0")
+    assert provider_name(fmt.name) == (fmt.provider or None)
+    assert provider_name(None) is None and provider_name("aider") is None
+
+
+@pytest.mark.parametrize("fmt", AGENT_FORMATS, ids=lambda f: f.name)
+def test_every_row_has_its_demo_transcript(fmt):
+    if fmt.name != DEFAULT_FORMAT:
+        assert (SHARED / "fixtures" / fmt.name / fmt.demo_transcript).is_file()

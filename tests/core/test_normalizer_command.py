@@ -79,7 +79,7 @@ def test_a_stream_with_a_stderr_file_still_prints_everything(tmp_path):
 
 
 @pytest.mark.parametrize("depth", [100, 300, 600, 1100])
-@pytest.mark.parametrize("fmt", [None, "goose", "claude-code", "codex"])
+@pytest.mark.parametrize("fmt", [None, "goose", "claude-code", "codex", "gemini-cli", "opencode"])
 def test_deeply_nested_lines_never_crash(tmp_path, depth, fmt):
     src = tmp_path / "deep.jsonl"
     src.write_text('{"type":"x","a":' + "[" * depth + "]" * depth + "}\n" + '{"type":"y"}\n')
@@ -111,7 +111,7 @@ def test_huge_integers_never_crash(tmp_path, digits, expected):
     assert "startLine" not in out[0]
 
 
-@pytest.mark.parametrize("fmt", ["goose", "claude-code", "codex"])
+@pytest.mark.parametrize("fmt", ["goose", "claude-code", "codex", "gemini-cli", "opencode"])
 def test_format_flag_forces_the_format(tmp_path, fmt):
     src = tmp_path / "one.jsonl"
     src.write_text('{"type":"turn.started"}\n')

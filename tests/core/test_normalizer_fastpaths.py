@@ -36,7 +36,7 @@ from services.normalizer.tools import (
 )
 from tests.support.fixtures import SHARED, transcript_lines
 
-FORMATS_DIRS = {"goose": "goose", "claude-code": "claude-code", "codex": "codex"}
+FORMATS_DIRS = {"goose": "goose", "claude-code": "claude-code", "codex": "codex", "gemini-cli": "gemini-cli", "opencode": "opencode"}
 FIXTURES = {
     fmt: [line for path in sorted((SHARED / "fixtures" / d).glob("*.jsonl")) for line in transcript_lines(Path(path))]
     for fmt, d in FORMATS_DIRS.items()

@@ -1,4 +1,5 @@
-"""Property tests of the normaliser for every input format (goose, Claude Code, Codex, detected).
+"""Property tests of the normaliser for every input format (goose, Claude Code, Codex, Gemini CLI,
+opencode, detected).
 
 Arbitrary input never raises and every event honours the contract; cutting a run anywhere and
 resuming from serialized state gives identical events; the batch API gives the same events as
@@ -21,7 +22,9 @@ from tests.support.fixtures import SHARED, TRANSCRIPTS, transcript_lines
 FIXTURE_LINES = [
     line
     for path in [*TRANSCRIPTS, *sorted((SHARED / "fixtures" / "claude-code").glob("*.jsonl")),
-                 *sorted((SHARED / "fixtures" / "codex").glob("*.jsonl"))]
+                 *sorted((SHARED / "fixtures" / "codex").glob("*.jsonl")),
+                 *sorted((SHARED / "fixtures" / "gemini-cli").glob("*.jsonl")),
+                 *sorted((SHARED / "fixtures" / "opencode").glob("*.jsonl"))]
     for line in transcript_lines(Path(path))
 ]
 assert FIXTURE_LINES, "no shared fixtures found"
@@ -100,16 +103,65 @@ x_records = st.one_of(
     st.fixed_dictionaries({"type": st.sampled_from(["thread.started", "turn.started", "turn.completed", "turn.failed", "error", "x"])},
                           optional={"thread_id": json_values, "usage": json_values, "error": json_values, "message": json_values}),
 )
+# Gemini CLI (gemini-cli-stream-format section 2): every field of every record may break its schema.
+g_tool_names = st.sampled_from(["read_file", "write_file", "replace", "run_shell_command", "glob", "grep_search",
+                                "list_directory", "activate_skill", "write_todos", "tracker_create_task",
+                                "mcp_fs_read", "mcp_x", "google_web_search"]) | json_values
+g_outputs = st.sampled_from(["Command exited with code: 1", "Command exited with code: 99999999999999999999",
+                             "Command terminated by signal: SIGKILL", "", "ok"]) | json_values
+g_records = st.one_of(
+    st.fixed_dictionaries({"type": st.just("init")}, optional={"session_id": sessions, "model": json_values}),
+    st.fixed_dictionaries({"type": st.just("message"), "role": st.sampled_from(["user", "assistant", "system"]) | json_values},
+                          optional={"content": st.text(max_size=10) | json_values, "delta": json_values}),
+    st.fixed_dictionaries({"type": st.just("tool_use")},
+                          optional={"tool_name": g_tool_names, "tool_id": ids, "parameters": args | json_values,
+                                    "timestamp": st.sampled_from(["2026-12-06T05:33:32.252Z", "junk"]) | json_values}),
+    st.fixed_dictionaries({"type": st.just("tool_result")},
+                          optional={"tool_id": ids, "status": st.sampled_from(["success", "error"]) | json_values,
+                                    "output": g_outputs, "error": json_values,
+                                    "timestamp": st.sampled_from(["2026-12-06T05:33:33.000Z", "0001-01-01T00:00:00Z"]) | json_values}),
+    st.fixed_dictionaries({"type": st.just("error")},
+                          optional={"severity": st.sampled_from(["warning", "error"]) | json_values, "message": json_values}),
+    st.fixed_dictionaries({"type": st.just("result")},
+                          optional={"status": json_values, "error": st.fixed_dictionaries({}, optional={"type": json_values, "message": json_values}) | json_values,
+                                    "stats": st.fixed_dictionaries({}, optional={"input_tokens": json_values, "output_tokens": json_values,
+                                                                                 "cached": json_values}) | json_values}),
+)
+# opencode (opencode-run-json-format section 2), with the `sessionID` that names the format.
+o_tools = st.sampled_from(["read", "write", "edit", "bash", "glob", "grep", "list", "skill", "todowrite", "apply_patch",
+                           "invalid", "task", "fs_read"]) | json_values
+o_states = st.fixed_dictionaries(
+    {"status": st.sampled_from(["completed", "error", "running"]) | json_values},
+    optional={"input": args | json_values, "metadata": st.fixed_dictionaries({}, optional={"exit": st.integers(-2, 2) | json_values,
+                                                                                        "files": json_values}) | json_values,
+              "time": st.fixed_dictionaries({}, optional={"start": json_values, "end": json_values}) | json_values,
+              "error": json_values},
+)
+o_parts = st.fixed_dictionaries(
+    {},
+    optional={"text": st.text(max_size=10) | json_values, "synthetic": json_values, "tool": o_tools, "callID": ids,
+              "state": o_states | json_values, "reason": st.sampled_from(["stop", "length", "content-filter", "tool-calls"]) | json_values,
+              "tokens": st.fixed_dictionaries({}, optional={"input": json_values, "output": json_values, "reasoning": json_values,
+                                                            "cache": json_values}) | json_values,
+              "cost": json_values},
+)
+o_records = st.fixed_dictionaries(
+    {"type": st.sampled_from(["step_start", "text", "reasoning", "tool_use", "step_finish", "error", "done", "x"]) | json_values,
+     "sessionID": sessions},
+    optional={"part": o_parts | json_values,
+              "error": st.fixed_dictionaries({}, optional={"name": st.sampled_from(["APIError", "ContextOverflowError"]) | json_values,
+                                                           "data": st.fixed_dictionaries({}, optional={"message": json_values, "statusCode": json_values}) | json_values}) | json_values},
+)
 lines = st.one_of(
-    st.one_of(c_records, x_records, json_values).map(lambda r: orjson.dumps(r).decode()),
+    st.one_of(c_records, x_records, g_records, o_records, json_values).map(lambda r: orjson.dumps(r).decode()),
     st.binary(max_size=40).map(lambda b: b.decode("utf-8", "replace")),
     st.integers(0, len(FIXTURE_LINES) - 1).map(FIXTURE_LINES.__getitem__),
 )
 streams = st.sampled_from(["stdout", "stdout", "stdout", "stderr"])
 runs = st.lists(st.tuples(lines, streams), max_size=30)
-formats = st.sampled_from([None, "goose", "claude-code", "codex"])
-labels = st.tuples(st.none() | st.sampled_from(["goose", "claude-code", "codex", "aider", ""]),
-                   st.none() | st.sampled_from(["claude/2", "codex-exec", "goose/1", "x"]))
+formats = st.sampled_from([None, "goose", "claude-code", "codex", "gemini-cli", "opencode"])
+labels = st.tuples(st.none() | st.sampled_from(["goose", "claude-code", "codex", "gemini-cli", "opencode", "aider", ""]),
+                   st.none() | st.sampled_from(["claude/2", "codex-exec", "goose/1", "gemini/0.61", "opencode", "x"]))
 small = Limits(max_span_chars=24, max_pending_tools=3, max_pending_tool_bytes=600)
 T0 = 1_790_000_000_000
 
@@ -135,11 +187,12 @@ def _start(fmt, label, limits) -> tuple[RunNormalizer, list[dict]]:
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(runs, formats, labels, st.sampled_from([Limits(), small]), st.none() | st.integers(-3, 3))
-def test_arbitrary_input_never_raises_and_events_honour_the_contract(items, fmt, label, limits, exit_code):
+@given(runs, formats, labels, st.sampled_from([Limits(), small]), st.none() | st.integers(-3, 3),
+       st.none() | st.integers(1, 15))
+def test_arbitrary_input_never_raises_and_events_honour_the_contract(items, fmt, label, limits, exit_code, signal):
     norm, events = _start(fmt, label, limits)
     events += _feed(norm, items)
-    events += norm.end(len(items), T0 + len(items), exit_code)
+    events += norm.end(len(items), T0 + len(items), exit_code, signal=signal)
     _assert_contract(events)
     assert norm.span is None and norm.pending == []
 
@@ -185,7 +238,7 @@ def _nested(depth: int, use_list: bool) -> str:
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 1100), st.booleans(), formats,
-       st.sampled_from(["raw", "claude-input", "codex-item", "goose-args"]))
+       st.sampled_from(["raw", "claude-input", "codex-item", "goose-args", "gemini-params", "opencode-input"]))
 def test_deep_json_never_raises(depth, use_list, fmt, where):
     deep = HOLE
     record = {
@@ -194,6 +247,9 @@ def test_deep_json_never_raises(depth, use_list, fmt, where):
         "codex-item": {"type": "item.completed", "item": {"id": "i", "type": "other", "x": deep}},
         "goose-args": {"type": "message", "message": {"role": "assistant", "content": [
             {"type": "toolRequest", "id": "c", "toolCall": {"value": {"name": "x", "arguments": deep}}}]}},
+        "gemini-params": {"type": "tool_use", "tool_name": "x", "tool_id": "t", "parameters": deep},
+        "opencode-input": {"type": "tool_use", "sessionID": "s", "part": {"tool": "x", "callID": "c",
+                                                                          "state": {"status": "completed", "input": deep}}},
     }[where]
     text = _with(record, _nested(depth, use_list))
     norm = RunNormalizer("r", fmt=fmt)
@@ -223,6 +279,14 @@ def test_huge_integers_anywhere_never_raise(n, fmt):
         {"type": "complete", "total_tokens": h, "cost_usd": h},
         {"type": "system", "subtype": "api_retry", "attempt": h, "max_retries": h, "error_status": h},
         {"type": "message", "message": {"role": "user", "content": [{"type": "toolResponse", "id": h}]}, "x": h},
+        {"type": "result", "status": "success", "stats": {"input_tokens": h, "output_tokens": h, "cached": h}},
+        {"type": "tool_use", "tool_name": "read_file", "tool_id": "g", "parameters": {"file_path": "a", "start_line": h, "limit": h}},
+        {"type": "tool_result", "tool_id": "g", "status": "success", "output": f"Command exited with code: {h}"},
+        {"type": "step_finish", "sessionID": "s", "part": {"reason": "stop", "cost": h,
+                                                           "tokens": {"input": h, "output": h, "reasoning": h, "cache": {"read": h, "write": h}}}},
+        {"type": "tool_use", "sessionID": "s", "part": {"tool": "bash", "callID": "b", "state": {
+            "status": "completed", "input": {"command": "make", "offset": h}, "metadata": {"exit": h}, "time": {"start": 0, "end": h}}}},
+        {"type": "error", "sessionID": "s", "error": {"name": "APIError", "data": {"message": "x", "statusCode": h}}},
     ]
     norm = RunNormalizer("r", fmt=fmt)
     events = []
@@ -243,9 +307,11 @@ def test_huge_strings_never_raise(piece, times, fmt):
     lines_in = [
         orjson.dumps({"type": "assistant", "message": {"id": "m", "content": [{"type": "text", "text": s}]}}).decode(),
         orjson.dumps({"type": "item.completed", "item": {"id": "i", "type": "agent_message", "text": s}}).decode(),
+        orjson.dumps({"type": "message", "role": "assistant", "content": s, "delta": True}).decode(),
+        orjson.dumps({"type": "text", "sessionID": "s", "part": {"text": s}}).decode(),
         s,
     ]
-    events = norm.lines([RawLine(i, T0 + i, line) for i, line in enumerate(lines_in)]) + norm.end(3, T0)
+    events = norm.lines([RawLine(i, T0 + i, line) for i, line in enumerate(lines_in)]) + norm.end(len(lines_in), T0)
     _assert_contract(events)
     # Agent texts are cut at the cap; a warning line is kept whole (the raw log keeps it too).
     assert all(len(e["message"]) <= 1000 for e in events if e["type"] in ("agent", "reasoning"))

@@ -15,6 +15,7 @@ from services.archive.reader import read_lake_events, read_raw
 from services.archive.store import open_store
 from services.archive.window import Window
 from services.broker.connect import sync_client
+from services.quickstart.command import OTHER_FORMAT_FIXTURES
 from services.settings import Settings
 from services.tap.publisher import Publisher
 from tests.support.fixtures import REPO, TRANSCRIPTS
@@ -101,12 +102,13 @@ def test_demo_runs_the_fixtures_through_an_embedded_broker_and_a_worker(tmp_path
     out = subprocess.run([sys.executable, "-m", "services.cli", "demo"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    runs = len(TRANSCRIPTS) + 2  # every goose fixture, one Claude Code and one Codex transcript
+    # every goose fixture and one transcript of each other format (contracts/formats.py)
+    runs = len(TRANSCRIPTS) + len(OTHER_FORMAT_FIXTURES)
     assert f"{runs} runs normalized by a live worker on an embedded broker" in out.stdout
     assert out.stdout.count("RUN ENDED") == runs
-    for fmt in ("claude-code", "codex"):  # each shown as its own run, with tool events of its own
-        block = next(b for b in out.stdout.split("\n\n") if f"/{fmt}-a-read-edit-test" in b)
-        assert " read " in block and " command " in block and "RUN ENDED" in block, block
+    for fmt, name in OTHER_FORMAT_FIXTURES:  # each shown as its own run, with tool events of its own
+        block = next(b for b in out.stdout.split("\n\n") if f"/{fmt}-{name.removesuffix('.jsonl')}" in b)
+        assert " read " in block and "RUN ENDED" in block, block
     # ... and archived beside the spool (docs/archive.md "Locally"): every line and eof of every
     # run once, in order, and every run's events in the lake, before the embedded broker went away.
     assert "archived the runs' raw log, events and run records to file://" in out.stderr, out.stderr[-2000:]

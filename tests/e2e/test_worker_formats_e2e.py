@@ -1,4 +1,5 @@
-"""goose, Claude Code and Codex runs mixed in the same shards, through real worker processes.
+"""goose, Claude Code, Codex, Gemini CLI and opencode runs mixed in the same shards, through real
+worker processes (every shared transcript of the first three, one real capture of each of the others).
 
 Half of the runs carry the `format` label (what a tap that knows its command sets), half do not
 (the format is detected from the first JSON object). One worker is SIGKILLed mid-stream and
@@ -15,6 +16,7 @@ from collections import Counter
 import pytest
 
 from contracts import harness_event_adapter, run_record_adapter
+from contracts.formats import BY_NAME, FORMAT_NAMES
 from services.normalizer import RunNormalizer
 from services.replay.command import compare
 from services.sequencer import Entry
@@ -24,13 +26,18 @@ from tests.support.pipeline import ended_runs, events_by_run, raw_entries, start
 
 pytestmark = pytest.mark.e2e
 
-FORMAT_DIRS = {"goose": "goose", "claude-code": "claude-code", "codex": "codex"}
+FORMAT_DIRS = {fmt: fmt for fmt in FORMAT_NAMES}  # a format's shared fixtures are in the folder of its name
+# Formats with real captures rather than transcripts: one capture each (the demo's) keeps the run short.
+ONE_CAPTURE = {"gemini-cli", "opencode"}
 
 
 def _transcripts() -> list[tuple[str, list[bytes]]]:
     out = []
     for fmt, folder in FORMAT_DIRS.items():
-        for path in sorted((SHARED / "fixtures" / folder).glob("*.jsonl")):
+        paths = sorted((SHARED / "fixtures" / folder).glob("*.jsonl"))
+        if fmt in ONE_CAPTURE:
+            paths = [p for p in paths if p.name == BY_NAME[fmt].demo_transcript]
+        for path in paths:
             out.append((fmt, path.read_bytes().splitlines()))
     assert {fmt for fmt, _ in out} == set(FORMAT_DIRS), "the shared fixtures of every format must be there"
     return out
@@ -44,7 +51,7 @@ def _expected(entries: list[Entry]) -> tuple[list[dict], str | None]:
         if e.seq == 0:
             out += norm.apply_labels(e.format, e.agent, e.seq, e.ts)
         if e.kind == "eof":
-            out += norm.end(e.seq, e.ts, e.exit)
+            out += norm.end(e.seq, e.ts, e.exit, signal=e.signal)
             break
         out += norm.line(e.seq, e.ts, e.line, e.stream)
     return out, norm.format

@@ -44,6 +44,25 @@ def test_ids_are_deterministic_distinct_and_valid():
     assert ctx.is_valid and ctx.trace_flags.sampled
 
 
+@pytest.mark.parametrize("fmt,agent,name,provider", [
+    ("gemini-cli", None, "gemini", "gcp.gemini"),
+    ("gemini-cli", "gemini-cli/0.61.0", "gemini-cli", "gcp.gemini"),
+    ("opencode", None, "opencode", None),  # opencode talks to any provider: none is claimed
+    ("claude-code", None, "claude", "anthropic"),
+    ("codex", "codex/0.153", "codex", "openai"),
+    ("goose", None, "goose", None),
+    (None, None, "goose", None),
+])
+def test_the_root_names_agent_and_provider_from_the_runs_format(fmt, agent, name, provider):
+    """contracts/formats.py, not this mapping, says what each format's product and provider are."""
+    labels = {k: v for k, v in (("format", fmt), ("agent", agent)) if v is not None}
+    facts = m.fold_records(RUN, [rec(0, "started", "2026-11-29T10:00:00.000Z", **labels),
+                                 rec(1, "ended", "2026-11-29T10:01:00.000Z", exitCode=0, **labels)])
+    (root,) = exported(m.root_span(facts, [], cfg(), m.Tally()))
+    assert root.attributes["gen_ai.agent.name"] == name and root.name == f"invoke_agent {name}"
+    assert root.attributes.get("gen_ai.provider.name") == provider
+
+
 def test_failed_command_is_a_child_span_with_error_type_and_duration():
     tally = m.Tally()
     span = m.tool_span(ev(4, "command", command="npm test", exitCode=1, isSuccess=False, tool="developer__shell",

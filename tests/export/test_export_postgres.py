@@ -465,3 +465,23 @@ def test_a_partition_dropped_behind_the_sinks_back_is_recreated_not_dead_lettere
     _, result = write(store, [event("p", 1), event("p", 2)])
     assert not result.rejected and result.events_inserted == 2
     assert q(store, "SELECT seq FROM events ORDER BY seq") == [(1,), (2,)]
+
+
+def test_the_views_cover_every_format_of_the_registry_with_no_format_named_in_sql(store):
+    """contracts/formats.py's rows, gemini-cli and opencode included, reach the runs table and the
+    views by the `format` label alone (tests/core/test_formats_registry.py holds the SQL free of names)."""
+    from contracts.formats import FORMAT_NAMES
+
+    batch = []
+    for i, fmt in enumerate(FORMAT_NAMES):
+        run = f"G{i}"
+        batch += [record(run, 0, "started", "2026-11-30T10:00:00.000Z", agent=f"{fmt}/1", format=fmt, host="h"),
+                  record(run, 1, "ended", "2026-11-30T10:01:00.000Z", {"error": 1}, exitCode=1, agent=f"{fmt}/1",
+                         format=fmt, host="h", inputTokens=10 + i),
+                  event(run, 0, type="error", message=f"{fmt} exited with code 1", errorClass="agent_exit")]
+    _, result = write(store, batch)
+    assert not result.rejected
+    assert q(store, "SELECT format, input_tokens FROM runs WHERE run_key LIKE 'G%' ORDER BY run_key") == [
+        (fmt, 10 + i) for i, fmt in enumerate(FORMAT_NAMES)]
+    assert q(store, "SELECT format, runs, error_events FROM errors_by_class_format WHERE agent LIKE '%/1' "
+                    "ORDER BY 1") == sorted((fmt, 1, 1) for fmt in FORMAT_NAMES)

@@ -124,6 +124,14 @@ def test_redact_url():
     (["npx", "--package=@openai/codex", "codex", "exec"], "codex"),
     (["pnpm", "dlx", "@anthropic-ai/claude-code", "-p"], "claude-code"),
     (["nohup", "nice", "-n", "5", "goose", "run"], "goose"),
+    (["gemini", "-p", "hi", "--output-format", "stream-json"], "gemini-cli"),
+    (["env", "GEMINI_CLI_TRUST_WORKSPACE=true", "/usr/local/bin/gemini", "-p", "hi"], "gemini-cli"),
+    (["npx", "-y", "@google/gemini-cli@0.61.0", "-p", "hi", "-o", "stream-json"], "gemini-cli"),
+    (["opencode", "run", "--format", "json", "hi"], "opencode"),
+    (["env", "PWD=/srv/proj", "opencode", "run", "--format", "json"], "opencode"),
+    (["npx", "--yes", "opencode-ai@1.18.33", "run", "--format", "json"], "opencode"),
+    (["bunx", "opencode-ai", "run"], "opencode"),
+    (["python3", "gemini"], None),
     (["python3", "-c", "print(1)"], None),
     (["env", "FOO=1", "python3", "claude"], None),  # an argument named like an agent is not the command
     (["npx", "cowsay", "codex"], None),
@@ -301,7 +309,30 @@ def test_tap_forwards_signals(settings, sig):
         proc.communicate()
     # the child dies of the forwarded signal (python re-raises an unhandled SIGINT as a signal death)
     assert rc == 128 + int(sig)
-    assert entries(settings, run)[-1]["exit"] == str(-int(sig)).encode()
+    eof = entries(settings, run)[-1]
+    assert eof["exit"] == str(-int(sig)).encode()
+    assert eof["signal"] == str(int(sig)).encode()  # what the tap did, beside what the command said
+
+
+@pytest.mark.e2e
+def test_a_command_that_exits_0_on_the_forwarded_signal_still_has_the_signal_on_its_eof(settings):
+    """Gemini CLI's signal handlers exit 0 without a `result`: the eof says the tap stopped it."""
+    run = "test/signal-exit-0"
+    child = ("import signal, sys, time; signal.signal(signal.SIGINT, lambda *a: sys.exit(0)); "
+             "print('ready', flush=True); time.sleep(30)")
+    proc = subprocess.Popen(cli("tap", "--run", run, "--", sys.executable, "-c", child), cwd=ROOT,
+                            env=cli_env(settings), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert rc == 0
+    eof = entries(settings, run)[-1]
+    assert eof["kind"] == b"eof" and eof["exit"] == b"0" and eof["signal"] == b"2"
 
 
 @pytest.mark.e2e

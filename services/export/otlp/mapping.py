@@ -30,6 +30,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from contracts.events import ERROR_CLASSES, TOOL_EVENT_TYPES
+from contracts.formats import BY_NAME, DEFAULT_FORMAT
 
 SEMCONV_VERSION = "1.41.0"
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
@@ -38,6 +39,7 @@ SCOPE_NAME = "goose-ingest.export.otlp"
 # --- attribute names (GenAI semantic conventions v1.41.0 and general conventions) ------------
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
 GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
 GEN_AI_AGENT_VERSION = "gen_ai.agent.version"
 GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
@@ -80,7 +82,7 @@ GI_REASON = GI + "reason"
 OP_INVOKE_AGENT = "invoke_agent"
 OP_EXECUTE_TOOL = "execute_tool"
 TOOL_TYPE = "extension"  # goose's tools are MCP extensions (built-in "developer" included)
-DEFAULT_AGENT_NAME = "goose"
+DEFAULT_AGENT_NAME = BY_NAME[DEFAULT_FORMAT].product
 
 # error.type values (low cardinality, documented in docs/otel.md); an error event's and a failed
 # run's error.type is its errorClass (contracts/events.py ErrorClass), "agent_exit" for a run whose
@@ -365,6 +367,7 @@ class RootFacts:
     exit_code: int | None = None
     host: str | None = None
     agent: str | None = None
+    format: str | None = None  # the run's input format (record label `format`)
     parent: str | None = None
     continues: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
@@ -389,7 +392,7 @@ def fold_records(run: str, records: Iterable[Mapping[str, Any]]) -> RootFacts:
         ts = ns_of(rec["timestamp"])
         facts.start_ns = ts if facts.start_ns is None else min(facts.start_ns, ts)
         facts.last_k = max(facts.last_k, k)
-        for key in ("host", "agent"):
+        for key in ("host", "agent", "format"):
             if isinstance(rec.get(key), str):
                 setattr(facts, key, rec[key])
         if isinstance(rec.get("parentRunId"), str):
@@ -412,12 +415,22 @@ def fold_records(run: str, records: Iterable[Mapping[str, Any]]) -> RootFacts:
     return facts
 
 
-def agent_name(label: str | None) -> tuple[str, str | None]:
-    """`goose/1.56.0` -> ("goose", "1.56.0"); no label -> goose."""
+def agent_name(label: str | None, fmt: str | None = None) -> tuple[str, str | None]:
+    """`goose/1.56.0` -> ("goose", "1.56.0"); no label -> the product of the run's format
+    (contracts/formats.py: `gemini` for a gemini-cli run), else goose."""
+    spec = BY_NAME.get(fmt) if fmt else None
+    default = spec.product if spec is not None else DEFAULT_AGENT_NAME
     if not label:
-        return DEFAULT_AGENT_NAME, None
+        return default, None
     name, sep, version = label.partition("/")
-    return (name or DEFAULT_AGENT_NAME), (version if sep and version else None)
+    return (name or default), (version if sep and version else None)
+
+
+def provider_name(fmt: str | None) -> str | None:
+    """`gen_ai.provider.name` of a run: its format's provider when the CLI talks to one only
+    (contracts/formats.py: Claude Code anthropic, Codex openai, Gemini CLI gcp.gemini), else none."""
+    spec = BY_NAME.get(fmt) if fmt else None
+    return spec.provider if spec is not None and spec.provider else None
 
 
 def root_span(
@@ -436,7 +449,7 @@ def root_span(
     `closed_by_timeout` marks a root whose run never ended (or whose events never all arrived).
     """
     run = facts.run
-    name, version = agent_name(facts.agent)
+    name, version = agent_name(facts.agent, facts.format)
     candidates = [t for t in (facts.start_ns, first_ns) if t is not None]
     start = min(candidates) if candidates else (last_ns or 0)
     if facts.end_ns is not None and not closed_by_timeout:
@@ -451,6 +464,9 @@ def root_span(
     }
     if version:
         attrs[GEN_AI_AGENT_VERSION] = version
+    provider = provider_name(facts.format)
+    if provider:
+        attrs[GEN_AI_PROVIDER_NAME] = provider
     if facts.host:
         attrs[HOST_NAME] = facts.host
     for key, attr in _USAGE_ATTRS:
