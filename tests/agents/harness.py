@@ -43,9 +43,12 @@ class Live:
 
 def capture(sc: Scenario, version: str, root: Path | None = None, outer: list[str] | None = None,
             outer_env: dict[str, str] | None = None) -> Capture:
-    """Run one scenario with the real CLI (bounded retries on the outer timeout only)."""
+    """Run one scenario with the real CLI (bounded retries on the outer timeout only).
+
+    `outer`: a command the CLI runs under (`goose-ingest tap --run R --`), inside the `timeout`;
+    `outer_env`: what it needs in the environment beside the CLI's own."""
     last: Capture | None = None
-    for attempt in range(RUN_ATTEMPTS):
+    for _attempt in range(RUN_ATTEMPTS):
         base = Path(tempfile.mkdtemp(prefix=f"agents-{sc.cli}-{sc.name}-", dir=str(root or scratch_root())))
         work = prepare(base)
         with ModelServer(sc.script(work)) as server:
@@ -54,8 +57,7 @@ def capture(sc: Scenario, version: str, root: Path | None = None, outer: list[st
                              unbounded_retries=sc.unbounded_retries)
             if outer_env:
                 inv.env.update(outer_env)
-            out, err, code, secs = run(inv, sigint_when=sc.sigint_when, sigint_after_s=sc.sigint_after_s,
-                                       outer=(outer + [f"{sc.cli}-{sc.name}-{attempt}"] if outer else None))
+            out, err, code, secs = run(inv, sigint_when=sc.sigint_when, sigint_after_s=sc.sigint_after_s, outer=outer)
             last = Capture(sc.cli, version, sc.name, out, err, code, secs, requests=len(server.seen),
                            extra={"paths": sorted({s.path for s in server.seen})})
         if code not in (124, 137):

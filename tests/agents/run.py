@@ -121,7 +121,7 @@ def run(inv: Invocation, sigint_when: str | None = None, sigint_after_s: float =
     (as a terminal's Ctrl-C would) after `sigint_after_s`.
     """
     started = time.monotonic()
-    argv = [*(outer or []), *wrapped(inv.argv)] if outer else wrapped(inv.argv)
+    argv = wrapped([*(outer or []), *inv.argv])
     proc = subprocess.Popen(argv, cwd=inv.cwd, env=inv.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None and proc.stderr is not None
