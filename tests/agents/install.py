@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,15 +105,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot install the agent CLIs: {why}", file=sys.stderr)
         return 2
     wanted = args.cli or list(CLIS)
+    jobs: list[tuple[Cli, str | None]] = []
     for spec in wanted:
         name, _, version = spec.partition("@")
         if name not in CLIS:
             print(f"unknown CLI {name!r} (known: {', '.join(CLIS)})", file=sys.stderr)
             return 2
-        cli = CLIS[name]
+        jobs.append((CLIS[name], version or None))
+
+    def one(job: tuple[Cli, str | None]) -> str:
+        cli, version = job
         started = time.monotonic()
         exe = install(cli, resolve(cli, version) if version else None)
-        print(f"{cli.package}@{version or cli.pinned}: {exe} ({time.monotonic() - started:.0f} s)")
+        return f"{cli.package}@{version or cli.pinned}: {exe} ({time.monotonic() - started:.0f} s)"
+
+    # in parallel: npm spends most of an install waiting on the registry
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        for line in pool.map(one, jobs):
+            print(line)
     return 0
 
 

@@ -315,7 +315,8 @@ class _Handler(BaseHTTPRequestHandler):
             return ":countTokens" not in path and "responseJsonSchema" not in json.dumps(body.get("generationConfig", {})) \
                 and "responseMimeType" not in json.dumps(body.get("generationConfig", {}))
         if family == "chat":
-            return bool(body.get("tools")) or stream
+            # opencode's title request offers no tools
+            return bool(body.get("tools"))
         return True
 
     def _side(self, family: str, path: str, body: Any, stream: bool) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from tests.agents.harness import CAPTURES, capture, check, load, normalize, save
 from tests.agents.install import CLIS, install, npm_missing, resolve
 from tests.agents.run import Capture
-from tests.agents.scenarios import SCENARIOS, Scenario
+from tests.agents.scenarios import FORMATS_PENDING, SCENARIOS, Scenario
 
 SLOW_TIMEOUT_S = 1500  # Claude's stalled stream: its idle floor (>= 300 s) times its retries
 ENVELOPE = ("eventId", "runId", "seq", "timestamp", "lines", "durationMs", "sessionId", "toolCallId")
@@ -102,7 +102,8 @@ def compare(sc: Scenario, old: Capture | None, new: Capture) -> tuple[list[str],
              f"- exit {new.exit_code}, {new.seconds:.1f} s; events: {len(events)}, unknown: {counts['unknown']}, "
              f"warning: {counts['warning']}, error: {counts['error']}",
              f"- expectation: {'holds' if not problems else 'FAILS: ' + '; '.join(problems)}"
-             + (f" (known: {sc.known_bug})" if sc.known_bug else "")]
+             + (f" (known: {sc.known_bug})" if sc.known_bug else "")
+             + (" (format not merged yet: scenarios.FORMATS_PENDING)" if sc.cli in FORMATS_PENDING else "")]
     if old is None:
         lines += ["- no committed capture to compare with", ""]
         return lines, not problems
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             old = None
         lines, held = compare(sc, old, caps[sc.name])
         report += lines
-        ok = ok and (held or sc.known_bug is not None)
+        ok = ok and (held or sc.known_bug is not None or sc.cli in FORMATS_PENDING)
     text = "\n".join(report) + "\n"
     if args.report:
         args.report.write_text(text)

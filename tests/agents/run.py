@@ -61,8 +61,10 @@ def invocation(cli: str, version: str, base_url: str, prompt: str, root: Path, m
     """`root` gets `home/` (a fresh HOME) and `work/` (the scratch working directory, created by the caller)."""
     home, work = root / "home", root / "work"
     home.mkdir(parents=True, exist_ok=True)
+    (root / "tmp").mkdir(exist_ok=True)
     exe = str(binary(CLIS[cli], version))
     env = base_env(home)
+    env["TMPDIR"] = str(root / "tmp")  # Gemini CLI writes an error report per failed request there
     if cli == "claude-code":
         env.update({"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": "sk-ant-test-0000",
                     "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
