@@ -1,4 +1,5 @@
-"""Install the agent CLIs at their pinned versions from npm into a cache outside the repo.
+"""Install the agent CLIs at their pinned versions from npm into a cache outside the repo
+(and goose's provider layer, `goose-sdk` from PyPI, into a venv beside them: tests/agents/goose_sdk.py).
 
 `python -m tests.agents.install [--cli NAME[@VERSION]]...` (what `.ci/run` calls): each CLI goes to
 `$GOOSE_INGEST_AGENTS_CACHE/<cli>@<version>` (default `~/.cache/goose-ingest/agents`), skipped when
@@ -96,6 +97,35 @@ def install(cli: Cli, version: str | None = None) -> Path:
     raise RuntimeError(f"npm install {cli.package}@{version} failed {NPM_ATTEMPTS} times: {error}")
 
 
+def goose_sdk_python() -> Path:
+    from tests.agents.goose_sdk import VERSION
+
+    return cache_root() / f"goose-sdk@{VERSION}" / "bin" / "python"
+
+
+def install_goose_sdk() -> Path:
+    """goose's provider layer (`goose-sdk` from PyPI) in a venv of its own: its python."""
+    from tests.agents.goose_sdk import VERSION
+
+    python = goose_sdk_python()
+    if python.exists() and subprocess.run([str(python), "-c", "import goose"], capture_output=True,
+                                          timeout=120).returncode == 0:
+        return python
+    venv = python.parent.parent
+    error = ""
+    for attempt in range(NPM_ATTEMPTS):
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+        out = subprocess.run([str(python), "-m", "pip", "install", "-q", f"goose-sdk=={VERSION}"], capture_output=True,
+                             text=True, timeout=NPM_TIMEOUT_S)
+        if out.returncode == 0:
+            return python
+        error = (out.stderr or out.stdout).strip()[-2000:]
+        time.sleep(2 * (attempt + 1))
+    shutil.rmtree(venv, ignore_errors=True)
+    raise RuntimeError(f"pip install goose-sdk=={VERSION} failed {NPM_ATTEMPTS} times: {error}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.agents.install", description=__doc__.splitlines()[0])
     parser.add_argument("--cli", action="append", default=[], help="NAME or NAME@VERSION (default: every CLI at its pin)")
@@ -120,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         return f"{cli.package}@{version or cli.pinned}: {exe} ({time.monotonic() - started:.0f} s)"
 
     # in parallel: npm spends most of an install waiting on the registry
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=len(jobs) + 1) as pool:
+        sdk = pool.submit(install_goose_sdk) if not args.cli else None
         for line in pool.map(one, jobs):
             print(line)
+        if sdk is not None:
+            print(f"goose-sdk: {sdk.result()}")
     return 0
 
 

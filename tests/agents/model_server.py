@@ -153,7 +153,11 @@ class Seen:
 
 
 class ModelServer:
-    def __init__(self, script: list[Step | Scripted] | None = None, model: str = "test-model") -> None:
+    def __init__(self, script: list[Step | Scripted] | None = None, model: str = "test-model",
+                 every_request_a_turn: bool = False) -> None:
+        """`every_request_a_turn`: a client without side requests (goose's provider layer offers no
+        tools when asked none): every request of an API takes the next step."""
+        self.every_request_a_turn = every_request_a_turn
         self._script = [s if isinstance(s, Scripted) else Scripted(s) for s in (script or [])]
         self._lock = threading.Lock()
         self.model = model
@@ -264,7 +268,7 @@ class _Handler(BaseHTTPRequestHandler):
         stream = bool(body.get("stream")) if isinstance(body, dict) else False
         if family == "gemini":
             stream = ":streamGenerateContent" in path
-        turn = self._is_turn(family, path, body, stream)
+        turn = self.model.every_request_a_turn or self._is_turn(family, path, body, stream)
         self.model.seen.append(Seen("POST", path, body, turn))
         if not turn:
             self._side(family, path, body, stream)
