@@ -40,12 +40,15 @@ ALL = [_param(sc) for scs in SCENARIOS.values() for sc in scs]
 
 
 @pytest.fixture(scope="session")
-def live_captures() -> dict[tuple[str, str], Capture | str]:
-    """Every live scenario of every CLI, run once in parallel: a Capture, or why the CLI is missing."""
+def live_captures(request: pytest.FixtureRequest) -> dict[tuple[str, str], Capture | str]:
+    """Every live scenario selected in this session (`-k` narrows it), run once in parallel: a
+    Capture, or why the CLI is missing."""
+    selected = {(item.callspec.params["sc"].cli, item.callspec.params["sc"].name) for item in request.session.items
+                if getattr(item, "originalname", "") == "test_live_run_meets_its_expectation"}
     out: dict[tuple[str, str], Capture | str] = {}
     why = npm_missing()
     ready: list[str] = []
-    for cli in SCENARIOS:
+    for cli in sorted({cli for cli, _ in selected}):
         if why:
             out.update({(cli, sc.name): why for sc in SCENARIOS[cli]})
             continue
@@ -56,7 +59,7 @@ def live_captures() -> dict[tuple[str, str], Capture | str]:
             out.update({(cli, sc.name): f"npm install failed: {exc}" for sc in SCENARIOS[cli]})
     with ThreadPoolExecutor(max_workers=PARALLEL_RUNS) as pool:
         futures = {(sc.cli, sc.name): pool.submit(capture, sc, CLIS[sc.cli].pinned)
-                   for cli in ready for sc in SCENARIOS[cli] if sc.live}
+                   for cli in ready for sc in SCENARIOS[cli] if sc.live and (sc.cli, sc.name) in selected}
         out.update({key: f.result() for key, f in futures.items()})
     return out
 
