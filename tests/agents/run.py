@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.agents.install import CLIS, binary
+from tests.agents.install import CLIS, binary, cache_root
 
-RUN_TIMEOUT_S = 90  # the outer bound of one CLI run (`timeout -k 5`); a scenario that needs more is a defect
+RUN_TIMEOUT_S = 150  # the outer bound of one CLI run (`timeout -k 5`); a scenario that needs more is a defect
 MODEL = {"claude-code": "claude-sonnet-4-5", "codex": "gpt-5.5", "gemini-cli": "gemini-2.5-pro",
          "opencode": "mock/test-model"}
 
@@ -102,6 +102,9 @@ def invocation(cli: str, version: str, base_url: str, prompt: str, root: Path, m
                                         "models": {"test-model": {"name": "test-model"}}}},
                   "model": MODEL[cli]}
         (work / "opencode.json").write_text(json.dumps(config))
+        # opencode npm-installs its plugin package into a fresh HOME's config on start: a shared
+        # npm cache (content-addressed, safe for concurrent runs) spares the downloads
+        env["npm_config_cache"] = str(cache_root() / "npm-cache")
         env.update({"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
                     "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1", "PWD": str(work)})
         argv = [exe, "run", "--format", "json", "-m", MODEL[cli], prompt]
