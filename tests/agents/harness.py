@@ -72,7 +72,7 @@ def capture_all(scenarios: list[Scenario], version: str, workers: int = 4) -> di
         return {name: f.result() for name, f in futures.items()}
 
 
-def normalize(cap_stdout: list[str], cap_stderr: list[str], exit_code: int | None, fmt: str,
+def normalize(cap_stdout: list[str], cap_stderr: list[str], exit_code: int | None, fmt: str | None,
               run_id: str = "capture") -> list[dict]:
     """What the pipeline makes of a capture: the pure normalizer over stderr then stdout (as
     `goose-ingest normalize --stderr` orders them), the format fixed as the tap's label fixes it."""

@@ -187,20 +187,8 @@ def test_every_run_is_one_pure_pass_and_normalize_of_what_the_cli_printed(pipeli
         if fmt is not None:
             assert ended[run].get("format") == fmt, f"{run}: the tap did not label the run {fmt}"
         cli_stderr = [line for line in cap.stderr if not line.startswith("goose-ingest: ")]  # the tap's own lines
-        direct = normalize(cap.stdout, cli_stderr, None, fmt) if fmt else _detected(cap.stdout, cli_stderr)
+        direct = normalize(cap.stdout, cli_stderr, None, fmt)  # no label for a format not merged: detected
         assert projected(direct) == projected([e for e in got if e.get("errorClass") != "agent_exit"]), run
-
-
-def _detected(stdout: list[str], stderr: list[str]) -> list[dict]:
-    """normalize without a format label (what the pipeline does for a command the tap does not know)."""
-    from services.normalizer import RunNormalizer
-
-    norm = RunNormalizer("capture")
-    out: list[dict] = []
-    for seq, (line, stream) in enumerate([(x, "stderr") for x in stderr] + [(x, "stdout") for x in stdout]):
-        out += norm.line(seq, seq, line, stream)
-    out += norm.end(len(stdout) + len(stderr), 0, None)
-    return out
 
 
 def _expectation_param(cli: str, name: str) -> object:
