@@ -5,8 +5,8 @@
 Installs `<cli>@<version>` into the cache (tests/agents/install.py), runs each scenario of
 tests/agents/scenarios.py against the scripted model server (in parallel), and compares with the
 captures committed under tests/agents/captures/<cli>/ (taken with the pinned version):
-- record types (`type`, or `type/subtype`) that are new or gone,
-- fields (dotted paths, per record type) that are new or gone,
+- record types (`type`, or `type/subtype`) that are new or gone, per scenario and over all of them,
+- fields (dotted paths per record type, over all scenarios) that are new or gone,
 - the events the normalizer makes of each capture, where they differ (envelope fields aside),
 - `unknown` and `warning` counts per scenario, and whether the scenario's expectation still holds.
 The report is Markdown (stdout, or `--report FILE`). `--update` writes the new captures over the
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,9 @@ def record_type(rec: dict[str, Any]) -> str:
     return t
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def field_paths(value: Any, prefix: str = "", depth: int = 0) -> set[str]:
     """Dotted key paths of a record (lists looked into as `[]`), 4 levels deep at most."""
     out: set[str] = set()
@@ -64,7 +68,9 @@ def field_paths(value: Any, prefix: str = "", depth: int = 0) -> set[str]:
         return out
     if isinstance(value, dict):
         for k, v in value.items():
-            path = f"{prefix}.{k}" if prefix else str(k)
+            # a key that is data, not a name (a model id in `modelUsage`): one `*` for all of them
+            key = str(k) if _NAME.fullmatch(str(k)) else "*"
+            path = f"{prefix}.{key}" if prefix else key
             out.add(path)
             out |= field_paths(v, path, depth + 1)
     elif isinstance(value, list):
@@ -93,6 +99,33 @@ def projected(events: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def merged(shapes: list[dict[str, set[str]]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for sh in shapes:
+        for rtype, fields in sh.items():
+            out.setdefault(rtype, set()).update(fields)
+    return out
+
+
+def fields_report(old: list[Capture], new: list[Capture]) -> list[str]:
+    """New and gone fields per record type, over every scenario at once (a field one scenario's
+    records happen not to carry is not reported gone)."""
+    before, after = merged([shape(c.stdout) for c in old]), merged([shape(c.stdout) for c in new])
+    lines = ["## Record types and fields, all scenarios", ""]
+    if added := sorted(set(after) - set(before)):
+        lines.append(f"- new record types: {', '.join(added)}")
+    if gone := sorted(set(before) - set(after)):
+        lines.append(f"- record types gone: {', '.join(gone)}")
+    for rtype in sorted(set(before) & set(after)):
+        if new_fields := sorted(after[rtype] - before[rtype]):
+            lines.append(f"- `{rtype}` new fields: {', '.join(new_fields)}")
+        if gone_fields := sorted(before[rtype] - after[rtype]):
+            lines.append(f"- `{rtype}` fields gone: {', '.join(gone_fields)}")
+    if len(lines) == 2:
+        lines.append("- none")
+    return lines + ["", "## Scenarios", ""]
+
+
 def compare(sc: Scenario, old: Capture | None, new: Capture) -> tuple[list[str], bool]:
     """Report lines for one scenario and whether its expectation holds with the new capture."""
     events = normalize(new.stdout, new.stderr, new.exit_code, sc.cli)
@@ -112,11 +145,6 @@ def compare(sc: Scenario, old: Capture | None, new: Capture) -> tuple[list[str],
         lines.append(f"- new record types: {', '.join(added)}")
     if gone := sorted(set(before) - set(after)):
         lines.append(f"- record types gone: {', '.join(gone)}")
-    for rtype in sorted(set(before) & set(after)):
-        if new_fields := sorted(after[rtype] - before[rtype]):
-            lines.append(f"- `{rtype}` new fields: {', '.join(new_fields)}")
-        if gone_fields := sorted(before[rtype] - after[rtype]):
-            lines.append(f"- `{rtype}` fields gone: {', '.join(gone_fields)}")
     old_events = normalize(old.stdout, old.stderr, old.exit_code, sc.cli)
     old_counts = Counter(e["type"] for e in old_events)
     if (old_counts["unknown"], old_counts["warning"]) != (counts["unknown"], counts["warning"]):
@@ -159,13 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         caps = dict(zip([sc.name for sc in scs], pool.map(lambda sc: capture(sc, version), scs), strict=True))
     report = [f"# {cli.package}@{version} against the captures of {cli.pinned}", ""]
-    ok = True
+    olds: dict[str, Capture | None] = {}
     for sc in scs:
         try:
-            old: Capture | None = load(args.cli, sc.name)
+            olds[sc.name] = load(args.cli, sc.name)
         except FileNotFoundError:
-            old = None
-        lines, held = compare(sc, old, caps[sc.name])
+            olds[sc.name] = None
+    report += fields_report([c for c in olds.values() if c is not None],
+                            [caps[name] for name, c in olds.items() if c is not None])
+    ok = True
+    for sc in scs:
+        lines, held = compare(sc, olds[sc.name], caps[sc.name])
         report += lines
         ok = ok and (held or sc.known_bug is not None or sc.cli in FORMATS_PENDING)
     text = "\n".join(report) + "\n"

@@ -18,7 +18,7 @@ import pytest
 from tests.agents import install as inst
 from tests.agents.harness import load
 from tests.agents.model_server import ALWAYS, Call, Cut, ModelServer, Reply, Scripted, Stall, Status, refused_url
-from tests.agents.recapture import compare, shape
+from tests.agents.recapture import compare, field_paths, fields_report, shape
 from tests.agents.run import Capture
 from tests.agents.scenarios import scenario
 from tests.support.fixtures import REPO
@@ -184,10 +184,18 @@ def test_the_drift_report_names_new_record_types_fields_and_changed_events() -> 
     lines, held = compare(sc, old, new)
     text = "\n".join(lines)
     assert "new record types: system/task_started" in text
-    assert "`result/success` new fields: brand_new, brand_new.x" in text
+    fields = "\n".join(fields_report([old], [new]))
+    assert "new record types: system/task_started" in fields
+    assert "`result/success` new fields: brand_new, brand_new.x" in fields
     assert "unknown 0 -> 2" in text  # the new record, and the result of the Write call that was lost
     assert "- events changed:" in text and "FAILS" in text and not held
     assert shape(old.stdout).keys() <= shape(stdout).keys()
+    assert "\n".join(fields_report([old], [old])).count("- none") == 1
+
+
+def test_keys_that_are_data_collapse_to_a_star() -> None:
+    assert field_paths({"modelUsage": {"claude-sonnet-4-5": {"costUSD": 1}}, "a_b": [{"c": 1}]}) == {
+        "modelUsage", "modelUsage.*", "modelUsage.*.costUSD", "a_b", "a_b[].c"}
 
 
 def test_recapture_without_npm_is_a_one_line_error(tmp_path) -> None:
