@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,8 +133,6 @@ def run(inv: Invocation, sigint_when: str | None = None, sigint_after_s: float =
     assert proc.stdout is not None and proc.stderr is not None
     err: list[str] = []
 
-    import threading
-
     def drain() -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
@@ -148,7 +147,10 @@ def run(inv: Invocation, sigint_when: str | None = None, sigint_after_s: float =
         out.append(line)
         if sigint_when is not None and not sent and sigint_when in line:
             time.sleep(sigint_after_s)
-            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:  # it ended on its own meanwhile: the capture says how
+                pass
             sent = True
     code = proc.wait()
     t.join(10)
