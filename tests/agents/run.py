@@ -91,6 +91,8 @@ def invocation(cli: str, version: str, base_url: str, prompt: str, root: Path, m
         settings = {"security": {"auth": {"selectedType": "gemini-api-key"}}, "general": {"maxAttempts": 2,
                     "disableAutoUpdate": True, "disableUpdateNag": True}, "telemetry": {"enabled": False},
                     "privacy": {"usageStatisticsEnabled": False}}
+        if max_turns is not None:
+            settings["model"] = {"maxSessionTurns": max_turns}
         (home / ".gemini").mkdir(exist_ok=True)
         (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
         env.update({"GOOGLE_GEMINI_BASE_URL": base_url, "GEMINI_API_KEY": "test-key-0000",

@@ -229,6 +229,9 @@ def _gemini() -> list[Scenario]:
         Scenario("tools", c, "Look at notes.txt, then write a summary.", _gemini_tools,
                  Expect(tools=TOOLS_RUN, agent_text=True, exit_nonzero_ok=False)),
         *_common_faults(c, "overloaded-503"),
+        Scenario("max-turns", c, "Keep checking the folder.", lambda w: [Scripted(Reply(
+            "Checking again.", (Call("list_directory", {"dir_path": str(w)}),)), ALWAYS)],
+                 Expect(tools=(("list", True),), error_class="max_turns", unknown_ok=True), max_turns=1),
         Scenario("sigint", c, "Run the slow job.", lambda w: [Reply("Starting the slow job.", (
             Call("run_shell_command", {"command": "sleep 30", "description": "Slow job"}),))],
                  # Gemini CLI exits 0 with no result after SIGINT: the call it printed is never
