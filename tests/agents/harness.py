@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,6 +62,9 @@ def capture(sc: Scenario, version: str, root: Path | None = None, outer: list[st
             out, err, code, secs = run(inv, sigint_when=sc.sigint_when, sigint_after_s=sc.sigint_after_s, outer=outer)
             last = Capture(sc.cli, version, sc.name, out, err, code, secs, requests=len(server.seen),
                            extra={"paths": sorted({s.path for s in server.seen})})
+        if not os.environ.get("GOOSE_INGEST_AGENTS_KEEP"):
+            # ~4 MB a run (the CLIs' HOME caches): gone unless asked to keep them for a look
+            shutil.rmtree(base, ignore_errors=True)
         if code not in (124, 137):
             return last
     assert last is not None
