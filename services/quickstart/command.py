@@ -141,9 +141,23 @@ class _Interrupts:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self._deferred = 0
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Inside, a signal is only remembered: code that holds locks and threads (the publisher)
+        is not cut at an arbitrary line; it calls ``check`` where stopping is safe."""
+        self._deferred += 1
+        try:
+            yield
+        finally:
+            self._deferred -= 1
+        self.check()
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.signum = signum
+        if self._deferred:
+            return
         while frame is not None:  # in a finalizer it would only print "Exception ignored in ...": later
             if frame.f_code.co_name == "__del__":
                 return
@@ -416,11 +430,12 @@ def _demo(args: argparse.Namespace, transcripts: list[Transcript], spool: str, p
     for transcript in transcripts:
         run = f"demo/{stamp}/{transcript.run_name}"[:200]
         runs.append(run)
-        with Publisher(settings, run, {"host": "demo"}, format=transcript.format) as pub:
-            for raw in transcript.path.read_bytes().splitlines():
+        with interrupts.deferred(), Publisher(settings, run, {"host": "demo"}, format=transcript.format) as pub:
+            for i, raw in enumerate(transcript.path.read_bytes().splitlines()):
                 pub.add_line(raw, "stdout")
+                if i % 1000 == 999:
+                    interrupts.check()  # here, between two lines: the publisher closes cleanly
             pub.add_eof(0)
-        interrupts.check()
     if not _wait_for_runs(settings, set(runs), args.timeout, interrupts.check):
         if parts.worker.poll() is not None:
             print(f"goose-ingest demo: the worker exited with code {parts.worker.returncode}", file=sys.stderr)

@@ -288,3 +288,19 @@ def test_ctrl_c_while_up_starts_leaves_no_broker(tmp_path):
         term.close()
     assert code in (0, 130) and "Traceback" not in term.output, (code, term.output[-3000:])
     assert left_running(term) == [], term.output[-3000:]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_or_a_closed_terminal_stops_the_demo_in_order_and_leaves_nothing(signum, tmp_path):
+    """Not a Ctrl-C: a SIGTERM to the demo alone (kill PID), or the SIGHUP of a closed terminal. Its
+    worker and broker are in sessions of their own, so only the demo can stop them: it does."""
+    term = Terminal(["demo", str(_long_transcript(tmp_path, 60_000))], clean_env(tmp_path))
+    try:
+        wait_until(lambda: _holds(term, "goose.raw.*"), timeout=60, interval=0.02)
+        term.watch()
+        os.kill(term.pid, signum)
+        code = term.wait(EXIT_WITHIN_S)
+    finally:
+        term.close()
+    assert code == 130 and "Traceback" not in term.output, (code, term.output[-3000:])
+    assert left_running(term) == [], term.output[-3000:]
