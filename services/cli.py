@@ -269,6 +269,13 @@ def _bad_database(exc: BaseException) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command took charge of it (importing, parsing): no traceback
+        return 128 + 2
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser(_subcommand_in(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     try:

@@ -122,7 +122,8 @@ def reprocess(settings: Settings, win: Window, client: Any, store: Any, *, event
     if win.since_ms is None:
         raise ConfigError("reprocess: --since is required (a date, a time, or a time ago such as 24h)")
     report = Report(win)
-    read = reader.read_log(store, reader.redis_log(client, settings.layout), win)
+    # client None: no broker, the archive alone (the command then rebuilds only: dry_run)
+    read = reader.read_log(store, reader.redis_log(client, settings.layout) if client is not None else (), win)
     report.segments, report.corrupt = read.segments, read.corrupt
     runs = read.runs or set()
     # A run whose beginning was not read would be republished from half its log, over good rows.
@@ -146,7 +147,7 @@ def reprocess(settings: Settings, win: Window, client: Any, store: Any, *, event
     report.runs = len(rebuilt.events)
     report.events = sum(len(v) for v in rebuilt.events.values())
     report.records = sum(len(v) for v in rebuilt.records.values())
-    if not dry_run:
+    if not dry_run and client is not None:
         publish(client, outputs(rebuilt, layout))
         report.published = True
     return report

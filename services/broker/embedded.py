@@ -19,9 +19,10 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["EmbeddedRedis", "RedisServerNotFound", "find_redis_server", "free_port", "start_redis"]
+__all__ = ["EmbeddedRedis", "RedisServerNotFound", "die_with_parent_hook", "find_redis_server", "free_port", "start_redis"]
 
 
 class RedisServerNotFound(RuntimeError):
@@ -98,8 +99,10 @@ class EmbeddedRedis:
 
     host = "127.0.0.1"
 
-    def __init__(self, binary: str, port: int, dir: str | None = None, *, extra_args: list[str] | None = None) -> None:
+    def __init__(self, binary: str, port: int, dir: str | None = None, *, extra_args: list[str] | None = None,
+                 die_with_parent: bool = False) -> None:
         self.binary = binary
+        self.die_with_parent = die_with_parent
         self.port = port
         self._own_dir = dir is None
         self.dir = dir or tempfile.mkdtemp(prefix="goose-ingest-redis-")
@@ -147,8 +150,12 @@ class EmbeddedRedis:
             ]
             log = open(self.log_path, "ab")
             try:
+                # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group) reaches
+                # the command that started it, which stops its worker and archive first and this
+                # server last; in the same group the server died at once, with their entries.
                 self.process = subprocess.Popen(
-                    args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True
+                    args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True,
+                    start_new_session=True, preexec_fn=die_with_parent_hook() if self.die_with_parent else None,
                 )
             finally:
                 log.close()
@@ -226,17 +233,41 @@ class EmbeddedRedis:
         self.close()
 
 
+def die_with_parent_hook() -> Callable[[], None] | None:
+    """A Popen ``preexec_fn`` (Linux) that has the child SIGTERMed when the thread that started it
+    ends: a server or worker out of the terminal's process group must not outlive its command when
+    that is killed outright (SIGKILL, a closed terminal), where no ``finally`` runs. None elsewhere.
+    The libc function is looked up here, in the parent: the hook itself only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+    return hook
+
+
 def start_redis(port: int | None = None, dir: str | None = None, *, timeout: float = 10.0,
-                extra_args: list[str] | None = None) -> EmbeddedRedis:
+                extra_args: list[str] | None = None, die_with_parent: bool = False) -> EmbeddedRedis:
     """Start ``redis-server`` on 127.0.0.1 (a free port when ``port`` is None) and wait until it answers (INFO, checking it is this process).
 
+    ``die_with_parent``: SIGTERM the server when the calling thread ends (see ``die_with_parent_hook``;
+    for a command's own broker, started from its main thread).
     Raises :class:`RedisServerNotFound` when no binary is available.
     """
     binary = find_redis_server()
     attempts = 1 if port is not None else 5
     last: Exception | None = None
     for _ in range(attempts):
-        server = EmbeddedRedis(binary, port if port is not None else free_port(), dir, extra_args=extra_args)
+        server = EmbeddedRedis(binary, port if port is not None else free_port(), dir, extra_args=extra_args,
+                               die_with_parent=die_with_parent)
         try:
             return server.start(timeout=timeout)
         except RuntimeError as exc:  # e.g. the free port was taken in between: try another one

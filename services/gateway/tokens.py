@@ -188,7 +188,13 @@ def run(args: argparse.Namespace) -> int:
             print(token)  # stdout: the token alone, once (e.g. `... > token-file`)
             return 0
         if args.tokens_command == "list":
-            for rec in list_tokens(client, layout):
+            found = list_tokens(client, layout)
+            if not found:
+                print("goose-ingest tokens: no tokens (create one with `goose-ingest tokens create --prefix team-a/`)",
+                      file=sys.stderr)
+                return 0
+            print("ID\tPREFIX\tLABELS\tCREATED\tNOTE")  # tab-separated as the rows: `column -t -s $'\t'`
+            for rec in found:
                 created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.created_ms / 1000))
                 print(f"{rec.id}\t{rec.prefix}\t{orjson.dumps(rec.labels).decode()}\t{created}\t{rec.note}")
             return 0

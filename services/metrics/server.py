@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
 from services.settings import ConfigError
 
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from services.metrics.registry import Metrics
 
 log = logging.getLogger(__name__)
+# Every command that serves /metrics imports this module: no `_created` series beside each counter
+# and histogram (they doubled /metrics; rate() and increase() need no creation time to handle resets).
+disable_created_metrics()
 
 
 @dataclass(frozen=True)

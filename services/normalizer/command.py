@@ -21,15 +21,10 @@ import orjson
 from contracts.raw import RUN_KEY_PATTERN
 from services.normalizer import FORMATS, Limits, RunNormalizer
 from services.normalizer.timefmt import parse_ts
+from services.tap.sniff import HEAD_BYTES, binary_kind, document_kind
 
 _RUN_RE = re.compile(RUN_KEY_PATTERN)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/@-]")
-SQLITE_MAGIC = b"SQLite format 3\x00"
-# Compressed files (magic bytes -> the tool that opens them): their bytes decode to junk "lines".
-_COMPRESSED = ((b"\x1f\x8b", "gzip", "zcat"), (b"\x28\xb5\x2f\xfd", "zstd", "zstdcat"), (b"BZh", "bzip2", "bzcat"),
-               (b"\xfd7zXZ\x00", "xz", "xzcat"), (b"PK\x03\x04", "zip", "unzip -p"))
-# A line stream never has a line that is only an opening bracket; a pretty-printed document does.
-_DOCUMENT_OPENERS = ("{", "[")
 
 
 class NotAStream(Exception):
@@ -79,28 +74,18 @@ def _label(name: str) -> str:
 def _lines(stream: BinaryIO, name: str, check: bool) -> Iterator[str]:
     """Decoded lines without their newline; `check`: refuse input that is not a line stream."""
     if check:
-        head = stream.peek(len(SQLITE_MAGIC)) if hasattr(stream, "peek") else b""
-        for magic, kind, tool in _COMPRESSED:
-            if head.startswith(magic) and not (kind == "bzip2" and not head[3:4].isdigit()):
-                shown = name if name != "-" else "FILE"
-                raise NotAStream(f"{_label(name)} is {kind}-compressed, not stream lines: decompress it first "
-                                 f"(`{tool} {shown} | goose-ingest normalize -`)")
-        if head.startswith(SQLITE_MAGIC):
-            raise NotAStream(
-                f"{_label(name)} is a SQLite database (goose's sessions.db?), not stream lines: "
-                f"import it with `goose-ingest import-sessions {name if name != '-' else 'PATH'} --namespace NS`"
-            )
+        head = stream.peek(HEAD_BYTES) if hasattr(stream, "peek") else b""
+        why = binary_kind(head, _label(name), name if name != "-" else "FILE", "goose-ingest normalize -")
+        if why:
+            raise NotAStream(why)
     looking = check
     for raw in stream:
         text = raw.rstrip(b"\r\n").decode("utf-8", "replace")
         if looking and text.strip():
             looking = False
-            if text.strip() in _DOCUMENT_OPENERS:
-                raise NotAStream(
-                    f"{_label(name)} looks like one multi-line JSON document (`goose run --output-format json`?), "
-                    "not one JSON record per line: run the agent with `--output-format stream-json` "
-                    "(or import goose's sessions.db with `goose-ingest import-sessions`)"
-                )
+            why = document_kind(text, _label(name))
+            if why:
+                raise NotAStream(why)
         yield text
 
 

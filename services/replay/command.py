@@ -34,7 +34,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="rebuild harness events from the raw log and compare with the topics",
         description="Read every raw shard (and control stream), rebuild each run's events with the same "
         "sequencer, normalizer and redaction settings as the workers, and compare them event by event with "
-        "what the topics hold. Prints the differences; exit code 1 when there is one. Needs the admin role.",
+        "what the topics hold. Prints the differences; exit code 1 when there is one. Needs the admin role. "
+        "With GOOSE_INGEST_ARCHIVE_URL and no GOOSE_INGEST_REDIS_URL it replays the archive alone, against its "
+        "event lake; a missing or empty archive is exit 2.",
     )
     p.add_argument("--run", help="only this run key")
     p.add_argument("--since", help="only runs with a raw entry at or after this time (2026-12-01, "
@@ -63,13 +65,14 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
             source: str | None = None, win: Window | None = None, err: TextIO = sys.stderr) -> int:
     """Number of differences between rebuilt and published events (0: identical); a corrupt
     archive object counts as one (it is named on `err`, the rest is still replayed)."""
-    client = sync_client(settings)
+    # No broker: the archive alone (its raw log against its event lake), as after `demo` or `up` ended.
+    client = sync_client(settings) if settings.redis_url else None
     layout = settings.layout
     win = win or Window()
     source = source or (ARCHIVE if settings.archive_url else REDIS)
     lake: dict[str, dict[str, dict[str, Any]]] = {}
     corrupt: list[Corrupt] = []
-    if source == REDIS and win.everything:
+    if source == REDIS and win.everything and client is not None:
         raw = [LogEntry(sid, fields, shard=shard)
                for shard, stream in enumerate(layout.raw_streams()) for sid, fields in _read_all(client, stream)]
         control = [LogEntry(sid, fields, control=True)
@@ -82,7 +85,7 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
                       settings.max_buffered_entries, run_key, settings.max_line_bytes, settings.redactor(),
                       settings.max_held_bytes, shard_of=layout.shard_of if layout.cluster else None)
     published: dict[str, list[dict[str, Any]]] = {}
-    topic = [item for stream in layout.events_partitions() for item in _read_all(client, stream)]
+    topic = [item for stream in layout.events_partitions() for item in _read_all(client, stream)] if client else []
     for _sid, fields in topic:  # per-run order holds within a partition; a run lives in one
         rid = fields[b"runId"].decode()
         if run_key is None or rid == run_key:
@@ -111,7 +114,8 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
                 break
     for bad in corrupt:
         print(f"replay: corrupt archive object {bad.key}: {bad.reason} (skipped; the rest is replayed)", file=err)
-    print(f"replay: {len(rebuilt.events)} runs rebuilt from the raw log, {diffs} differ from the published events"
+    n = len(rebuilt.events)
+    print(f"replay: {n} {'run' if n == 1 else 'runs'} rebuilt from the raw log, {diffs} differ from the published events"
           + (f" ({rebuilt.invalid} invalid raw entries skipped, as the workers dead-lettered them)" if rebuilt.invalid else "")
           + (f"; {len(corrupt)} archive objects could not be read" if corrupt else ""),
           file=out)
@@ -126,15 +130,16 @@ def _archive_log(settings: Settings, client: Any, source: str, win: Window, run_
 
     store = None
     if source == ARCHIVE:
-        from services.archive.store import open_store
+        from services.archive.for_reading import open_for_reading
 
-        store = open_store(settings)
+        store = open_for_reading(settings, alone=client is None)
         if store is None:
             raise ConfigError("--source archive: set GOOSE_INGEST_ARCHIVE_URL (file:///dir or s3://bucket/prefix)")
     from services.archive.store import StoreError
 
+    live = reader.redis_log(client, settings.layout) if client is not None else iter(())
     try:  # a store that fails mid-read: the log cannot be checked, one line (no partial verdict)
-        read = reader.read_log(store, reader.redis_log(client, settings.layout), win)
+        read = reader.read_log(store, live, win)
         runs = read.runs
         if run_key is not None:
             runs = {run_key} if runs is None or run_key in runs else set()
@@ -159,8 +164,15 @@ def _with_lake(published: dict[str, list[dict[str, Any]]], lake: dict[str, dict[
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings()
+    source = args.source or (ARCHIVE if settings.archive_url else REDIS)
     if not settings.redis_url:
-        print("goose-ingest replay: set GOOSE_INGEST_REDIS_URL", file=sys.stderr)
-        return 2
+        if source == REDIS:
+            raise ConfigError("set GOOSE_INGEST_REDIS_URL (or GOOSE_INGEST_ARCHIVE_URL to replay an archive "
+                              "without a broker)")
+        from services.archive.for_reading import open_for_reading
+
+        open_for_reading(settings, alone=True)  # missing or empty: one line, before anything else is said
+        print("goose-ingest replay: no broker configured: replaying the archive alone, against its event lake",
+              file=sys.stderr, flush=True)
     win = window(args.since, args.until)
-    return 1 if compare(settings, args.run, quiet=args.quiet, source=args.source, win=win) else 0
+    return 1 if compare(settings, args.run, quiet=args.quiet, source=source, win=win) else 0

@@ -27,6 +27,7 @@ import orjson
 from contracts.events import ERROR_CLASSES, EVENT_TYPES
 from contracts.topics import EVENT, RECORD, TopicEntry, TopicEntryError
 from services.broker.connect import sync_client
+from services.broker.url import redact_url
 from services.settings import ConfigError, Settings
 from services.tail.format import event_line, record_line
 from services.tail.order import Followed, commit_order
@@ -102,6 +103,9 @@ def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdou
     wanted_class = getattr(args, "error_class", None)
     hosts: dict[str, str] = {}  # run -> host, from the run records read (--class)
     block = None if args.no_follow or len(groups) > 1 else FOLLOW_BLOCK_MS
+    if not args.no_follow:  # once: a quiet terminal is a tail waiting, not a tail stuck
+        print(f"goose-ingest tail: waiting for events on {redact_url(settings.redis_url or '')} "
+              "(Ctrl-C to stop)", file=sys.stderr, flush=True)
     while not stopping.is_set():
         horizon: int | None = None  # entries from this ms on may have more of their commit unread
         got = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import itertools
 import logging
 import os
 import select
@@ -28,6 +29,7 @@ from services.settings import Settings
 from services.tap.lines import LineSplitter
 from services.tap.publisher import Publisher, RunFinished, now_ms
 from services.tap.runkey import RUN_KEY_RULE, is_valid_run, new_run_key
+from services.tap.sniff import HEAD_BYTES, LiveSniffer, binary_kind, document_kind
 from services.tap.spool import SpoolCorrupt, SpoolLocked
 
 log = logging.getLogger("goose_ingest.tap")
@@ -515,8 +517,12 @@ def _tap(args: argparse.Namespace, settings: Settings, run: str, command: list[s
 
     for pipe in (child.stdout, child.stderr):
         _grow_pipe(pipe)
+    # Output that is no line stream (gzip, a sessions.db, one JSON document) is published all the
+    # same (it is what the command printed), with one warning that says what it is.
+    sniff = LiveSniffer(f"the output of {command[0]!r}", "FILE", f"goose-ingest publish --run {run} -",
+                        documents=not _prints_one_document(command))
     readers = [
-        threading.Thread(target=_pump, args=(child.stdout, "stdout", None if args.quiet else sys.stdout, pub),
+        threading.Thread(target=_pump, args=(child.stdout, "stdout", None if args.quiet else sys.stdout, pub, sniff),
                          daemon=True),
         threading.Thread(target=_pump, args=(child.stderr, "stderr", None if args.quiet else sys.stderr, pub),
                          daemon=True),
@@ -573,7 +579,7 @@ def _grow_pipe(pipe: IO[bytes] | None) -> None:
         pass  # above /proc/sys/fs/pipe-max-size for an unprivileged user
 
 
-def _pump(pipe: BinaryIO, stream: str, echo, pub: Publisher) -> None:
+def _pump(pipe: BinaryIO, stream: str, echo, pub: Publisher, sniff: LiveSniffer | None = None) -> None:
     """Echo and publish a pipe's output: one read of up to PIPE_READ_BYTES, one echo write and one
     spool write per chunk, however many lines it holds (reads return as soon as anything arrived)."""
     out = getattr(echo, "buffer", None) if echo is not None else None
@@ -585,6 +591,10 @@ def _pump(pipe: BinaryIO, stream: str, echo, pub: Publisher) -> None:
         if not chunk:
             break
         ts = now_ms()
+        if sniff is not None and not sniff.done:
+            why = sniff.feed(chunk)
+            if why:
+                _err(f"warning: {why}; its lines are published anyway, each one a warning event")
         if out is not None:
             try:
                 out.write(chunk)
@@ -634,6 +644,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
                 _err(f"cannot read {args.file}: {exc.strerror or exc}")
                 return 2
             source = "file:" + os.path.realpath(args.file)
+    lines: Iterator[bytes] = iter(())
+    if fh is not None:
+        found = _not_a_stream(fh, args)
+        if isinstance(found, str):
+            _err(found)
+            if fh is not sys.stdin.buffer:
+                fh.close()
+            return 2
+        lines = found
     _setup_logging()
     pub = _open_publisher(settings, args.run, _labels(settings, args.agent), args.format)
     if isinstance(pub, int):
@@ -644,6 +663,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise _Stop(signum)
 
     previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGHUP)}
+    added = skip = 0
+    summary = fh is not None and not pub.finished  # an ended run only delivers what was spooled
     try:
         if fh is not None and pub.finished:
             _err(f"run {args.run} already ended (its eof is in the spool {pub.spool_dir}); delivering what is spooled")
@@ -651,10 +672,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
             skip = 0 if args.no_skip or source is None else pub.lines_from(source)
             if skip:
                 log.info("skipping the first %d lines of %s: already spooled for run %s", skip, args.file, args.run)
-            for i, raw in enumerate(iter(fh.readline, b"")):
+            for i, raw in enumerate(lines):
                 if i < skip:
                     continue
                 pub.add_line(_strip_newline(raw), "stdout", source=source)
+                added += 1
             if not args.no_eof:
                 pub.add_eof(None)
     except (KeyboardInterrupt, _Stop) as exc:
@@ -670,10 +692,36 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if fh is not None and fh is not sys.stdin.buffer:
             fh.close()
     try:
-        return 0 if _drain(pub, args.drain_timeout, abort) else 1
+        if not _drain(pub, args.drain_timeout, abort):
+            return 1
     except KeyboardInterrupt:
         pub.close(timeout=0)
         return 130
+    if summary:  # the command's result, on stdout
+        print(f"published {added} {'line' if added == 1 else 'lines'} to run {args.run}"
+              + (f" ({skip} already spooled were skipped)" if skip else "")
+              + (" (left open: --no-eof)" if args.no_eof else ""), flush=True)
+    return 0
+
+
+def _not_a_stream(fh: BinaryIO, args: argparse.Namespace) -> Iterator[bytes] | str:
+    """The input's lines, or the sentence saying what it is when it is no line stream (services/tap/sniff.py)."""
+    label = "standard input" if args.file == "-" else args.file
+    shown = "FILE" if args.file == "-" else args.file
+    peek = getattr(fh, "peek", None)
+    why = binary_kind(peek(HEAD_BYTES)[:HEAD_BYTES] if peek else b"", label, shown,
+                      f"goose-ingest publish --run {args.run} -")
+    if why:
+        return why
+    first: list[bytes] = []  # read up to the first non-blank line, then given back in front of the rest
+    for raw in iter(fh.readline, b""):
+        first.append(raw)
+        if raw.strip():
+            why = document_kind(raw.decode("utf-8", "replace"), label)
+            if why:
+                return why
+            break
+    return itertools.chain(first, iter(fh.readline, b""))
 
 
 # --- spool ----------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def test_the_merge_keeps_one_copy_of_the_overlap_in_stream_id_order():
 # ---------------------------------------------------------------------------------- live
 
 def _summary(out: str) -> tuple[int, int]:
-    m = re.search(r"replay: (\d+) runs rebuilt from the raw log, (\d+) differ", out)
+    m = re.search(r"replay: (\d+) runs? rebuilt from the raw log, (\d+) differ", out)
     assert m, out
     return int(m.group(1)), int(m.group(2))
 
@@ -179,6 +179,49 @@ def test_a_corrupt_segment_is_named_and_the_rest_is_still_replayed(settings, arc
 def test_replay_from_an_archive_that_is_not_configured_is_one_clear_error(settings):
     done = cli(settings, "replay", "--source", "archive")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "GOOSE_INGEST_ARCHIVE_URL" in done.stderr, done.stderr
+
+
+@pytest.mark.e2e
+def test_replay_and_reprocess_read_the_archive_alone_with_no_broker(settings, archived_pipeline):
+    """The broker gone (a demo's or an `up`'s embedded one): the archive's raw log is rebuilt and
+    compared with its event lake; reprocess rebuilds and publishes nothing (issue 38 item 2)."""
+    a = archived_pipeline
+    alone = {"GOOSE_INGEST_ARCHIVE_URL": a["url"], "GOOSE_INGEST_REDIS_URL": ""}
+    done = cli(settings, "replay", "--quiet", **alone)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _summary(done.stdout) == (len(a["first"]) + len(a["second"]), 0)
+    assert "no broker configured: replaying the archive alone" in done.stderr, done.stderr
+    one = sorted(a["second"])[0]
+    only = cli(settings, "replay", "--run", one, "--source", "archive", **alone)
+    assert only.returncode == 0 and _summary(only.stdout) == (1, 0), only.stdout + only.stderr
+    assert "replay: 1 run rebuilt" in only.stdout
+    rebuilt = cli(settings, "reprocess", "--since", "2d", **alone)
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    assert f"{len(a['first']) + len(a['second'])} runs rebuilt" in rebuilt.stdout and "would publish" in rebuilt.stdout
+    assert "nothing published" in rebuilt.stderr and "Traceback" not in rebuilt.stderr
+    # without a broker, Redis-only replay has nothing to read: one line
+    redis_only = cli(settings, "replay", "--source", "redis", **alone)
+    assert redis_only.returncode == 2 and redis_only.stderr.count("\n") == 1, redis_only.stderr
+
+
+@pytest.mark.parametrize("command", [["replay"], ["replay", "--source", "archive"], ["reprocess", "--since", "1d"]])
+@pytest.mark.parametrize("broker", [True, False], ids=["broker", "no-broker"])
+def test_an_archive_folder_that_does_not_exist_is_one_line_and_is_not_created(settings, tmp_path, command, broker):
+    missing = tmp_path / "no" / "such" / "archive"
+    env = {"GOOSE_INGEST_ARCHIVE_URL": missing.as_uri(), **({} if broker else {"GOOSE_INGEST_REDIS_URL": ""})}
+    done = cli(settings, *command, **env)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stdout + done.stderr
+    assert "does not exist" in done.stderr and str(missing) in done.stderr and done.stdout == "", done.stderr
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("command", [["replay"], ["reprocess", "--since", "1d"]])
+def test_an_empty_archive_with_no_broker_is_one_line(settings, tmp_path, command):
+    empty = tmp_path / "archive"
+    empty.mkdir()
+    done = cli(settings, *command, GOOSE_INGEST_ARCHIVE_URL=empty.as_uri(), GOOSE_INGEST_REDIS_URL="")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stdout + done.stderr
+    assert "holds no raw log segment" in done.stderr and done.stdout == "", done.stderr
 
 
 def test_a_run_that_crosses_the_window_edges_is_read_whole(settings, tmp_path):

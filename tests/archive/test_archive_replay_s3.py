@@ -60,7 +60,7 @@ def test_replay_and_reprocess_from_s3_after_redis_let_everything_go(acl_broker: 
 
     replay = b.cli("admin", "replay", "--quiet", GOOSE_INGEST_ARCHIVE_URL=url, **s3.env())
     assert replay.returncode == 0, replay.stdout + replay.stderr
-    m = re.search(r"(\d+) runs rebuilt from the raw log, (\d+) differ", replay.stdout)
+    m = re.search(r"(\d+) runs? rebuilt from the raw log, (\d+) differ", replay.stdout)
     assert m and (int(m.group(1)), int(m.group(2))) == (len(runs), 0), replay.stdout
 
     day = time.strftime("%Y-%m-%d", time.gmtime())

@@ -219,7 +219,7 @@ def test_redis_tls_true_with_a_redis_url_and_a_ca_file(tls_broker: TlsBroker, tm
     tail, replay = readers["tail"], readers["replay"]
     assert tail.returncode == 0 and tail.stdout == "", tail.stderr[-3000:]  # nothing processed: empty topics, read over TLS
     # no worker ran: the rebuilt run differs from the (absent) events, exit 1
-    assert "replay: 1 runs rebuilt from the raw log" in replay.stdout, replay.stdout + replay.stderr[-3000:]
+    assert "replay: 1 run rebuilt from the raw log" in replay.stdout, replay.stdout + replay.stderr[-3000:]
     raw = [f for s in settings.layout.raw_streams() for _, f in b.plain().xrange(s)]
     assert raw and {f[b"run"] for f in raw} == {b"tls/flag"}
     _run_the_consumers(env, settings, b.plain(), {"tls/flag"}, pg_dsn, tmp_path)

@@ -22,11 +22,10 @@ FAIL when `CI` is set.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import jsonschema
@@ -89,91 +88,12 @@ ALL_ON = {
 
 
 # ------------------------------------------------------------------ fake API server
-
-DISCOVERY = {
-    ("", "v1"): [
-        ("configmaps", "ConfigMap", True),
-        ("secrets", "Secret", True),
-        ("services", "Service", True),
-        ("serviceaccounts", "ServiceAccount", True),
-        ("pods", "Pod", True),
-        ("namespaces", "Namespace", False),
-    ],
-    ("apps", "v1"): [("deployments", "Deployment", True)],
-    ("policy", "v1"): [("poddisruptionbudgets", "PodDisruptionBudget", True)],
-    ("networking.k8s.io", "v1"): [("ingresses", "Ingress", True)],
-    ("autoscaling", "v2"): [("horizontalpodautoscalers", "HorizontalPodAutoscaler", True)],
-    ("monitoring.coreos.com", "v1"): [
-        ("servicemonitors", "ServiceMonitor", True),
-        ("prometheusrules", "PrometheusRule", True),
-    ],
-    ("keda.sh", "v1alpha1"): [
-        ("scaledobjects", "ScaledObject", True),
-        ("triggerauthentications", "TriggerAuthentication", True),
-    ],
-}
-
-
-class _FakeKube(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def _json(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _not_found(self) -> None:
-        self._json(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
-
-    def do_GET(self) -> None:  # noqa: N802
-        path, _, query = self.path.partition("?")
-        if path == "/version":
-            return self._json(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0", "platform": "linux/amd64"})
-        if path == "/api":
-            return self._json(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
-        if path == "/apis":
-            groups = [
-                {
-                    "name": g,
-                    "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
-                    "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
-                }
-                for (g, v) in self.server.discovery  # type: ignore[attr-defined]
-                if g
-            ]
-            return self._json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
-        m = re.fullmatch(r"/api/(v1)|/apis/([^/]+)/([^/]+)", path)
-        if m:
-            gv = ("", "v1") if m.group(1) else (m.group(2), m.group(3))
-            discovery = self.server.discovery  # type: ignore[attr-defined]
-            if gv not in discovery:
-                return self._not_found()
-            resources = [
-                {"name": n, "singularName": k.lower(), "namespaced": ns, "kind": k, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}
-                for n, k, ns in discovery[gv]
-            ]
-            return self._json(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{gv[0]}/{gv[1]}".lstrip("/"), "resources": resources})
-        if "labelSelector" in query:  # helm's release history: none
-            return self._json(200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []})
-        return self._not_found()  # no object exists yet
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        try:
-            obj = json.loads(body)
-        except ValueError:  # helm's release record arrives as protobuf: acknowledge it
-            obj = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "release"}}
-        obj.setdefault("metadata", {}).update(uid="00000000-0000-0000-0000-000000000000", resourceVersion="1")
-        self._json(201, obj)
-
-    do_PUT = do_POST
-    do_PATCH = do_POST
-
-    def log_message(self, *args) -> None:
-        pass
+# One copy of it: helm/render.py, the documented way to print the chart's manifest without helm.
+_spec = importlib.util.spec_from_file_location("chart_render", ROOT / "helm" / "render.py")
+assert _spec is not None and _spec.loader is not None
+chart_render = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(chart_render)
+DISCOVERY = chart_render.DISCOVERY
 
 
 @pytest.fixture(scope="module")
@@ -187,46 +107,42 @@ def helm():
 
 @pytest.fixture(scope="module")
 def kubeconfig(tmp_path_factory):
-    yield from _fake_cluster(tmp_path_factory, DISCOVERY)
+    with chart_render.fake_cluster(tmp_path_factory.mktemp("kube"), DISCOVERY) as path:
+        yield path
 
 
 @pytest.fixture(scope="module")
 def bare_kubeconfig(tmp_path_factory):
     """A cluster without the Prometheus Operator: no monitoring.coreos.com CRDs."""
-    yield from _fake_cluster(tmp_path_factory, {gv: r for gv, r in DISCOVERY.items() if gv[0] != "monitoring.coreos.com"})
-
-
-def _fake_cluster(tmp_path_factory, discovery: dict):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeKube)
-    server.discovery = discovery  # type: ignore[attr-defined]
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    path = tmp_path_factory.mktemp("kube") / "config"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
-                "users": [{"name": "fake", "user": {"token": "fake"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "ingest"}}],
-                "current-context": "fake",
-            }
-        )
-    )
-    # helm writes its cache/config under these; keep them out of $HOME
-    for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
-        os.environ.setdefault(var, str(tmp_path_factory.mktemp(var.lower())))
-    yield str(path)
-    server.shutdown()
-    server.server_close()
+    bare = {gv: r for gv, r in DISCOVERY.items() if gv[0] != "monitoring.coreos.com"}
+    with chart_render.fake_cluster(tmp_path_factory.mktemp("kube"), bare) as path:
+        yield path
 
 
 def render(helm, kubeconfig: str, values: dict | None = None) -> list[dict]:
-    cfg = helm.Configuration(namespace="ingest", kubeconfig=kubeconfig)
-    release = asyncio.run(helm.Install(cfg).run(RELEASE, str(CHART), values=values or None, wait=False, timeout=60))
-    return [d for d in yaml.safe_load_all(release["manifest"]) if d]
+    manifest = chart_render.render_manifest(kubeconfig, values, RELEASE, "ingest", CHART)
+    return [d for d in yaml.safe_load_all(manifest) if d]
+
+
+def test_the_documented_script_prints_the_manifest_without_a_helm_binary(helm, tmp_path):
+    """`python helm/render.py [-f values.yaml]` (docs/operations.md): the manifest on stdout, a values
+    file merged as helm's -f, a value the schema refuses is exit 1 with helm's reason."""
+    import subprocess
+    import sys
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"settings": {"shards": 3}, "hpa": {"enabled": True}}))
+    out = subprocess.run([sys.executable, str(ROOT / "helm" / "render.py"), "-f", str(values), "--release", "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    objs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    kinds = {o["kind"] for o in objs}
+    assert {"Deployment", "ConfigMap", "Service", "HorizontalPodAutoscaler"} <= kinds, kinds
+    assert any(o["kind"] == "ConfigMap" and o["data"].get("GOOSE_INGEST_SHARDS") == "3" for o in objs)
+    values.write_text(yaml.safe_dump({"replicaCont": 3}))
+    bad = subprocess.run([sys.executable, str(ROOT / "helm" / "render.py"), "-f", str(values)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stdout == "" and "replicaCont" in bad.stderr, bad.stderr[-2000:]
 
 
 DASHBOARD = "ConfigMap/dashboard"  # by_kind's key for the Grafana dashboard's ConfigMap (the settings' is "ConfigMap")

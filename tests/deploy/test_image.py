@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -436,6 +437,51 @@ def test_image_stops_with_0_while_the_broker_is_unreachable(image, args, env):
         t0 = time.monotonic()
         c.terminate()
         assert time.monotonic() - t0 < 10
+
+
+def documented_podman_command() -> list[str]:
+    """The podman line of docs/operations.md's "Check it", as a user would paste it."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    check = text[text.index("**Check it.**"):]
+    line = next(line for line in check.splitlines() if line.startswith("podman run "))
+    return shlex.split(line)
+
+
+def test_the_documented_podman_command_runs_the_image(image, settings, tmp_path):
+    """Word for word but for the Redis URL (the test's), the metrics port (0: a test must not take
+    9464) and a name, with podman's own defaults (no CONTAINERS_CONF, so no `default_ulimits`): the
+    command's `--ulimit`s are what let it start (without them rootful podman asks for limits above
+    this machine's hard ones: exit 126)."""
+    args = documented_podman_command()
+    assert args[:2] == ["podman", "run"] and "--ulimit" in args and "--network=host" in args, args
+    assert args[-1] == "localhost/goose-ingest:ci", args
+    name = f"gi-doc-{uuid.uuid4().hex[:8]}"
+    args = [f"GOOSE_INGEST_REDIS_URL={settings.redis_url}" if a.startswith("GOOSE_INGEST_REDIS_URL=") else a
+            for a in args[:-1]] + [image]
+    args[2:2] = ["--name", name, "-e", "GOOSE_INGEST_METRICS_PORT=0", "-e", f"GOOSE_INGEST_NAMESPACE={settings.namespace}",
+                 "-e", f"GOOSE_INGEST_SHARDS={settings.shards}"]
+    env = {k: v for k, v in os.environ.items() if k != "CONTAINERS_CONF"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        port = None
+        deadline = time.monotonic() + 60
+        while port is None and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+            out = subprocess.run(["podman", "exec", name, "cat", "/tmp/goose-ingest-metrics.port"], env=env,
+                                 capture_output=True, text=True, timeout=60)
+            port = int(out.stdout.split()[1]) if out.returncode == 0 and out.stdout.split() else None
+            time.sleep(0.3)
+        assert port is not None, "no port file within 60 s"
+        assert get(port, "/healthz")[0] == 200
+        wait_until(lambda: get(port, "/readyz")[0] == 200, timeout=60)  # it reached the Redis on the host
+        assert subprocess.run(["podman", "kill", "--signal", "TERM", name], env=env, capture_output=True,
+                              timeout=60).returncode == 0
+        _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    finally:
+        if proc.poll() is None:
+            subprocess.run(["podman", "kill", name], env=env, capture_output=True, timeout=60)
+            proc.kill()
 
 
 def test_image_worker_stops_with_0_on_one_sigint(image):

@@ -656,6 +656,7 @@ def test_tokens_command_creates_lists_and_revokes_without_showing_the_token_agai
         assert token_id and f"id: {token_id}" in made.stderr
         listed = cli("list")
         assert listed.returncode == 0 and token_id in listed.stdout and "team-a/laptop-42/" in listed.stdout
+        assert listed.stdout.splitlines()[0].split("\t") == ["ID", "PREFIX", "LABELS", "CREATED", "NOTE"]
         assert token.rsplit("_", 1)[1] not in listed.stdout
         stored = redis.Redis(port=server.port).hgetall(f"tok:goose-ingest:token:{token_id}")
         assert token.encode() not in b"".join(stored.values()) and stored[b"sha256"] == tokens.token_hash(token).encode()

@@ -24,6 +24,10 @@ def register(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(func=run)
 
 
+SDK_EXPORT_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.exporter.otlp.common.http",
+                      "opentelemetry.exporter.otlp.proto.grpc.exporter")
+
+
 def run(args: argparse.Namespace) -> int:
     from services.export.otlp.config import mapping_config_from_env
     from services.export.otlp.sink import SinkConfigError, scrub_url_queries_in_logs, sink_from_env
@@ -34,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
     stdout_to_stderr()
     configure_logging(str(args.log_level))
     scrub_url_queries_in_logs()  # an endpoint's query may hold a token
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # The SDK logs each of its retries ("Transient error ... retrying in 2s", a dozen per 30 s
+        # outage) and each give-up; the processor says it once, when the collector goes and comes back.
+        for name in SDK_EXPORT_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     settings = Settings().for_command("export otlp")  # 9465 unless set: beside a worker on one host
     if args.metrics_port is not None:
         settings = settings.model_copy(update={"metrics_port": args.metrics_port})

@@ -283,7 +283,7 @@ class TraceExporter:
                 attempt = await self._beating(self._send(batch), heartbeat or _HEARTBEAT.get())
                 self.metrics.export_seconds.observe(time.perf_counter() - started)
                 if attempt.outcome is SendOutcome.OK:
-                    self.collector_ok = True
+                    self._collector_back()
                     for kind in kinds:
                         self.metrics.spans_exported.labels(kind=kind).inc()
                     for run in group:
@@ -292,7 +292,7 @@ class TraceExporter:
                 for kind in kinds:
                     self.metrics.spans_failed.labels(kind=kind).inc()
                 if attempt.outcome is SendOutcome.REJECTED:
-                    self.collector_ok = True  # it answered
+                    self._collector_back()  # it answered
                     if len(group) == 1:
                         log.warning("collector rejected the spans of run %s: %s", group[0], attempt.detail)
                         rejected[group[0]] = attempt.detail
@@ -301,10 +301,14 @@ class TraceExporter:
                         split = True
                         break
                 else:
+                    # One line when it goes down and one when it is back (`_collector_back`): the
+                    # retries in between are the metrics' (spans_retried), not the log's.
+                    say = log.warning if self.collector_ok else log.debug
                     self.collector_ok = False
                     self.metrics.ready.set(0)  # at once; housekeeping sets it back when all is well
                     transient = True
-                    log.warning("collector unavailable (%s); %d spans wait, retry in %.1fs", attempt.detail, len(batch), delay)
+                    say("collector unavailable (%s); %d spans wait, retrying with backoff up to %.0fs", attempt.detail,
+                        len(batch), self.settings.otlp_retry_max_s)
                     break
             if pending and transient:
                 # The claim is refreshed at least every CLAIM_IDLE_MS/3 however long the backoff: a
@@ -326,6 +330,11 @@ class TraceExporter:
                     left -= step
                 delay = min(delay * 2, self.settings.otlp_retry_max_s)
         return rejected
+
+    def _collector_back(self) -> None:
+        if not self.collector_ok:
+            log.info("collector reachable again")
+        self.collector_ok = True
 
     async def _send(self, batch: list[ReadableSpan]) -> Any:
         async with self._send_lock:

@@ -177,10 +177,34 @@ def encode_request(spans: Sequence[ReadableSpan]) -> bytes | None:
         return None
 
 
+ENDPOINT_ENV = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")  # the first set wins
+
+
+def check_http_endpoint(env: dict[str, str] | None = None) -> None:
+    """SinkConfigError for an OTLP/HTTP endpoint that is no http(s):// URL with a host: the SDK would
+    take `not-a-url` and fail every export, an outage that never ends instead of one line at start."""
+    env = dict(os.environ) if env is None else env
+    for name in ENDPOINT_ENV:
+        value = env.get(name, "").strip()
+        if not value:
+            continue
+        try:
+            parts = urlsplit(value)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SinkConfigError(f"{name}={endpoint_for_log(value)!r} is not an http:// or https:// URL "
+                                  "(e.g. http://127.0.0.1:4318, the collector's OTLP/HTTP port)")
+        return
+
+
 def sink_from_env(env: dict[str, str] | None = None) -> SpanSink:
     """The sink the standard OTEL_EXPORTER_OTLP_* variables describe."""
     protocol = protocol_from_env(env)
     if protocol == HTTP_PROTOCOL:
+        check_http_endpoint(env)
         return HttpSink()
     if protocol == GRPC_PROTOCOL:
         try:
