@@ -32,9 +32,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from contracts.gateway import INGEST_PATH
+from contracts.gateway import INGEST_PATH, MAX_BODY_HEADER, MAX_ENTRY_HEADER, TOKEN_PATH
 from services.broker.errors import describe, reply_code
-from services.gateway.body import OUTSIDE_PREFIX, Accepted, BodyError, Refused, check_entry, decompress, parse
+from services.gateway.body import OUTSIDE_PREFIX, OVERSIZE, Accepted, BodyError, Refused, check_entry, decompress, parse
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.tokens import TokenRecord, TokenStore
 from services.gateway.writer import GroupWriter, WriteFailed
@@ -108,6 +108,8 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self._ready_at = 0.0
         self._ready: tuple[bool, str] = (False, "not checked yet")
+        self._limits = {MAX_BODY_HEADER: str(settings.gateway_max_body_bytes),
+                        MAX_ENTRY_HEADER: str(settings.max_line_bytes)}
         # write_async's, made now: its imports (redis.asyncio) and set-up would otherwise stall the event loop
         # at the first request. It binds no loop (its connections connect at their first command).
         self._writer: GroupWriter | None = None if settings.redis_cluster else self._group_writer()
@@ -190,6 +192,8 @@ class Gateway:
     # ------------------------------------------------------------------ HTTP
     def _reply(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
         self.metrics.requests.labels(str(status)).inc()
+        # every reply announces the limits: a client cuts its batches below them (docs/gateway.md)
+        headers = {**self._limits, **(headers or {})}
         # orjson, not Starlette's JSONResponse (stdlib json): a reply holds one result per entry
         return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
@@ -215,7 +219,17 @@ class Gateway:
                 chunks.append(chunk)
         return b"".join(chunks)
 
-    async def ingest(self, request: Request) -> Response:
+    async def token_info(self, request: Request) -> Response:
+        """GET: the token's prefix, stamped labels and the limits -- a tap's start-up check and its
+        default run key (docs/gateway.md, "First tap")."""
+        token = await self._authenticate(request)
+        if isinstance(token, Response):
+            return token
+        return self._reply(200, {"id": token.id, "prefix": token.prefix, "labels": token.labels,
+                                 "max_body_bytes": self.settings.gateway_max_body_bytes,
+                                 "max_entry_bytes": self.settings.max_line_bytes})
+
+    async def _authenticate(self, request: Request) -> TokenRecord | Response:
         auth = request.headers.get("authorization", "")
         scheme, _, presented = auth.partition(" ")
         if scheme.lower() != "bearer" or not presented.strip():
@@ -230,6 +244,12 @@ class Gateway:
         if token is None:
             return self._reply(401, {"error": "unauthorized", "reason": "invalid or revoked token"},
                                {"WWW-Authenticate": 'Bearer realm="goose-ingest", error="invalid_token"'})
+        return token
+
+    async def ingest(self, request: Request) -> Response:
+        token = await self._authenticate(request)
+        if isinstance(token, Response):
+            return token
         try:
             body = await self._read_body(request)
             data = decompress(body, request.headers.get("content-encoding", ""), self.settings.gateway_max_body_bytes)
@@ -267,6 +287,12 @@ class Gateway:
         refused = 0
         for c in checked:
             if isinstance(c, Accepted):
+                if c.cut:
+                    self.metrics.entries.labels("cut", OVERSIZE).inc()
+                    results.append({"stored": True, "reason": OVERSIZE,
+                                    "detail": f"{c.cut} bytes > {self.settings.max_line_bytes}: kept cut in the raw log, "
+                                              "dead-lettered by the workers"})
+                    continue
                 results.append({"stored": True})
             else:
                 refused += 1
@@ -288,6 +314,7 @@ class Gateway:
     def app(self) -> Starlette:
         return Starlette(routes=[
             Route(INGEST_PATH, self.ingest, methods=["POST"]),
+            Route(TOKEN_PATH, self.token_info, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics_page, methods=["GET"]),

@@ -132,6 +132,7 @@ def _position(exc: orjson.JSONDecodeError) -> str:
 class Accepted:
     run: str
     fields: dict[bytes, bytes]
+    cut: int = 0  # an oversize entry kept cut: its size as sent (the workers dead-letter it)
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,18 @@ def check_entry(obj: object, prefix: str, stamp: dict[str, str], max_line_bytes:
     for name, label in stamp.items():
         fields[name.encode()] = label.encode("utf-8")
     size = sum(len(k) + len(v) for k, v in fields.items())
+    cut = 0
     if size > max_line_bytes:
-        return Refused(OVERSIZE, f"{size} bytes > {max_line_bytes}")
+        # Kept as a direct tap's would be: in the raw log (its line cut to MAX_LINE_BYTES, so what one
+        # entry costs stays bounded) and dead-lettered `oversize` by the workers, who then report its
+        # seq lost instead of waiting for it. Only the contract's fields are kept: over the size by
+        # other fields, nothing bounded is left to keep, and it is refused.
+        line = fields.get(b"line")
+        if line is None or len(line) <= max_line_bytes:
+            return Refused(OVERSIZE, f"{size} bytes > {max_line_bytes}")
+        fields = {k: v for k, v in fields.items() if k in FIELD_ORDER}
+        fields[b"line"] = line[:max_line_bytes]
+        cut = size
     try:
         entry = parse_fields(fields, "0-0")
     except EntryError as exc:
@@ -195,4 +206,4 @@ def check_entry(obj: object, prefix: str, stamp: dict[str, str], max_line_bytes:
         fields[b"ts"] = str(entry.ts).encode()  # Unix ms, as the taps write it (RFC 3339 accepted on input)
     ordered = {k: fields[k] for k in FIELD_ORDER if k in fields}
     ordered.update((k, v) for k, v in fields.items() if k not in ordered)
-    return Accepted(entry.run, ordered)
+    return Accepted(entry.run, ordered, cut)

@@ -12,7 +12,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter("goose_ingest_gateway_requests", "Ingest requests by HTTP status",
                                 ["status"], registry=self.registry)
-        self.entries = Counter("goose_ingest_gateway_entries", "Entries stored or refused (reason) by the gateway",
+        self.entries = Counter("goose_ingest_gateway_entries", "Entries stored, kept cut (oversize) or refused (reason) by the gateway",
                                ["result", "reason"], registry=self.registry)
         self.rate_limited = Counter("goose_ingest_gateway_rate_limited", "Requests refused 429 over a token's rate",
                                     registry=self.registry)
@@ -23,5 +23,6 @@ class GatewayMetrics:
         for status in ("200", "400", "401", "403", "408", "413", "415", "429", "503"):
             self.requests.labels(status)
         self.entries.labels("stored", "")
+        self.entries.labels("cut", "oversize")  # also counted stored: kept cut, dead-lettered by the workers
         for reason in REFUSAL_REASONS:
             self.entries.labels("refused", reason)

@@ -213,3 +213,24 @@ class Spool:
             self._lock_file.close()  # releases the flock
         except OSError:
             pass
+
+
+def discard(path: Path | str) -> None:
+    """Delete a run's spool for good, under its lock: ``SpoolLocked`` while a tap publishes it.
+
+    For a run that will never be accepted (a revoked token's, a run key outside every prefix): a
+    corrupt log is discarded too, without being read."""
+    fd = os.open(Path(path) / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise SpoolLocked(f"a tap is publishing this run (spool {path} is locked)") from None
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
+    try:  # drop the namespace dir when it became empty
+        Path(path).parent.rmdir()
+    except OSError:
+        pass
