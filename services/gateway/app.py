@@ -20,10 +20,12 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -46,6 +48,10 @@ log = logging.getLogger("goose_ingest.gateway")
 # Pipelines in flight per replica (group commit: each carries every request queued when it starts, so
 # a few suffice; more than one lets a group go out while another waits for its WAIT).
 REDIS_CONNECTIONS = 4
+# Bodies decoded at once per replica (worker threads), and requests in progress per token: together they
+# bound a replica's memory to ~PARSE_SLOTS decoded bodies, whatever its connections send.
+PARSE_SLOTS = 4
+TOKEN_IN_FLIGHT = 2  # below PARSE_SLOTS: one token never holds every slot
 # Redis replies that mean a misconfigured gateway, not a passing state of the broker.
 CONFIG_CODES = frozenset({"NOPERM", "NOAUTH", "WRONGPASS"})
 
@@ -65,21 +71,40 @@ class RateLimiter:
         self._buckets: dict[str, list[float]] = {}  # token id -> [lines, bytes, last refill]
         self._lock = threading.Lock()
 
+    def admit(self, token_id: str) -> float:
+        """0 when the token's buckets are not in debt (nothing taken); otherwise the seconds until they are."""
+        return self.take(token_id, 0, 0)
+
+    def charge(self, token_id: str, lines: int, nbytes: int) -> None:
+        """Take what a request carries, admitted or not (it may go into debt: the next one waits)."""
+        if not self.lines_per_s and not self.bytes_per_s:
+            return
+        with self._lock:
+            b = self._bucket(token_id, self.clock())
+            if self.lines_per_s:
+                b[0] -= lines
+            if self.bytes_per_s:
+                b[1] -= nbytes
+
+    def _bucket(self, token_id: str, now: float) -> list[float]:
+        b = self._buckets.get(token_id)
+        if b is None:
+            if len(self._buckets) >= self.MAX_TOKENS:
+                self._buckets.clear()
+            b = self._buckets[token_id] = [self.lines_per_s, self.bytes_per_s, now]
+        elapsed = now - b[2]
+        b[2] = now
+        b[0] = min(self.lines_per_s, b[0] + elapsed * self.lines_per_s)
+        b[1] = min(self.bytes_per_s, b[1] + elapsed * self.bytes_per_s)
+        return b
+
     def take(self, token_id: str, lines: int, nbytes: int) -> float:
         """0 when admitted; otherwise the seconds until it would be."""
         if not self.lines_per_s and not self.bytes_per_s:
             return 0.0
         now = self.clock()
         with self._lock:
-            b = self._buckets.get(token_id)
-            if b is None:
-                if len(self._buckets) >= self.MAX_TOKENS:
-                    self._buckets.clear()
-                b = self._buckets[token_id] = [self.lines_per_s, self.bytes_per_s, now]
-            elapsed = now - b[2]
-            b[2] = now
-            b[0] = min(self.lines_per_s, b[0] + elapsed * self.lines_per_s)
-            b[1] = min(self.bytes_per_s, b[1] + elapsed * self.bytes_per_s)
+            b = self._bucket(token_id, now)
             wait = 0.0
             if self.lines_per_s and b[0] < 0:
                 wait = max(wait, -b[0] / self.lines_per_s)
@@ -108,6 +133,10 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self._ready_at = 0.0
         self._ready: tuple[bool, str] = (False, "not checked yet")
+        # decoding runs in worker threads, PARSE_SLOTS at a time: the event loop (/healthz, other tokens'
+        # requests, Redis replies) never waits on a body; the count of each token's requests in progress
+        self._slots = anyio.CapacityLimiter(PARSE_SLOTS)
+        self._in_flight: dict[str, int] = {}
         self._limits = {MAX_BODY_HEADER: str(settings.gateway_max_body_bytes),
                         MAX_ENTRY_HEADER: str(settings.max_line_bytes)}
         # write_async's, made now: its imports (redis.asyncio) and set-up would otherwise stall the event loop
@@ -250,28 +279,61 @@ class Gateway:
         token = await self._authenticate(request)
         if isinstance(token, Response):
             return token
+        # Admission before any work (docs/gateway.md, "Bounded work per request"): a token in debt, or
+        # with TOKEN_IN_FLIGHT requests already being read or decoded, is answered 429 before its body
+        # is read, so a request answered 429 costs nothing.
+        wait = self.limiter.admit(token.id)
+        if wait > 0:
+            return self._rate_limited(wait, "over this token's rate on this replica")
+        if self._in_flight.get(token.id, 0) >= TOKEN_IN_FLIGHT:
+            return self._rate_limited(1.0, f"this token has {TOKEN_IN_FLIGHT} requests in progress on this replica")
+        self._in_flight[token.id] = self._in_flight.get(token.id, 0) + 1
+        try:
+            return await self._ingest(request, token)
+        finally:
+            left = self._in_flight.pop(token.id) - 1
+            if left:
+                self._in_flight[token.id] = left
+
+    def _rate_limited(self, wait: float, reason: str) -> Response:
+        self.metrics.rate_limited.inc()
+        return self._reply(429, {"error": "rate limited", "reason": reason}, {"Retry-After": str(max(1, math.ceil(wait)))})
+
+    def _decode(self, body: bytes, encoding: str, token: TokenRecord) -> list[Accepted | Refused] | BodyError:
+        """In a worker thread (at most PARSE_SLOTS at once): decompress within the limit, count, parse and
+        check the entries; charge the token what that decoded. Its cost is bounded by the body limit,
+        MAX_PARTS and MAX_ENTRIES, whatever the body."""
+        limit = self.settings.gateway_max_body_bytes
+        try:
+            data = decompress(body, encoding, limit)
+            items = parse(data)
+        except BodyError as exc:
+            # a new one, never raised: an exception crossing threads keeps its traceback's frames (and
+            # their decoded buffers, up to the body limit) alive until a garbage collection
+            return BodyError(exc.status, exc.reason)
+        self.limiter.charge(token.id, len(items), max(0, len(data) - len(body)))  # the compressed part: charged
+        stamp, max_line = token.labels, self.settings.max_line_bytes
+        return [check_entry(obj, token.prefix, stamp, max_line) for obj in items]
+
+    async def _ingest(self, request: Request, token: TokenRecord) -> Response:
         try:
             body = await self._read_body(request)
-            data = decompress(body, request.headers.get("content-encoding", ""), self.settings.gateway_max_body_bytes)
+            self.limiter.charge(token.id, 0, len(body))  # what was sent, before it is decoded
+            checked = await anyio.to_thread.run_sync(
+                self._decode, body, request.headers.get("content-encoding", ""), token, limiter=self._slots)
             del body
-            items = parse(data)
+            if isinstance(checked, BodyError):
+                raise checked
         except BodyError as exc:
             return self._reply(exc.status, {"error": "bad request" if exc.status == 400 else "refused",
                                             "reason": exc.reason})
         except TimeoutError:
             return self._reply(408, {"error": "timeout",
                                      "reason": f"the body did not arrive within {self.settings.gateway_body_timeout_s} s"})
-        wait = self.limiter.take(token.id, len(items), len(data))
-        if wait > 0:
-            self.metrics.rate_limited.inc()
-            return self._reply(429, {"error": "rate limited", "reason": "over this token's rate on this replica"},
-                               {"Retry-After": str(max(1, math.ceil(wait)))})
-        stamp = token.labels
-        checked = [check_entry(obj, token.prefix, stamp, self.settings.max_line_bytes) for obj in items]
         outside = [i for i, c in enumerate(checked) if isinstance(c, Refused) and c.reason == OUTSIDE_PREFIX]
         if outside:
             # the whole request: a batch that reaches into another namespace is refused as one (nothing written)
-            self.metrics.entries.labels("refused", OUTSIDE_PREFIX).inc(len(items))
+            self.metrics.entries.labels("refused", OUTSIDE_PREFIX).inc(len(checked))
             return self._reply(403, {"error": "forbidden",
                                      "reason": f"{len(outside)} entries are outside the token's prefix {token.prefix!r}",
                                      "entries": outside[:100]})
@@ -284,7 +346,9 @@ class Gateway:
                 return self._unavailable(str(exc))
             self.metrics.redis_seconds.observe(time.perf_counter() - started)
         results: list[dict[str, Any]] = []
-        refused = 0
+        refused: Counter[str] = Counter()
+        # one reply object per distinct refusal, however many entries share it (a body of bad lines)
+        said: dict[tuple[str, str], dict[str, Any]] = {}
         for c in checked:
             if isinstance(c, Accepted):
                 if c.cut:
@@ -295,11 +359,15 @@ class Gateway:
                     continue
                 results.append({"stored": True})
             else:
-                refused += 1
-                self.metrics.entries.labels("refused", c.reason).inc()
-                results.append({"stored": False, "reason": c.reason, "detail": c.detail})
+                refused[c.reason] += 1
+                result = said.get((c.reason, c.detail))
+                if result is None:
+                    result = said[(c.reason, c.detail)] = {"stored": False, "reason": c.reason, "detail": c.detail}
+                results.append(result)
+        for reason, n in refused.items():
+            self.metrics.entries.labels("refused", reason).inc(n)
         self.metrics.entries.labels("stored", "").inc(len(accepted))
-        return self._reply(200, {"stored": len(accepted), "refused": refused, "results": results})
+        return self._reply(200, {"stored": len(accepted), "refused": sum(refused.values()), "results": results})
 
     async def healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok\n")

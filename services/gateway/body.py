@@ -33,6 +33,15 @@ DROPPED = frozenset({"_src"})
 MAX_FIELD_NAME = 64
 MAX_FIELDS = 64
 ZSTD_STEP = 512  # compressed bytes fed to zstd between two checks of the output size
+DECODE_STEP = 65536  # compressed bytes fed to zlib at once (what a member's end may copy as unused data)
+# Gzip members or zstd frames in one body: a client sends one; each costs a decoder and a step.
+MAX_PARTS = 64
+# Entries in one body, counted before parsing (the tap sends PUBLISH_BATCH, 256, at most): what parsing
+# and checking build is bounded by it as well as by the bytes.
+MAX_ENTRIES = 10_000
+# A JSON array (which cannot be counted without parsing it) larger than this must have fewer commas
+# than MAX_ENTRIES; NDJSON, whose lines are counted, has no such rule.
+ARRAY_UNCOUNTED_BYTES = 1 << 20
 
 
 
@@ -45,73 +54,103 @@ class BodyError(Exception):
         self.reason = reason
 
 
-def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+def decompress(body: bytes, encoding: str, limit: int, max_parts: int = MAX_PARTS) -> bytes:
     """The body as sent, decoded per Content-Encoding, never inflating past ``limit`` bytes.
 
-    A gzip bomb stops at limit + 1 output bytes (zlib's ``max_length``; zstd's stream reader reads
-    at most that), so its cost is bounded whatever its ratio."""
+    Linear in the body and bounded: the input goes to the decoder in steps of at most
+    ``DECODE_STEP`` bytes from an offset (never a copy of the rest per gzip member or zstd frame),
+    the output stops at limit + 1 bytes (a gzip bomb's ``max_length``; zstd is checked between
+    steps), and a body of more than ``max_parts`` members or frames is refused (413): each costs a
+    decoder and a step however little it holds (4 MiB of empty gzip members are 200,000 of them)."""
     enc = encoding.strip().lower()
     if enc in ("", "identity"):
         return body
     if enc in ("gzip", "x-gzip", "deflate"):
-        out = bytearray()
-        rest = body
-        while True:  # a gzip body may be several members one after the other (RFC 1952)
-            d = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
-            try:
-                out += d.decompress(rest, limit + 1 - len(out))
-            except zlib.error:
-                raise BodyError(400, f"the body is not valid {enc}") from None
-            if len(out) > limit:
-                raise BodyError(413, f"the decompressed body exceeds {limit} bytes")
-            if not d.eof:
-                raise BodyError(400, f"the {enc} body is truncated")
-            rest = d.unused_data
-            if not rest:
-                return bytes(out)
+        return _inflate(body, enc, limit, max_parts)
     if enc == "zstd":
-        import zstandard
-
-        # zstd's decompressobj has no output bound, so the input goes in small steps and the output is
-        # checked between them: a bomb overshoots the limit by what one step can inflate to (an RLE
-        # block of 3 bytes gives 128 KiB, so ZSTD_STEP bytes give at most ~22 MiB). A frame must end:
-        # a truncated one is 400.
-        parts: list[bytes] = []
-        total = 0
-        rest = body
-        try:
-            while rest:
-                z = zstandard.ZstdDecompressor().decompressobj()
-                pos = 0
-                while not z.eof and pos < len(rest):
-                    chunk = z.decompress(rest[pos:pos + ZSTD_STEP])
-                    pos += ZSTD_STEP
-                    total += len(chunk)
-                    if total > limit:
-                        raise BodyError(413, f"the decompressed body exceeds {limit} bytes")
-                    parts.append(chunk)
-                if not z.eof:
-                    raise BodyError(400, "the zstd body is truncated")
-                rest = z.unused_data + rest[pos:]  # the next frame, if any
-        except zstandard.ZstdError:
-            raise BodyError(400, "the body is not valid zstd") from None
-        return b"".join(parts)
+        return _unzstd(body, limit, max_parts)
     raise BodyError(415, f"Content-Encoding {enc[:40]!r} is not supported (gzip, zstd, identity)")
 
 
-def parse(data: bytes) -> list[object]:
-    """A JSON array of entries, or NDJSON (one entry a line; blank lines ignored)."""
+def _inflate(body: bytes, enc: str, limit: int, max_parts: int) -> bytes:
+    view = memoryview(body)
+    out = bytearray()
+    pos, parts = 0, 0
+    while True:  # a gzip body may be several members one after the other (RFC 1952)
+        parts += 1
+        if parts > max_parts:
+            raise BodyError(413, f"the {enc} body has more than {max_parts} members")
+        d = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
+        while not d.eof:
+            if pos >= len(body):
+                raise BodyError(400, f"the {enc} body is truncated")
+            step = view[pos:pos + DECODE_STEP]
+            try:
+                out += d.decompress(step, limit + 1 - len(out))
+            except zlib.error:
+                raise BodyError(400, f"the body is not valid {enc}") from None
+            if len(out) > limit:  # also whenever input was left unconsumed: the output reached max_length
+                raise BodyError(413, f"the decompressed body exceeds {limit} bytes")
+            pos += len(step) - len(d.unused_data)
+        if pos >= len(body):
+            return bytes(out)
+
+
+def _unzstd(body: bytes, limit: int, max_parts: int) -> bytes:
+    import zstandard
+
+    # zstd's decompressobj has no output bound, so the input goes in small steps and the output is
+    # checked between them: a bomb overshoots the limit by what one step can inflate to (an RLE
+    # block of 3 bytes gives 128 KiB, so ZSTD_STEP bytes give at most ~22 MiB). A frame must end:
+    # a truncated one is 400.
+    dctx = zstandard.ZstdDecompressor()
+    parts: list[bytes] = []
+    total, pos, frames = 0, 0, 0
+    try:
+        while pos < len(body):
+            frames += 1
+            if frames > max_parts:
+                raise BodyError(413, f"the zstd body has more than {max_parts} frames")
+            z = dctx.decompressobj()
+            while not z.eof:
+                if pos >= len(body):
+                    raise BodyError(400, "the zstd body is truncated")
+                step = body[pos:pos + ZSTD_STEP]
+                chunk = z.decompress(step)
+                pos += len(step) - (len(z.unused_data) if z.eof else 0)
+                total += len(chunk)
+                if total > limit:
+                    raise BodyError(413, f"the decompressed body exceeds {limit} bytes")
+                parts.append(chunk)
+    except zstandard.ZstdError:
+        raise BodyError(400, "the body is not valid zstd") from None
+    return b"".join(parts)
+
+
+def parse(data: bytes, max_entries: int = MAX_ENTRIES) -> list[object]:
+    """A JSON array of entries, or NDJSON (one entry a line; blank lines ignored), of at most
+    ``max_entries`` entries -- counted before anything is parsed (413), so what parsing builds is
+    bounded by the count as well as by the bytes (``{}`` is 2 bytes and a 64-byte dict)."""
     stripped = data.lstrip()
     if not stripped:
         return []
     if stripped[:1] == b"[":
+        # an array's elements cannot be counted without parsing it; commas bound them from above
+        # (a comma inside a string counts too), so a large array with many commas is refused
+        if len(data) > ARRAY_UNCOUNTED_BYTES and data.count(b",") >= max_entries:
+            raise BodyError(413, f"a JSON array over {ARRAY_UNCOUNTED_BYTES} bytes may hold more than {max_entries} "
+                                 "entries: send NDJSON (one entry a line)")
         try:
             items = orjson.loads(data)
         except orjson.JSONDecodeError as exc:  # also orjson's nesting limit: deep JSON is refused here
             raise BodyError(400, f"the body is not valid JSON ({_position(exc)})") from None
         if not isinstance(items, list):
             raise BodyError(400, "the body is not a JSON array")
+        if len(items) > max_entries:
+            raise BodyError(413, f"more than {max_entries} entries")
         return items
+    if data.count(b"\n") + (not data.endswith(b"\n")) > max_entries:
+        raise BodyError(413, f"more than {max_entries} lines")
     out: list[object] = []
     for number, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():

@@ -186,6 +186,28 @@ def test_body_functions_are_total_and_bounded():
             parse(body)
         assert exc.value.status == 400
     assert decompress(gzip.compress(b"[1,") + gzip.compress(b"2]"), "gzip", 100) == b"[1,2]"  # members
+    # members and frames: linear (an offset, no copy of the rest each), counted and bounded (413 beyond)
+    import zstandard
+
+    from services.gateway.body import MAX_ENTRIES, MAX_PARTS
+
+    for one, enc in ((gzip.compress(b"a\n"), "gzip"), (zstandard.ZstdCompressor().compress(b"a\n"), "zstd")):
+        assert decompress(one * MAX_PARTS, enc, 1 << 20) == b"a\n" * MAX_PARTS
+        with pytest.raises(BodyError) as exc:
+            decompress(one * 200_000, enc, 1 << 20)
+        assert exc.value.status == 413 and f"more than {MAX_PARTS}" in exc.value.reason
+        with pytest.raises(BodyError) as exc:
+            decompress(one * 3 + one[:-2], enc, 1 << 20)
+        assert exc.value.status == 400  # the last member or frame is cut short
+    big = gzip.compress(os.urandom(200_000))  # a member longer than one decode step
+    assert len(decompress(big + big, "gzip", 1 << 20)) == 400_000
+    # entries: counted before anything is parsed (a 2-byte `{}` is a 64-byte dict)
+    assert len(parse(b"{}\n" * MAX_ENTRIES)) == MAX_ENTRIES
+    for body in (b"{}\n" * (MAX_ENTRIES + 1), b"{}\n" * MAX_ENTRIES + b"{}", b"[" + b"{}," * (1 << 20) + b"{}]"):
+        with pytest.raises(BodyError) as exc:
+            parse(body)
+        assert exc.value.status == 413
+    assert len(parse(b"[" + b",".join([b'{"line":"' + b"," * 200 + b'"}'] * 100) + b"]")) == 100  # commas in strings
     assert parse(b'"a string"') == ["a string"]  # valid NDJSON: that entry is refused, not the request
     assert parse(b"") == [] and parse(b'\n{"a":1}\n\n{"b":2}\n') == [{"a": 1}, {"b": 2}]
     ok = check_entry({"run": "team-a/r", "seq": 3, "ts": "2026-01-01T00:00:00Z", "line": "x", "host": "mine",
@@ -262,6 +284,18 @@ def test_group_commit_fails_only_the_request_whose_command_failed_and_all_on_a_l
         server.close()
         for r in restarted:
             r.close()
+
+
+def test_rate_limiter_admits_before_the_work_and_charges_what_was_sent_then_decoded():
+    now = [0.0]
+    limiter = RateLimiter(100, 10_000, clock=lambda: now[0])
+    assert limiter.admit("t") == 0
+    limiter.charge("t", 0, 300)  # the compressed body, charged before it is decoded
+    limiter.charge("t", 50, 30_000)  # what it decoded to: into debt
+    assert limiter.admit("t") == pytest.approx(2.03, abs=0.01)  # the next request waits, unread
+    assert limiter.admit("other") == 0  # another token is not charged
+    now[0] = 2.1
+    assert limiter.admit("t") == 0
 
 
 def test_rate_limiter_refuses_over_the_rate_and_says_when_to_retry():
