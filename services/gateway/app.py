@@ -63,13 +63,33 @@ class RateLimiter:
     go into debt: a batch larger than one second's allowance still passes once, then waits)."""
 
     MAX_TOKENS = 100_000  # buckets kept (bounded: cleared when full)
+    HELD_WINDOW_S = 60.0  # a token refused within this long is "held at its limit" (metric, one log line)
 
     def __init__(self, lines_per_s: float, bytes_per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.lines_per_s = lines_per_s
         self.bytes_per_s = bytes_per_s
         self.clock = clock
         self._buckets: dict[str, list[float]] = {}  # token id -> [lines, bytes, last refill]
+        self._held: dict[str, float] = {}  # token id -> when it was last refused over its rate
         self._lock = threading.Lock()
+
+    def held(self, token_id: str) -> bool:
+        """Note a refusal of this token over its rate; True when it was not held already (say so once)."""
+        now = self.clock()
+        with self._lock:
+            last = self._held.get(token_id)
+            if last is None and len(self._held) >= self.MAX_TOKENS:
+                self._held.clear()
+            self._held[token_id] = now
+        return last is None or now - last > self.HELD_WINDOW_S
+
+    def held_tokens(self) -> int:
+        """Tokens refused over their rate within the last HELD_WINDOW_S (the metric: a count, no token label)."""
+        since = self.clock() - self.HELD_WINDOW_S
+        with self._lock:
+            for token_id in [t for t, at in self._held.items() if at < since]:
+                del self._held[token_id]
+            return len(self._held)
 
     def admit(self, token_id: str) -> float:
         """0 when the token's buckets are not in debt (nothing taken); otherwise the seconds until they are."""
@@ -131,6 +151,7 @@ class Gateway:
         self.tokens = TokenStore(client, self.layout, settings.gateway_token_cache_s)
         self.limiter = RateLimiter(settings.gateway_rate_lines_per_s, settings.gateway_rate_bytes_per_s)
         self.metrics = GatewayMetrics()
+        self.metrics.tokens_at_limit.set_function(self.limiter.held_tokens)
         self._ready_at = 0.0
         self._ready: tuple[bool, str] = (False, "not checked yet")
         # decoding runs in worker threads, PARSE_SLOTS at a time: the event loop (/healthz, other tokens'
@@ -284,6 +305,11 @@ class Gateway:
         # is read, so a request answered 429 costs nothing.
         wait = self.limiter.admit(token.id)
         if wait > 0:
+            if self.limiter.held(token.id):
+                # the id names the token's record (`tokens list`), never the token
+                log.warning("token %s is held at its rate on this replica (GATEWAY_RATE_LINES_PER_S=%g, "
+                            "GATEWAY_RATE_BYTES_PER_S=%g): answered 429 (said once a minute per token)",
+                            token.id, self.limiter.lines_per_s, self.limiter.bytes_per_s)
             return self._rate_limited(wait, "over this token's rate on this replica")
         if self._in_flight.get(token.id, 0) >= TOKEN_IN_FLIGHT:
             return self._rate_limited(1.0, f"this token has {TOKEN_IN_FLIGHT} requests in progress on this replica")

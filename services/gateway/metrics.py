@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.gateway.body import REFUSAL_REASONS
 
@@ -16,6 +16,11 @@ class GatewayMetrics:
                                ["result", "reason"], registry=self.registry)
         self.rate_limited = Counter("goose_ingest_gateway_rate_limited", "Requests refused 429 over a token's rate",
                                     registry=self.registry)
+        # a count, not a label per token: ids are bounded only by the tokens created (one per agent host:
+        # thousands of series); the log line of each 429 episode names the id
+        self.tokens_at_limit = Gauge("goose_ingest_gateway_tokens_at_limit",
+                                     "Tokens answered 429 over their rate on this replica within the last minute",
+                                     registry=self.registry)
         self.redis_seconds = Histogram("goose_ingest_gateway_redis_seconds",
                                        "Time to write one request's entries to Redis (WAIT included)",
                                        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),

@@ -47,6 +47,7 @@ EXPECTED_ALERTS = {
     "GooseIngestExportDeadLetters",
     "GooseIngestGatewayErrors",
     "GooseIngestGatewayRefusalsSpike",
+    "GooseIngestGatewayTokenAtLimit",
     # the archive (goose-ingest.archive)
     "GooseIngestArchiveLagging",
     "GooseIngestArchiveWritesFailing",

@@ -145,7 +145,10 @@ def deployment(tmp_path_factory):
     try:
         creds = {"GOOSE_INGEST_REDIS_USERNAME": user_name("gateway", settings.namespace),
                  "GOOSE_INGEST_REDIS_PASSWORD": passwords["gateway"]}
-        gw = start_gateway(settings, tmp / "gateway.log", GOOSE_INGEST_GATEWAY_TOKEN_CACHE_S="0.5", **creds)
+        # the byte rate well above the default (4 MiB/s per token): the bombs of one test must not leave
+        # token_a in debt for the next ones (the limits have tests of their own)
+        gw = start_gateway(settings, tmp / "gateway.log", GOOSE_INGEST_GATEWAY_TOKEN_CACHE_S="0.5",
+                           GOOSE_INGEST_GATEWAY_RATE_BYTES_PER_S=str(256 << 20), **creds)
         yield Deployment(server, settings, passwords, gw, token_a, token_host, token_b)
     finally:
         if gw is not None:
@@ -594,6 +597,12 @@ def test_redis_down_gives_503_with_retry_after_and_a_token_over_its_rate_gets_42
         assert gw.post(batch, token)[0] == 200
         status, reply, headers = gw.post(batch, token)
         assert status == 429 and int(headers["retry-after"]) >= 1, reply
+        assert gw.post(batch, token)[0] == 429
+        # held at its rate: counted (no token label) and said once in the log, by id
+        assert "goose_ingest_gateway_tokens_at_limit 1.0" in gw.get("/metrics")[1]
+        token_id = token.split("_")[1]
+        said = [line for line in gw.log.read_text().splitlines() if "is held at its rate" in line]
+        assert len(said) == 1 and f"token {token_id} " in said[0] and token not in gw.log.read_text()
         time.sleep(0.6)
         server.close()
         status, reply, headers = gw.post(ndjson([{"run": "team-a/r", "seq": 200, "line": "x"}]), token)
