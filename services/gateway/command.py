@@ -39,7 +39,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise bind_error(host, port, exc) from None
+        raise bind_error(host, port, exc, "gateway") from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     # /healthz (plain HTTP) on the gateway's own address from the first second, while the shard count
     # is checked against a broker that may be slow or away; handed over to uvicorn on the same port
     # (port 0: the one it got) once the check is done.
-    early = serve_early(host, port, "checking the broker", settings.metrics_port_file)
+    early = serve_early(host, port, "checking the broker", settings.metrics_port_file, role="gateway")
     try:
         # socket_timeout bounds a hung broker (then 503); creating the client does not connect.
         client = sync_client_with_timeouts(settings, socket_timeout=5.0, connect_timeout=2.0)

@@ -862,6 +862,17 @@ def test_a_body_the_gateway_refuses_whole_is_split_down_to_the_entry_it_cannot_t
     assert b"refused entry seq 7 for good (413" in out, out.decode()[-2000:]
 
 
+def test_a_second_gateway_on_a_busy_port_names_the_gateways_port_setting(deployment, tmp_path):
+    d = deployment
+    port = d.gateway.url.rsplit(":", 1)[1]
+    out = subprocess.run([sys.executable, "-m", "services.cli", "gateway", "--host", "127.0.0.1", "--port", port],
+                         cwd=REPO, env=cli_env(d.settings, **d.creds("gateway")), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f"gateway address 127.0.0.1:{port} is already in use" in out.stderr
+    assert "GOOSE_INGEST_GATEWAY_PORT" in out.stderr and "METRICS_PORT" not in out.stderr
+
+
 def test_gateway_without_a_broker_is_a_one_line_config_error():
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
     out = subprocess.run([sys.executable, "-m", "services.cli", "gateway"], cwd=REPO, env=env,
