@@ -48,6 +48,7 @@ EXPECTED_ALERTS = {
     "GooseIngestGatewayErrors",
     "GooseIngestGatewayRefusalsSpike",
     "GooseIngestGatewayTokenAtLimit",
+    "GooseIngestRawShardDamaged",
     # the archive (goose-ingest.archive)
     "GooseIngestArchiveLagging",
     "GooseIngestArchiveWritesFailing",
