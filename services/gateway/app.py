@@ -16,12 +16,14 @@ already stored by (run, seq), exactly as for a tap that retries after a broker o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -36,7 +38,17 @@ from starlette.routing import Route
 
 from contracts.gateway import INGEST_PATH, MAX_BODY_HEADER, MAX_ENTRY_HEADER, TOKEN_PATH
 from services.broker.errors import describe, reply_code
-from services.gateway.body import OUTSIDE_PREFIX, OVERSIZE, Accepted, BodyError, Refused, check_entry, decompress, parse
+from services.gateway.body import (
+    OUTSIDE_PREFIX,
+    OVERSIZE,
+    Accepted,
+    BodyError,
+    Refused,
+    TooLarge,
+    check_entry,
+    decompress,
+    parse,
+)
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.tokens import TokenRecord, TokenStore
 from services.gateway.writer import GroupWriter, WriteFailed
@@ -48,9 +60,11 @@ log = logging.getLogger("goose_ingest.gateway")
 # Pipelines in flight per replica (group commit: each carries every request queued when it starts, so
 # a few suffice; more than one lets a group go out while another waits for its WAIT).
 REDIS_CONNECTIONS = 4
-# Bodies decoded at once per replica (worker threads), and requests in progress per token: together they
-# bound a replica's memory to ~PARSE_SLOTS decoded bodies, whatever its connections send.
+# Bodies decoded at once per replica (worker threads), and bodies read or decoded at once per token (its
+# other requests wait, unread): together they bound what a replica holds, whatever its connections send.
 PARSE_SLOTS = 4
+# A body up to this size, sent and decoded, is decoded on the event loop (about a millisecond).
+INLINE_BYTES = 256 * 1024
 TOKEN_IN_FLIGHT = 2  # below PARSE_SLOTS: one token never holds every slot
 # Redis replies that mean a misconfigured gateway, not a passing state of the broker.
 CONFIG_CODES = frozenset({"NOPERM", "NOAUTH", "WRONGPASS"})
@@ -139,6 +153,12 @@ class RateLimiter:
             return 0.0
 
 
+@dataclass
+class _TokenSlot:
+    semaphore: anyio.Semaphore
+    users: int = 0  # requests holding or waiting for it (the entry goes when none is left)
+
+
 class Unavailable(Exception):
     """Redis cannot take the batch now (down, OOM, failing over, replicas short): 503 + Retry-After."""
 
@@ -157,7 +177,7 @@ class Gateway:
         # decoding runs in worker threads, PARSE_SLOTS at a time: the event loop (/healthz, other tokens'
         # requests, Redis replies) never waits on a body; the count of each token's requests in progress
         self._slots = anyio.CapacityLimiter(PARSE_SLOTS)
-        self._in_flight: dict[str, int] = {}
+        self._token_slots: dict[str, _TokenSlot] = {}  # tokens with requests being read or decoded
         self._limits = {MAX_BODY_HEADER: str(settings.gateway_max_body_bytes),
                         MAX_ENTRY_HEADER: str(settings.max_line_bytes)}
         # write_async's, made now: its imports (redis.asyncio) and set-up would otherwise stall the event loop
@@ -300,9 +320,8 @@ class Gateway:
         token = await self._authenticate(request)
         if isinstance(token, Response):
             return token
-        # Admission before any work (docs/gateway.md, "Bounded work per request"): a token in debt, or
-        # with TOKEN_IN_FLIGHT requests already being read or decoded, is answered 429 before its body
-        # is read, so a request answered 429 costs nothing.
+        # Admission before any work (docs/gateway.md, "Bounded work per request"): a token in debt is
+        # answered 429 before its body is read, so a request answered 429 costs nothing.
         wait = self.limiter.admit(token.id)
         if wait > 0:
             if self.limiter.held(token.id):
@@ -311,29 +330,25 @@ class Gateway:
                             "GATEWAY_RATE_BYTES_PER_S=%g): answered 429 (said once a minute per token)",
                             token.id, self.limiter.lines_per_s, self.limiter.bytes_per_s)
             return self._rate_limited(wait, "over this token's rate on this replica")
-        if self._in_flight.get(token.id, 0) >= TOKEN_IN_FLIGHT:
-            return self._rate_limited(1.0, f"this token has {TOKEN_IN_FLIGHT} requests in progress on this replica")
-        self._in_flight[token.id] = self._in_flight.get(token.id, 0) + 1
-        try:
-            return await self._ingest(request, token)
-        finally:
-            left = self._in_flight.pop(token.id) - 1
-            if left:
-                self._in_flight[token.id] = left
+        return await self._ingest(request, token)
 
     def _rate_limited(self, wait: float, reason: str) -> Response:
         self.metrics.rate_limited.inc()
         return self._reply(429, {"error": "rate limited", "reason": reason}, {"Retry-After": str(max(1, math.ceil(wait)))})
 
-    def _decode(self, body: bytes, encoding: str, token: TokenRecord) -> list[Accepted | Refused] | BodyError:
-        """In a worker thread (at most PARSE_SLOTS at once): decompress within the limit, count, parse and
-        check the entries; charge the token what that decoded. Its cost is bounded by the body limit,
-        MAX_PARTS and MAX_ENTRIES, whatever the body."""
-        limit = self.settings.gateway_max_body_bytes
+    def _decode(self, body: bytes, encoding: str, token: TokenRecord,
+                limit: int | None = None) -> list[Accepted | Refused] | BodyError:
+        """Decompress within ``limit`` (the body limit unless given), count, parse and check the entries;
+        charge the token what that decoded. Its cost is bounded by the limit, MAX_PARTS and MAX_ENTRIES,
+        whatever the body: in a worker thread (at most PARSE_SLOTS at once), or on the loop for a small
+        one (``INLINE_BYTES``)."""
+        limit = self.settings.gateway_max_body_bytes if limit is None else limit
         try:
             data = decompress(body, encoding, limit)
             items = parse(data)
         except BodyError as exc:
+            if isinstance(exc, TooLarge) and limit < self.settings.gateway_max_body_bytes:
+                return exc  # only over the inline bound: decoded again in a thread (below)
             # a new one, never raised: an exception crossing threads keeps its traceback's frames (and
             # their decoded buffers, up to the body limit) alive until a garbage collection
             return BodyError(exc.status, exc.reason)
@@ -341,13 +356,45 @@ class Gateway:
         stamp, max_line = token.labels, self.settings.max_line_bytes
         return [check_entry(obj, token.prefix, stamp, max_line) for obj in items]
 
-    async def _ingest(self, request: Request, token: TokenRecord) -> Response:
-        try:
+    async def _read_and_decode(self, request: Request, token: TokenRecord) -> list[Accepted | Refused] | BodyError:
+        """Under the token's TOKEN_IN_FLIGHT slots: its other requests wait, their bodies unread (in the
+        socket: the connection's flow control holds them), so one token's bodies in memory are bounded
+        however many connections it opens; other tokens' requests do not wait on them."""
+        declared = request.headers.get("content-length", "")
+        encoding = request.headers.get("content-encoding", "")
+        if declared.isdigit() and int(declared) <= INLINE_BYTES:
+            # A small body is decoded on the loop, bounded by INLINE_BYTES decoded (~1 ms): a thread hop
+            # costs more than that, and the taps' batches are small. Decoded larger (a bomb, or just
+            # compressible), it goes the thread's way.
+            body = await self._read_body(request)
+            self.limiter.charge(token.id, 0, len(body))
+            done = self._decode(body, encoding, token, min(INLINE_BYTES, self.settings.gateway_max_body_bytes))
+            if not isinstance(done, TooLarge):
+                return done
+            async with self._token_slot(token.id) as _:
+                return await anyio.to_thread.run_sync(self._decode, body, encoding, token, limiter=self._slots)
+        async with self._token_slot(token.id) as _:
             body = await self._read_body(request)
             self.limiter.charge(token.id, 0, len(body))  # what was sent, before it is decoded
-            checked = await anyio.to_thread.run_sync(
-                self._decode, body, request.headers.get("content-encoding", ""), token, limiter=self._slots)
-            del body
+            return await anyio.to_thread.run_sync(self._decode, body, encoding, token, limiter=self._slots)
+
+    @contextlib.asynccontextmanager
+    async def _token_slot(self, token_id: str) -> AsyncIterator[None]:
+        slot = self._token_slots.get(token_id)
+        if slot is None:
+            slot = self._token_slots[token_id] = _TokenSlot(anyio.Semaphore(TOKEN_IN_FLIGHT))
+        slot.users += 1
+        try:
+            async with slot.semaphore:
+                yield
+        finally:
+            slot.users -= 1
+            if not slot.users:
+                del self._token_slots[token_id]
+
+    async def _ingest(self, request: Request, token: TokenRecord) -> Response:
+        try:
+            checked = await self._read_and_decode(request, token)
             if isinstance(checked, BodyError):
                 raise checked
         except BodyError as exc:

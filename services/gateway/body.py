@@ -54,6 +54,10 @@ class BodyError(Exception):
         self.reason = reason
 
 
+class TooLarge(BodyError):
+    """413: the body decompresses to more than the limit it was given."""
+
+
 def decompress(body: bytes, encoding: str, limit: int, max_parts: int = MAX_PARTS) -> bytes:
     """The body as sent, decoded per Content-Encoding, never inflating past ``limit`` bytes.
 
@@ -90,7 +94,7 @@ def _inflate(body: bytes, enc: str, limit: int, max_parts: int) -> bytes:
             except zlib.error:
                 raise BodyError(400, f"the body is not valid {enc}") from None
             if len(out) > limit:  # also whenever input was left unconsumed: the output reached max_length
-                raise BodyError(413, f"the decompressed body exceeds {limit} bytes")
+                raise TooLarge(413, f"the decompressed body exceeds {limit} bytes")
             pos += len(step) - len(d.unused_data)
         if pos >= len(body):
             return bytes(out)
@@ -120,7 +124,7 @@ def _unzstd(body: bytes, limit: int, max_parts: int) -> bytes:
                 pos += len(step) - (len(z.unused_data) if z.eof else 0)
                 total += len(chunk)
                 if total > limit:
-                    raise BodyError(413, f"the decompressed body exceeds {limit} bytes")
+                    raise TooLarge(413, f"the decompressed body exceeds {limit} bytes")
                 parts.append(chunk)
     except zstandard.ZstdError:
         raise BodyError(400, "the body is not valid zstd") from None
