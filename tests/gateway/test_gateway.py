@@ -873,6 +873,52 @@ def test_a_second_gateway_on_a_busy_port_names_the_gateways_port_setting(deploym
     assert "GOOSE_INGEST_GATEWAY_PORT" in out.stderr and "METRICS_PORT" not in out.stderr
 
 
+def test_the_tap_only_distribution_installs_alone_and_delivers_through_a_gateway(deployment, tmp_path):
+    """packaging/tap/build.py's wheel in a clean venv with only its declared dependencies: `--version`,
+    `--help` and a command of the full install answer in one line, and `publish` delivers through the
+    gateway (issue 34 item 6)."""
+    d = deployment
+    built = subprocess.run([sys.executable, str(REPO / "packaging" / "tap" / "build.py"), "--out", str(tmp_path / "dist")],
+                           capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    wheel = Path(built.stdout.strip())
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,
+                         timeout=600)
+    if pip.returncode != 0 and ("Could not find a version" in pip.stderr or "No matching distribution" in pip.stderr):
+        missing("a package index with pydantic, pydantic-settings, orjson and hiredis", "pip's configured index")
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    listed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=freeze"], capture_output=True, text=True,
+                            timeout=120).stdout.lower()
+    names = {line.split("==")[0] for line in listed.splitlines()}
+    assert not names & {"redis", "faststream", "starlette", "uvicorn", "psycopg", "opentelemetry-sdk", "pyarrow"}, names
+    assert {"pydantic", "pydantic-settings", "orjson", "hiredis", "goose-ingest-tap"} <= names, names
+    cli = str(venv / "bin" / "goose-ingest")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    version = subprocess.run([cli, "--version"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and "(tap only)" in version.stdout, version.stderr
+    helped = subprocess.run([cli, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "needs the full install" in helped.stdout, helped.stderr
+    for command in (["worker"], ["gateway"], ["tokens", "list"]):
+        out = subprocess.run([cli, *command], cwd=tmp_path, env={**env, "GOOSE_INGEST_REDIS_URL": "redis://127.0.0.1:1/0"},
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, (command, out.stderr)
+        assert "needs the full install" in out.stderr and "Traceback" not in out.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text(d.token_a)
+    src = tmp_path / "in.txt"
+    src.write_text("from the tap-only install\n")
+    run = f"team-a/taponly/{uuid4().hex[:8]}"
+    tap_env = {**env, "GOOSE_INGEST_ENDPOINT": d.gateway.url, "GOOSE_INGEST_TOKEN_FILE": str(token_file),
+               "GOOSE_INGEST_NAMESPACE": d.settings.namespace, "GOOSE_INGEST_SHARDS": str(d.settings.shards),
+               "GOOSE_INGEST_SPOOL_DIR": str(tmp_path / "spool")}
+    out = subprocess.run([cli, "publish", "--run", run, str(src)], cwd=tmp_path, env=tap_env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [f.get(b"line") for _, f in d.raw() if f[b"run"] == run.encode()] == [b"from the tap-only install", None]
+
+
 def test_gateway_without_a_broker_is_a_one_line_config_error():
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
     out = subprocess.run([sys.executable, "-m", "services.cli", "gateway"], cwd=REPO, env=env,
