@@ -19,6 +19,7 @@ from services.settings import ConfigError, Settings
 from services.tap.runkey import RUN_KEY_RULE, is_valid_run, new_run_key
 
 PREFIX_LINE = "prefix:"
+CHECK_TIMEOUT_S = 2.0  # as a direct tap's credential check (services/tap/command.py)
 
 
 def token_file_prefix(settings: Settings) -> str | None:
@@ -40,6 +41,7 @@ def gateway_run(settings: Settings, run: str | None) -> str:
     from services.tap.http_transport import GatewayError, GatewayRefused, HttpTransport
 
     transport = HttpTransport(settings)  # a malformed endpoint or token: ConfigError
+    transport.timeout = CHECK_TIMEOUT_S  # a gateway out of reach only delays the start this long
     prefix: str | None = None
     try:
         info = transport.token_info()

@@ -109,6 +109,7 @@ class HttpTransport:
     def __init__(self, settings: Settings) -> None:
         self.url = endpoint_url(settings)
         self._settings = settings
+        self.timeout = TIMEOUT_S  # connect and each read (a start-up check uses a shorter one)
         self._token: str | None = read_token(settings)  # None: read again (after a 401)
         self.max_body = min(DEFAULT_MAX_BODY, settings.gateway_max_body_bytes)
         self.max_entry = settings.max_line_bytes
@@ -142,17 +143,17 @@ class HttpTransport:
         extra: dict[str, str] = {}
         if self._proxy is None:
             if self._https:
-                return http.client.HTTPSConnection(self._host, self._port, timeout=TIMEOUT_S, context=self._ctx), self._path, extra
-            return http.client.HTTPConnection(self._host, self._port, timeout=TIMEOUT_S), self._path, extra
+                return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout, context=self._ctx), self._path, extra
+            return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout), self._path, extra
         p = self._proxy
         if p.username:
             basic = base64.b64encode(f"{unquote(p.username)}:{unquote(p.password or '')}".encode()).decode()
             extra["Proxy-Authorization"] = f"Basic {basic}"
         if self._https:  # CONNECT through the proxy, TLS to the gateway inside the tunnel
-            tunnel = http.client.HTTPSConnection(p.hostname or "", p.port or 3128, timeout=TIMEOUT_S, context=self._ctx)
+            tunnel = http.client.HTTPSConnection(p.hostname or "", p.port or 3128, timeout=self.timeout, context=self._ctx)
             tunnel.set_tunnel(self._host, self._port, headers=extra)
             return tunnel, self._path, {}
-        conn = http.client.HTTPConnection(p.hostname or "", p.port or 3128, timeout=TIMEOUT_S)
+        conn = http.client.HTTPConnection(p.hostname or "", p.port or 3128, timeout=self.timeout)
         return conn, self.url, extra  # absolute-form target for a plain-HTTP proxy
 
     def send(self, raws: list[bytes]) -> None:
