@@ -13,6 +13,7 @@ Bombs (each at or near the 16 MiB body limit):
 - ``gzip-empty-objects``: gzip of ``{}\\n`` x 16 MiB (16 KB sent; 5.6 M entries decoded before issue 34);
 - ``ndjson-empty-objects``: the same uncompressed (16 MiB sent);
 - ``json-array``: ``[{},{},...]`` 16 MiB;
+- ``nested-line``: one NDJSON line ``{"a":[[],[],...]}`` of 16 MiB (5.6 M lists if it were parsed);
 - ``gzip-members``: 4 MiB of empty gzip members (~200,000);
 - ``zstd-frames``: 1 MiB of empty zstd frames (~110,000);
 - ``gzip-zeros``: gzip of 256 MiB of zeros (a classic inflation bomb).
@@ -62,6 +63,7 @@ def bombs() -> dict[str, tuple[bytes, str]]:
         "gzip-empty-objects": (gzip.compress(objects, 9), "gzip"),
         "ndjson-empty-objects": (objects, ""),
         "json-array": (b"[" + b"{}," * (LIMIT // 3 - 1) + b"{}]", ""),
+        "nested-line": (b'{"a":[' + b"[]," * (LIMIT // 3 - 4) + b"[]]}\n", ""),
         "gzip-members": (empty_gzip * ((4 << 20) // len(empty_gzip)), "gzip"),
         "zstd-frames": (empty_zstd * ((1 << 20) // len(empty_zstd)), "zstd"),
         "gzip-zeros": (gzip.compress(b"\0" * (256 << 20), 9), "gzip"),

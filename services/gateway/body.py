@@ -42,6 +42,9 @@ MAX_ENTRIES = 10_000
 # A JSON array (which cannot be counted without parsing it) larger than this must have fewer commas
 # than MAX_ENTRIES; NDJSON, whose lines are counted, has no such rule.
 ARRAY_UNCOUNTED_BYTES = 1 << 20
+# NDJSON lines longer than this are checked to be flat objects before they are parsed (_flat); a
+# shorter one builds at most a few dozen objects, ~MAX_ENTRIES x that in all.
+FLAT_CHECK_FROM = 256
 
 
 
@@ -159,11 +162,36 @@ def parse(data: bytes, max_entries: int = MAX_ENTRIES) -> list[object]:
     for number, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():
             continue
+        if len(line) > FLAT_CHECK_FROM and not _flat(line):
+            out.append(NOT_FLAT)  # refused as an entry, never parsed: see _flat
+            continue
         try:
             out.append(orjson.loads(line))
         except orjson.JSONDecodeError as exc:
             raise BodyError(400, f"NDJSON line {number} is not valid JSON ({_position(exc)})") from None
     return out
+
+
+class NotFlat:
+    """A line that is no flat object of string or integer fields, refused without being parsed."""
+
+
+NOT_FLAT = NotFlat()
+
+
+def _flat(line: bytes) -> bool:
+    """Whether an NDJSON line can be an entry: one object, no array or object outside its strings, at
+    most MAX_FIELDS fields' worth of strings -- checked on the bytes, without building anything.
+
+    Why: one 16 MiB line ``{"a":[[],[],...]}`` parses into 5.6 million lists (577 MiB peak RSS,
+    measured) before ``check_entry`` refuses its first field. Escaped backslashes and quotes are
+    removed first, so every quote left opens or closes a string; the text outside the strings of a
+    valid entry then holds exactly one ``{`` and no ``[``."""
+    text = line.replace(b"\\\\", b"").replace(b'\\"', b"")
+    if text.count(b'"') > 4 * MAX_FIELDS + 4:
+        return False
+    outside = b"".join(text.split(b'"')[0::2])
+    return outside.count(b"[") == 0 and outside.count(b"{") == 1
 
 
 def _position(exc: orjson.JSONDecodeError) -> str:
@@ -197,6 +225,8 @@ def check_entry(obj: object, prefix: str, stamp: dict[str, str], max_line_bytes:
 
     ``stamp`` labels (from the token) replace the entry's own; ``prefix`` bounds its run key and the
     run keys it names (``parent``, ``continues``)."""
+    if isinstance(obj, NotFlat):
+        return Refused(INVALID, "an entry must be one JSON object of string or integer fields")
     if not isinstance(obj, dict):
         return Refused(INVALID, "an entry must be a JSON object")
     if len(obj) > MAX_FIELDS:

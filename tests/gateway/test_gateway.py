@@ -29,7 +29,7 @@ from services.broker.acl import ROLE_NAMES, render, user_name
 from services.broker.embedded import EmbeddedRedis, free_port, start_redis
 from services.gateway import tokens
 from services.gateway.app import RateLimiter
-from services.gateway.body import BodyError, check_entry, decompress, parse
+from services.gateway.body import Accepted, BodyError, Refused, check_entry, decompress, parse
 from services.settings import Settings
 from tests.support.fixtures import REPO, TRANSCRIPTS
 from tests.support.needs import missing
@@ -211,6 +211,18 @@ def test_body_functions_are_total_and_bounded():
             parse(body)
         assert exc.value.status == 413
     assert len(parse(b"[" + b",".join([b'{"line":"' + b"," * 200 + b'"}'] * 100) + b"]")) == 100  # commas in strings
+    # a long line that is no flat object is refused as an entry without being parsed (5.6 M lists otherwise);
+    # brackets, braces, quotes and backslashes inside strings are no reason
+    nested = b'{"run":"team-a/r","seq":0,"a":[' + b"[]," * 100_000 + b'[]]}'
+    many_fields = b"{" + b",".join(b'"k%d":"v"' % i for i in range(100)) + b"}"
+    got = parse(nested + b"\n" + many_fields + b"\n")
+    for bad in got:
+        refused = check_entry(bad, "team-a/", {}, 1 << 20)
+        assert isinstance(refused, Refused) and refused.reason == "invalid-entry", refused
+    tricky = {"run": "team-a/r", "seq": 1, "line": '{"a":[1,{"b":"\\"}],"c":"\\\\"} [x] {y} \\ "' * 50}
+    raw = orjson.dumps(tricky)
+    assert len(raw) > 256 and parse(raw + b"\n") == [tricky]
+    assert isinstance(check_entry(parse(raw)[0], "team-a/", {}, 1 << 20), Accepted)
     assert parse(b'"a string"') == ["a string"]  # valid NDJSON: that entry is refused, not the request
     assert parse(b"") == [] and parse(b'\n{"a":1}\n\n{"b":2}\n') == [{"a": 1}, {"b": 2}]
     ok = check_entry({"run": "team-a/r", "seq": 3, "ts": "2026-01-01T00:00:00Z", "line": "x", "host": "mine",
