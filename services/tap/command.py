@@ -737,11 +737,15 @@ def cmd_spool(args: argparse.Namespace) -> int:
     _setup_logging()
     runs = spooled_runs(settings)
     if args.discard:
-        return _discard(runs, args.discard)
+        return _discard(settings, runs, args.discard)
     for r in runs:
         state = "ended" if r["ended"] else "open"
         use = "  (a tap is publishing it)" if r["in_use"] else ""
         print(f"{r['run']}  {r['entries']} entries, {r['pending']} not confirmed, {state}{use}")
+    from services.tap.spool import refused_runs
+
+    for run, n, path in refused_runs(settings):
+        print(f"{run}  {n} entries refused by the gateway for good, kept in {path}")
     if not args.drain:
         _err(f"{len(runs)} spooled run{'s' if len(runs) != 1 else ''} in {settings.spool_dir}"
              + (f": deliver them with `{PROG} spool --drain`" if any(r["pending"] for r in runs) else ""))
@@ -757,13 +761,19 @@ def cmd_spool(args: argparse.Namespace) -> int:
         return 130
 
 
-def _discard(runs: list[dict[str, object]], wanted: list[str]) -> int:
-    from services.tap.spool import discard
+def _discard(settings: Settings, runs: list[dict[str, object]], wanted: list[str]) -> int:
+    from services.tap.spool import discard, refused_path
 
     by_run = {str(r["run"]): r for r in runs}
     failed = 0
     for run in wanted:
         r = by_run.get(run)
+        refused = refused_path(settings, run)
+        if refused.is_file():  # the entries the gateway refused for good go with it
+            refused.unlink()
+            if r is None:
+                _err(f"run {run}: discarded its entries refused by the gateway")
+                continue
         if r is None:
             _err(f"run {run}: not in the spool (`{PROG} spool` lists it)")
             failed += 1

@@ -33,7 +33,7 @@ import orjson
 from contracts.gateway import INGEST_PATH, MAX_BODY_HEADER, MAX_ENTRY_HEADER, TOKEN_PATH
 from services.settings import ConfigError, Settings
 from services.tap.conn import BrokerError
-from services.tap.spool import SRC_TAG
+from services.tap.spool import SRC_TAG, keep_refused
 
 log = logging.getLogger("goose_ingest.tap")
 
@@ -217,7 +217,7 @@ class HttpTransport:
     def _deliver(self, recs: list[bytes]) -> None:
         status, reply, retry = self._post(b"".join(recs), len(recs))
         if 200 <= status < 300:
-            self._report(reply, len(recs))
+            self._report(reply, recs)
             return
         reason = _reason(reply)
         if status in (400, 413):  # this body can never be taken as it is: split it, down to the one entry
@@ -229,8 +229,10 @@ class HttpTransport:
             if recs:
                 self.refused += 1
                 seq = _seq_of(recs[0])
-                log.error("the gateway refused entry seq %s for good (%d%s); it stays in the spool, the run's "
-                          "later entries go on", seq, status, f": {reason}" if reason else "")
+                kept = keep_refused(self._settings, recs[0], f"{status}: {reason}" if reason else str(status))
+                log.error("the gateway refused entry seq %s for good (%d%s); kept in %s (`goose-ingest spool` "
+                          "lists it), the run's later entries go on", seq, status, f": {reason}" if reason else "",
+                          kept)
                 return
         if status == 401:
             self._token = None  # read the token file again before the next attempt (it may be replaced)
@@ -320,7 +322,8 @@ class HttpTransport:
             if value.isdigit() and int(value) >= 1024:
                 setattr(self, attr, int(value))
 
-    def _report(self, reply: bytes, sent: int) -> None:
+    def _report(self, reply: bytes, recs: list[bytes]) -> None:
+        sent = len(recs)
         try:
             doc = orjson.loads(reply)
             results = doc.get("results") or []
@@ -333,6 +336,9 @@ class HttpTransport:
             log.warning("the gateway kept %d of %d entries cut (oversize): the workers dead-letter them", cut, sent)
         if reasons:
             self.refused += sum(reasons.values())
+            for rec, r in zip(recs, results, strict=False):
+                if isinstance(r, dict) and not r.get("stored", True):
+                    keep_refused(self._settings, rec, f"{r.get('reason', '?')}: {r.get('detail', '')}")
             log.warning("the gateway refused %d of %d entries for good (%s); the others are stored",
                         sum(reasons.values()), sent, ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())))
 

@@ -700,6 +700,23 @@ def test_tap_through_the_gateway_delivers_a_fixture_end_to_end(deployment, tmp_p
     assert b"outside the token's prefix 'team-a/'" in out.stderr and b"--run team-a/" in out.stderr
 
 
+def test_entries_refused_one_by_one_in_a_200_are_kept_beside_the_spool_with_their_reason(tmp_path):
+    """The other way an entry is refused for good (in a 200: invalid-entry): kept, with the gateway's reason."""
+    from services.tap.http_transport import HttpTransport
+    from services.tap.spool import refused_runs
+
+    settings = Settings(endpoint="http://127.0.0.1:1", token="gik_0123456789ab_" + "C" * 43, namespace="kept",
+                        spool_dir=str(tmp_path / "spool"))
+    recs = [orjson.dumps({"run": "team-a/k", "seq": str(i), "kind": "line", "line": f"l{i}"}) + b"\n" for i in range(3)]
+    reply = orjson.dumps({"stored": 2, "refused": 1, "results": [
+        {"stored": True}, {"stored": False, "reason": "invalid-entry", "detail": "'ts' is not a time"}, {"stored": True}]})
+    HttpTransport(settings)._report(reply, recs)
+    [(run, n, path)] = refused_runs(settings)
+    assert (run, n) == ("team-a/k", 1)
+    kept = orjson.loads(path.read_bytes())
+    assert kept == {"reason": "invalid-entry: 'ts' is not a time", "entry": orjson.loads(recs[1])}
+
+
 def test_a_refusal_mid_run_is_logged_as_the_gateways_refusal_never_as_an_unreachable_broker(deployment, tmp_path,
                                                                                              caplog):
     """A token revoked (401) or a run key outside the prefix (403) after the start: the publisher says
@@ -872,6 +889,20 @@ def test_a_body_the_gateway_refuses_whole_is_split_down_to_the_entry_it_cannot_t
     stored = [f for _, f in d.raw() if f[b"run"] == run.encode()]
     assert [int(f[b"seq"]) for f in stored] == [i for i in range(13) if i != 7]
     assert b"refused entry seq 7 for good (413" in out, out.decode()[-2000:]
+    # kept beside the spool with its reason, listed by `spool`, gone with `spool --discard RUN`
+    env = _tap_env(d, d.gateway.url, token_file)
+    listed = subprocess.run([sys.executable, "-m", "services.cli", "spool"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)
+    line = next(x for x in listed.stdout.splitlines() if x.startswith(run + " "))
+    assert "1 entries refused by the gateway for good, kept in " in line, listed.stdout
+    kept = [orjson.loads(x) for x in Path(line.rsplit(" kept in ", 1)[1]).read_bytes().splitlines()]
+    assert [(k["entry"]["seq"], k["entry"]["line"], k["reason"][:4]) for k in kept] == [("7", lines[7], "413:")]
+    gone = subprocess.run([sys.executable, "-m", "services.cli", "spool", "--discard", run], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 0 and "discarded its entries refused by the gateway" in gone.stderr, gone.stderr
+    listed = subprocess.run([sys.executable, "-m", "services.cli", "spool"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert run not in listed.stdout
 
 
 def test_a_second_gateway_on_a_busy_port_names_the_gateways_port_setting(deployment, tmp_path):
