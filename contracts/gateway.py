@@ -12,6 +12,12 @@ from pydantic.json_schema import models_json_schema
 from contracts.raw import RawEntry
 
 INGEST_PATH = "/v1/raw"
+# GET (same bearer token): what the gateway knows of the token and its limits (TokenInfo): a tap learns its
+# run-key prefix there, and checks its token at start.
+TOKEN_PATH = "/v1/token"
+# On every reply of INGEST_PATH and TOKEN_PATH: the gateway's limits, so a client cuts its batches below them.
+MAX_BODY_HEADER = "Goose-Max-Body-Bytes"  # a request body, as sent and decompressed
+MAX_ENTRY_HEADER = "Goose-Max-Entry-Bytes"  # one entry's fields; a larger entry is kept cut and dead-lettered
 # Why the gateway refused one entry of a batch (`reason` of its result and of the metric label).
 REFUSED_INVALID = "invalid-entry"  # a field does not parse (the one decoder's reason), or a worker-only field
 REFUSED_OVERSIZE = "oversize"  # the entry's fields exceed MAX_LINE_BYTES
@@ -24,8 +30,17 @@ class EntryResult(BaseModel):
     reason: str = Field(  # type: ignore[assignment]
         default=None,
         json_schema_extra={"enum": [REFUSED_INVALID, REFUSED_OVERSIZE]},
-        description="Why it was refused for good (absent when stored); resending it is useless.")
+        description="Why it was refused for good; resending it is useless. With `stored` true: `oversize`, the entry "
+                    "is kept in the raw log cut to MAX_LINE_BYTES and the workers dead-letter it, as a direct tap's.")
     detail: str = Field(default=None, description="The reason in words: names a field, never quotes a line.")  # type: ignore[assignment]
+
+
+class TokenInfo(BaseModel):
+    id: str = Field(description="The token's id (as `tokens list` shows it; never the token).")
+    prefix: str = Field(description="The run-key prefix the token may write: a tap's default run key starts with it.")
+    labels: dict[str, str] = Field(description="Labels the gateway stamps on every entry of this token.")
+    max_body_bytes: int = Field(description="The largest request body, as sent and decompressed.")
+    max_entry_bytes: int = Field(description="The largest entry (its fields); larger ones are kept cut and dead-lettered.")
 
 
 class IngestReply(BaseModel):
@@ -55,7 +70,8 @@ def _error(description: str, retry_after: bool = False) -> dict[str, Any]:
 def document() -> dict[str, Any]:
     from contracts.generate import _NoNullDefaults
 
-    _, defs = models_json_schema([(RawEntry, "validation"), (IngestReply, "serialization"), (ErrorReply, "serialization")],
+    _, defs = models_json_schema([(RawEntry, "validation"), (IngestReply, "serialization"), (ErrorReply, "serialization"),
+                                  (TokenInfo, "serialization")],
                                  ref_template=REF, schema_generator=_NoNullDefaults)
     schemas = dict(sorted(defs.get("$defs", {}).items()))
     entry = {"$ref": REF.format(model="RawEntry")}
@@ -87,6 +103,15 @@ def document() -> dict[str, Any]:
                 "415": _error("Unsupported Content-Encoding."),
                 "429": _error("Over the token's rate on this replica.", retry_after=True),
                 "503": _error("Redis is unavailable (down, maxmemory, failover, replicas short).", retry_after=True),
+            },
+        }}, TOKEN_PATH: {"get": {
+            "operationId": "tokenInfo",
+            "summary": "The token's run-key prefix, stamped labels and the gateway's limits (a tap's start-up check)",
+            "responses": {
+                "200": {"description": "The token is valid.",
+                        "content": {"application/json": {"schema": {"$ref": REF.format(model="TokenInfo")}}}},
+                "401": _error("No valid, unrevoked bearer token."),
+                "503": _error("Redis is unavailable.", retry_after=True),
             },
         }}},
     }

@@ -21,6 +21,7 @@ from services.settings import ENV_PREFIX, ConfigError
 PROG = "goose-ingest"
 USAGE_ERROR = 2
 SUBCOMMAND = "cli_subcommand"  # not "command": `tap` has a positional of that name (the command it wraps)
+MISSING = "cli_missing_module"  # set on a command whose module cannot be imported in this install
 
 # The subcommands each module registers: a command line naming one imports only its module (a tap
 # must not pay for the worker's FastStream or the exporters' clients). tests/tap/test_tap_conn.py holds
@@ -56,10 +57,12 @@ _MAX_SHOWN_VALUE = 60
 def _version() -> str:
     from importlib import metadata  # only for --version: it pulls the email and zip packages
 
-    try:
-        return metadata.version("goose-ingest")
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
+    for dist in ("goose-ingest", "goose-ingest-tap"):  # the full install, or the tap-only one
+        try:
+            return metadata.version(dist) + ("" if dist == "goose-ingest" else " (tap only)")
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"  # run from a source tree that was never installed
 
 
 class _VersionAction(argparse.Action):
@@ -98,7 +101,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest=SUBCOMMAND, required=True, metavar="COMMAND")
     for name in (_MODULE_OF[only],) if only in _MODULE_OF else _COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        try:
+            importlib.import_module(name).register(sub)
+        except ModuleNotFoundError as exc:
+            # The tap-only install (packaging/tap/build.py) has the tap's dependencies only: its other
+            # commands are listed, and each says in one line what it needs instead of a traceback.
+            for command in (c for c, m in _MODULE_OF.items() if m == name):
+                p = sub.add_parser(command, help=f"(needs the full install: {exc.name} is missing)", add_help=False)
+                p.add_argument("ignored", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+                p.set_defaults(**{MISSING: exc.name})
     return parser
 
 
@@ -278,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = build_parser(_subcommand_in(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
+    missing = getattr(args, MISSING, None)
+    if missing:
+        return _fail(getattr(args, SUBCOMMAND), f"needs the full install (`pip install goose-ingest`): this one is "
+                                                f"the tap-only install, without the module {missing!r}")
     try:
         check_settings(getattr(args, SUBCOMMAND))
     except _config_error_types() as exc:
@@ -285,6 +300,11 @@ def _main(argv: list[str] | None) -> int:
     try:
         return int(args.func(args) or 0)
     except Exception as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name and "." not in exc.name and not exc.name.startswith(
+                ("services", "contracts")):
+            # a command whose module loads its dependencies late (gateway: uvicorn), in the tap-only install
+            return _fail(getattr(args, SUBCOMMAND), f"needs the full install (`pip install goose-ingest`): the "
+                                                    f"module {exc.name!r} is missing")
         # the error types are looked up now: the command may have loaded redis-py meanwhile
         if isinstance(exc, _config_error_types()):
             return _fail(getattr(args, SUBCOMMAND), _broker_problem(exc))

@@ -236,10 +236,11 @@ class Settings(BaseSettings):
         default=16 * 1024 * 1024, ge=1024,
         description="Largest request body, as sent and after decompression (413 beyond).",
     )
-    gateway_rate_lines_per_s: float = Field(default=20_000.0, ge=0, description="Entries per second per token and replica (429 beyond); 0: no limit.")
+    # Sized from an agent's measured burst (docs/scaling.md, "Per-token gateway limits"): ~30x the largest.
+    gateway_rate_lines_per_s: float = Field(default=1_000.0, ge=0, description="Entries per second per token and replica (429 beyond); 0: no limit.")
     gateway_rate_bytes_per_s: float = Field(
-        default=32 * 1024 * 1024, ge=0, description="Decoded body bytes per second per token and replica (429 beyond); 0: no limit."
-    )
+        default=4 * 1024 * 1024, ge=0,
+        description="Body bytes per second per token and replica, as sent then decoded (429 beyond); 0: no limit.")
     gateway_token_cache_s: float = Field(default=5.0, ge=0, description="How long a replica trusts a token lookup (a revocation takes effect within this).")
     gateway_body_timeout_s: float = Field(default=30.0, gt=0, description="A request head or body not received within this is refused (408; a late head also closes its connection).")
     gateway_max_connections: int = Field(default=2048, ge=1, description="Concurrent connections per replica (503 beyond).")

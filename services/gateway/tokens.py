@@ -162,10 +162,42 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("--host", default=None, help="stamp this host label on every entry (the body's host is ignored)")
     c.add_argument("--agent", default=None, help="stamp this agent label on every entry")
     c.add_argument("--note", default="", help="free text shown by `tokens list` (who, what for)")
+    c.add_argument("--endpoint", default=None,
+                   help="the gateway's URL as the taps reach it, for the configuration printed (default "
+                        "GOOSE_INGEST_ENDPOINT, else http://<this host>:GOOSE_INGEST_GATEWAY_PORT)")
+    c.add_argument("--token-file", default=None, metavar="PATH",
+                   help="write the token (and its prefix) to this new file, mode 0600, instead of stdout")
     tsub.add_parser("list", help="list the tokens (id, prefix, labels, created; never the token)")
     r = tsub.add_parser("revoke", help="revoke a token by id; every replica refuses it within GATEWAY_TOKEN_CACHE_S")
     r.add_argument("id")
     p.set_defaults(func=run)
+
+
+def write_token_file(path: str, token: str, prefix: str) -> None:
+    """The token, then its prefix (the tap's default run key when the gateway is out of reach), in a new
+    file only its owner reads."""
+    import os
+
+    from services.settings import ConfigError
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"--token-file {path}: cannot create it ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(f"{token}\nprefix: {prefix}\n")
+
+
+def tap_configuration(settings: Any, rec: TokenRecord, endpoint: str | None, token_file: str | None) -> str:
+    """What to set on the agent host, exactly (stderr: the token itself is only on stdout or in the file)."""
+    import socket
+
+    url = endpoint or settings.endpoint or f"http://{socket.getfqdn()}:{settings.gateway_port}"
+    path = token_file or "<the file holding the token above, mode 0600>"
+    return ("tap configuration (agent host):\n"
+            f"  export GOOSE_INGEST_ENDPOINT={url}\n"
+            f"  export GOOSE_INGEST_TOKEN_FILE={path}\n"
+            f"  goose-ingest tap -- <agent command>   # run key {rec.prefix}<host>/<ULID> (the token's prefix)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -185,7 +217,11 @@ def run(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
             print(f"id: {rec.id}\nprefix: {rec.prefix}\nlabels: {orjson.dumps(rec.labels).decode()}", file=sys.stderr)
-            print(token)  # stdout: the token alone, once (e.g. `... > token-file`)
+            if args.token_file:
+                write_token_file(args.token_file, token, rec.prefix)
+            else:
+                print(token)  # stdout: the token alone, once (e.g. `... > token-file`)
+            print(tap_configuration(settings, rec, args.endpoint, args.token_file), file=sys.stderr)
             return 0
         if args.tokens_command == "list":
             found = list_tokens(client, layout)

@@ -278,6 +278,12 @@ class Metrics:
             ["shard"],
             registry=r,
         )
+        self.shard_damaged = Gauge(
+            "goose_ingest_raw_shard_damaged",
+            "1 while a raw shard shows damage no worker does (reason: deleted-unexpired, id-ahead).",
+            ["shard", "reason"],
+            registry=r,
+        )
         self.worker_ready = Gauge(
             "goose_ingest_worker_ready",
             "1 while this worker is ready (connected, groups created, consuming), else 0.",
@@ -496,6 +502,14 @@ class Metrics:
         if oldest_pending_age_s is not None:
             # Clock skew between Redis ids and now can make it negative: clamp to 0.
             self.oldest_pending_age.labels(label).set(max(0.0, float(oldest_pending_age_s)) if pending else 0.0)
+
+    def set_shard_damage(self, found: dict[int, list[str]], reasons: tuple[str, ...]) -> None:
+        """Every shard's series of each of ``reasons`` (a fixed set): 1 where ``found`` says so, else 0."""
+        shards = range(self.shards) if self.shards is not None else sorted(found)
+        for shard in shards:
+            label = self._shard_label(shard)
+            for reason in reasons:
+                self.shard_damaged.labels(label, reason).set(1 if reason in found.get(shard, ()) else 0)
 
     def set_ready(self, ready: bool) -> None:
         self.worker_ready.set(1 if ready else 0)

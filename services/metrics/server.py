@@ -171,16 +171,23 @@ class MetricsPortUnavailable(ConfigError):
     """The metrics address cannot be bound (in use by another worker, not a local address, privileged)."""
 
 
-def bind_error(host: str, port: int, exc: OSError) -> MetricsPortUnavailable:
+def bind_error(host: str, port: int, exc: OSError, role: str = "metrics") -> MetricsPortUnavailable:
+    """The one-line refusal naming the settings that choose this address (``role``: "metrics", or
+    "gateway" for the gateway's own port, which its probes share)."""
     if exc.errno == errno.EADDRINUSE:
-        why = "is already in use (another worker or `up` on this host?)"
+        why = ("is already in use (another gateway on this host?)" if role == "gateway"
+               else "is already in use (another worker or `up` on this host?)")
     elif exc.errno == errno.EACCES:
         why = "needs privileges this process does not have"
     else:
         why = f"cannot be bound ({exc.strerror or exc})"
+    name = role.upper()
     return MetricsPortUnavailable(
-        f"metrics address {host}:{port} {why}: set GOOSE_INGEST_METRICS_PORT to a free port "
-        "(0: any free port) or GOOSE_INGEST_METRICS_HOST"
+        f"{role} address {host}:{port} {why}: set GOOSE_INGEST_{name}_PORT (or --port) to a free port "
+        f"(0: any free port) or GOOSE_INGEST_{name}_HOST"
+        if role == "gateway" else
+        f"{role} address {host}:{port} {why}: set GOOSE_INGEST_{name}_PORT to a free port "
+        f"(0: any free port) or GOOSE_INGEST_{name}_HOST"
     )
 
 
@@ -219,18 +226,20 @@ def read_port_file(path: str) -> tuple[str, int] | None:
 _early: MetricsServer | None = None  # started by serve_early, waiting for the app's serve() to adopt it
 
 
-def serve_early(host: str, port: int, reason: str, port_file: str = "") -> MetricsServer:
+def serve_early(host: str, port: int, reason: str, port_file: str = "", role: str = "metrics") -> MetricsServer:
     """Serve /healthz now and a /readyz that says ``reason``, until ``serve()`` adopts the server."""
     global _early
     from prometheus_client import CollectorRegistry
 
     empty = type("NoMetricsYet", (), {"registry": CollectorRegistry(auto_describe=True)})()
     _early = None  # a second early server of the process binds its own address
-    server = _early = serve(cast("Metrics", empty), host, port, lambda: NotReady(reason), port_file=port_file)
+    server = _early = serve(cast("Metrics", empty), host, port, lambda: NotReady(reason), port_file=port_file,
+                            role=role)
     return server
 
 
-def serve(metrics: Metrics, host: str, port: int, ready: Callable[[], object], port_file: str = "") -> MetricsServer:
+def serve(metrics: Metrics, host: str, port: int, ready: Callable[[], object], port_file: str = "",
+          role: str = "metrics") -> MetricsServer:
     """Start serving ``metrics.registry`` on host:port (0: any free port) in a daemon thread.
 
     Only ``metrics.registry`` is read (the exporters pass their own families' holder, cast).
@@ -246,7 +255,7 @@ def serve(metrics: Metrics, host: str, port: int, ready: Callable[[], object], p
     try:
         httpd = server_cls((host, port), _Handler, metrics, ready)
     except OSError as exc:
-        raise bind_error(host, port, exc) from None
+        raise bind_error(host, port, exc, role) from None
     thread = threading.Thread(
         target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name=f"metrics-http-{httpd.server_address[1]}", daemon=True
     )

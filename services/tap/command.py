@@ -158,7 +158,7 @@ def register(subparsers) -> None:
         "entry with its exit code; exit with the command's exit code (128+N when killed by signal N), or "
         f"{UNDELIVERED_EXIT} when the command succeeded but its entries stay spooled (broker unreachable).",
     )
-    tap.add_argument("--run", help=f"run key ({RUN_KEY_RULE}); default <host>/<ULID>")
+    tap.add_argument("--run", help=f"run key ({RUN_KEY_RULE}); default <host>/<ULID>, through a gateway <token prefix><host>/<ULID>")
     tap.add_argument("--quiet", "-q", action="store_true", help="do not echo the command's output")
     tap.add_argument("--agent", help="`agent` label on every entry (default: the agent CLI when recognised; else "
                      "only the eof entry carries the command's name, so a run with no JSON line ends as "
@@ -204,6 +204,9 @@ def register(subparsers) -> None:
     spool.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
                        help="with --drain: wait at most this long per run for an unreachable broker (default: until "
                        "delivered)")
+    spool.add_argument("--discard", action="append", default=[], metavar="RUN",
+                       help="delete this run's spooled entries for good, delivered or not (repeatable; not while a "
+                       "tap publishes it)")
     spool.set_defaults(func=cmd_spool)
 
 
@@ -242,8 +245,12 @@ def _open_publisher(settings: Settings, run: str, labels: dict[str, str], input_
         _err("no broker configured: set GOOSE_INGEST_REDIS_URL (e.g. redis://127.0.0.1:6379/0) "
              "or GOOSE_INGEST_ENDPOINT (an ingest gateway)")
         return 2
-    if not settings.endpoint:  # through a gateway the token is checked by the first batch
+    if not settings.endpoint:
         _check_credentials(settings, run)
+    else:  # the token and the run key, asked of the gateway (one line and exit 2 when refused)
+        from services.tap.gateway_check import gateway_run
+
+        gateway_run(settings, run)
     try:
         pub = Publisher(settings, run, labels, format=input_format)
     except (SpoolLocked, SpoolCorrupt) as exc:
@@ -339,7 +346,7 @@ def _drain(pub: Publisher, timeout: float | None, abort: threading.Event) -> boo
     ok = pub.close(timeout=None if ok else 0)
     if not ok:
         url = redact_url(pub.settings.endpoint or pub.settings.redis_url)
-        why = f"broker {url} answered {pub.last_answer}" if pub.last_answer else f"broker {url} unreachable"
+        why = pub.refusal or (f"broker {url} answered {pub.last_answer}" if pub.last_answer else f"broker {url} unreachable")
         _err(f"{pub.pending} entries of run {pub.run} are not delivered yet ({why}); they are kept in "
              f"{pub.spool_dir}: deliver them with `{PROG} publish --run {pub.run} --drain`")
     return ok
@@ -357,7 +364,12 @@ def cmd_tap(args: argparse.Namespace) -> int:
     if args.run is not None and not is_valid_run(args.run):
         _err(f"invalid --run {args.run!r}: must be {RUN_KEY_RULE}")
         return 2
-    run = args.run or new_run_key(settings.host_label)
+    if args.run is None and settings.endpoint:  # through a gateway: in the token's prefix (gateway_check.py)
+        from services.tap.gateway_check import gateway_run
+
+        run = gateway_run(settings, None)
+    else:
+        run = args.run or new_run_key(settings.host_label)
     _setup_logging()
     # The handlers go in before anything is started (see `_Signals`): a signal from here on either
     # keeps the command from starting or reaches it, never neither.
@@ -776,22 +788,56 @@ def cmd_spool(args: argparse.Namespace) -> int:
     settings = Settings()
     _setup_logging()
     runs = spooled_runs(settings)
+    if args.discard:
+        return _discard(settings, runs, args.discard)
     for r in runs:
         state = "ended" if r["ended"] else "open"
         use = "  (a tap is publishing it)" if r["in_use"] else ""
         print(f"{r['run']}  {r['entries']} entries, {r['pending']} not confirmed, {state}{use}")
+    from services.tap.spool import refused_runs
+
+    for run, n, path in refused_runs(settings):
+        print(f"{run}  {n} entries refused by the gateway for good, kept in {path}")
     if not args.drain:
         _err(f"{len(runs)} spooled run{'s' if len(runs) != 1 else ''} in {settings.spool_dir}"
              + (f": deliver them with `{PROG} spool --drain`" if any(r["pending"] for r in runs) else ""))
         return 0
-    if runs and not settings.redis_url:
-        _err("no broker configured: set GOOSE_INGEST_REDIS_URL (e.g. redis://127.0.0.1:6379/0)")
+    if runs and not settings.redis_url and not settings.endpoint:  # a gateway's taps drain through it
+        _err("no broker configured: set GOOSE_INGEST_REDIS_URL (e.g. redis://127.0.0.1:6379/0) "
+             "or GOOSE_INGEST_ENDPOINT (an ingest gateway)")
         return 2
     try:
         return _drain_spooled(settings, runs, args.drain_timeout)
     except KeyboardInterrupt:
         _err(f"interrupted: what is not delivered stays in the spool; `{PROG} spool` lists it")
         return 130
+
+
+def _discard(settings: Settings, runs: list[dict[str, object]], wanted: list[str]) -> int:
+    from services.tap.spool import discard, refused_path
+
+    by_run = {str(r["run"]): r for r in runs}
+    failed = 0
+    for run in wanted:
+        r = by_run.get(run)
+        refused = refused_path(settings, run)
+        if refused.is_file():  # the entries the gateway refused for good go with it
+            refused.unlink()
+            if r is None:
+                _err(f"run {run}: discarded its entries refused by the gateway")
+                continue
+        if r is None:
+            _err(f"run {run}: not in the spool (`{PROG} spool` lists it)")
+            failed += 1
+            continue
+        try:
+            discard(str(r["path"]))
+        except (SpoolLocked, OSError) as exc:
+            _err(f"run {run}: {exc}")
+            failed += 1
+            continue
+        _err(f"run {run}: discarded ({r['pending']} entries were not delivered)")
+    return 1 if failed else 0
 
 
 def _drain_spooled(settings: Settings, runs: list[dict[str, object]], timeout: float | None) -> int:

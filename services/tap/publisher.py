@@ -53,6 +53,8 @@ ENTRY_LABELS = ("host", "agent", "format", "parent", "continues")  # labels the 
 STREAMS = ("stdout", "stderr")
 BACKOFF_START_S = 0.05
 BACKOFF_CAP_S = 2.0
+# A gateway that refuses the token or run key (401/403/404) is asked again this rarely: only a fix helps.
+REFUSED_RETRY_S = 30.0
 STILL_FAILING_REPORT_S = 30.0  # while retrying, one warning per this long (the first failure is logged at once)
 # A busy sender starts at most one batch per this interval; an idle one sends at once. Each batch costs a
 # fixed fsync, round trip and thread wake-up: at 1,000 lines/s without this every line would be its own
@@ -225,6 +227,7 @@ class Publisher:
         self._closed = False
         self.broker_up: bool | None = None  # None until the first send
         self.last_answer: str | None = None  # the broker's error reply (OOM...) while failing; None: no answer
+        self.refusal: str | None = None  # while a gateway refuses the token or run key: what it said
         self.resumed = self._spool.resumed
         self._thread = threading.Thread(target=self._sender, name=f"publisher[{run}]", daemon=True)
         self._thread.start()
@@ -506,12 +509,19 @@ class Publisher:
                 # a cluster's redirect (MOVED...) only means the client's slot map was stale
                 answered = (any(c.__name__ in ("ReplyError", "ResponseError") for c in type(exc).__mro__)
                             and reply_code(exc) not in TOPOLOGY_CODES)
+                # a gateway's refusal of the token or run key (401/403/404) is no outage: said as what it is
+                refused = getattr(exc, "what", None)
                 self.last_answer = describe(exc) if answered else None
+                self.refusal = str(exc) if refused else None
                 if self.broker_up is not False:
-                    log.warning("broker %s at %s (%s); spooling run %s in %s and retrying",
-                                "refused the entries" if answered else "unreachable",
-                                redact_url(transport.url),
-                                describe(exc), self.run, self._spool.path)
+                    if refused:
+                        log.error("%s; spooling run %s in %s and retrying every %.0f s", exc,
+                                  self.run, self._spool.path, REFUSED_RETRY_S)
+                    else:
+                        log.warning("broker %s at %s (%s); spooling run %s in %s and retrying",
+                                    "refused the entries" if answered else "unreachable",
+                                    redact_url(transport.url),
+                                    describe(exc), self.run, self._spool.path)
                     failing_since = last_report = now
                     attempts = 0
                 attempts += 1
@@ -521,13 +531,16 @@ class Publisher:
                                 self.run, now - failing_since, attempts, describe(exc))
                     last_report = now
                 self.broker_up = False
-                if self._abort_evt.wait(backoff * (0.75 + random.random() / 2)):
+                # a refusal waits until someone fixes the token or run key; a 429/503 the gateway's Retry-After
+                pause = REFUSED_RETRY_S if refused else max(backoff, getattr(exc, "retry_after", None) or 0.0)
+                if self._abort_evt.wait(pause * (0.75 + random.random() / 2)):
                     return
                 backoff = min(backoff * 2, BACKOFF_CAP_S)
                 continue
             if self.broker_up is False:
                 log.warning("broker reachable again; delivering the spooled entries of run %s", self.run)
             self.broker_up = True
+            self.refusal = None
             backoff = BACKOFF_START_S
             with self._cv:
                 self._sent += n

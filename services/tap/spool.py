@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None  # type: ignore[assignment]
 
 LOG = "entries.jsonl"
+REFUSED_DIR = "refused"  # <spool_dir>/<namespace>/refused/<run>.jsonl: entries a gateway refused for good
 SENT = "sent"
 LOCK = "lock"
 SRC_TAG = "_src"
@@ -52,6 +53,25 @@ def spool_path(settings: Settings, run: str) -> Path:
     root = Path(os.path.expanduser(settings.spool_dir))
     ns = _escape(settings.namespace) if settings.namespace else "%40default"
     return root / ns / _escape(run)
+
+
+def refused_path(settings: Settings, run: str) -> Path:
+    return spool_path(settings, run).parent / REFUSED_DIR / (_escape(run) + ".jsonl")
+
+
+def keep_refused(settings: Settings, record: bytes, reason: str) -> Path | None:
+    """Keep an entry the gateway refused for good, with the reason, beside the spool (``spool`` lists it,
+    ``spool --discard RUN`` deletes it): the run's spool itself goes when the run is delivered."""
+    try:
+        rec = orjson.loads(record)
+        run = str(rec["run"])
+        path = refused_path(settings, run)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(path, "ab") as fh:
+            fh.write(orjson.dumps({"reason": reason[:300], "entry": rec}, option=orjson.OPT_APPEND_NEWLINE))
+        return path
+    except (orjson.JSONDecodeError, KeyError, TypeError, OSError):
+        return None
 
 
 def encode_record(fields: dict[str, Any], src: str | None = None) -> bytes:
@@ -213,3 +233,40 @@ class Spool:
             self._lock_file.close()  # releases the flock
         except OSError:
             pass
+
+
+def discard(path: Path | str) -> None:
+    """Delete a run's spool for good, under its lock: ``SpoolLocked`` while a tap publishes it.
+
+    For a run that will never be accepted (a revoked token's, a run key outside every prefix): a
+    corrupt log is discarded too, without being read."""
+    fd = os.open(Path(path) / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise SpoolLocked(f"a tap is publishing this run (spool {path} is locked)") from None
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
+    try:  # drop the namespace dir when it became empty
+        Path(path).parent.rmdir()
+    except OSError:
+        pass
+
+
+def refused_runs(settings: Settings) -> list[tuple[str, int, Path]]:
+    """Runs with entries a gateway refused for good (``keep_refused``): run, how many, the file."""
+    folder = spool_path(settings, "x").parent / REFUSED_DIR
+    out: list[tuple[str, int, Path]] = []
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("*.jsonl")):
+        try:
+            lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+            run = str(orjson.loads(lines[0])["entry"]["run"]) if lines else path.stem
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, IndexError):
+            continue
+        out.append((run, len(lines), path))
+    return out

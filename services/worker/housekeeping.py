@@ -27,10 +27,14 @@ from services.streams.groups import ensure_groups
 from services.streams.lag import read_backlog
 from services.streams.readiness import READY, Readiness, fresh, not_ready
 from services.worker.commit import CommitFailed, LeaseLost
+from services.worker.damage import DELETED_UNEXPIRED, ID_AHEAD, REASONS, Seen, shard_damage
 from services.worker.processor import BatchProcessor, CommitConflict
 from services.worker.reporting import record_result
 
 log = logging.getLogger("goose_ingest.worker")
+# A shard's damage stays in the metric this long after a sweep last saw it: a deletion is seen by one
+# sweep only (the next one compares with what it saw), and the alert must not miss it between scrapes.
+DAMAGE_HOLD_S = 15 * 60.0
 
 RETENTION_EVERY_S = 60.0
 # A takeover waiting out a broker outage (a failover takes ~2-5 s here: node timeout + election):
@@ -61,6 +65,9 @@ class Housekeeper:
         self.last_ok = 0.0
         self._last_retention = 0.0
         self._idle_shards: set[int] = set()
+        self._damage: dict[tuple[int, str], float] = {}  # (shard, reason) -> when this worker last saw it
+        self._seen: dict[int, Seen] = {}
+        self._current: set[tuple[int, str]] = set()  # each raw stream as the previous sweep saw it (damage.py)
 
     def readiness(self) -> Readiness:
         health = self.subscribers()
@@ -68,6 +75,10 @@ class Housekeeper:
             return health
         if not fresh(self.last_ok, time.monotonic(), self.settings.sweep_interval_s):
             return not_ready("housekeeping has not reached the broker recently")
+        blocked = sorted(shard for shard, reason in self._current if reason == ID_AHEAD)
+        if blocked:  # the shard refuses every XADD *: ingest into it is down (services/worker/damage.py)
+            return not_ready(f"raw shard {blocked[0]}: its last id is far ahead of the clock (an XADD at an "
+                             "explicit id): it refuses new entries until recreated (GooseIngestRawShardDamaged)")
         return READY
 
     def is_ready(self) -> bool:
@@ -116,8 +127,33 @@ class Housekeeper:
             if lag == 0 and pending == 0:
                 idle.add(shard)
         self._idle_shards = idle
+        await self.check_damage()
         if self.metrics is not None:  # `goose-ingest runs` lists them (services/runs/command.py)
             self.metrics.set_active_runs(sum([int(await self.client.zcard(k)) for k in self.settings.layout.active_run_sets()]))
+
+    async def check_damage(self) -> None:
+        """Shards damaged by something other than a worker (services/worker/damage.py): one log line when
+        first seen, the metric held for DAMAGE_HOLD_S after (a deletion is seen by one sweep only), and
+        a readiness reason while a shard's id is ahead of the clock."""
+        s = self.settings
+        found = await shard_damage(self.client, s.layout.raw_streams(), await self._redis_ms(),
+                                   int(s.raw_retention_hours * 3_600_000), self._seen)
+        now = time.monotonic()
+        self._current = {(shard, reason) for shard, reasons in found.items() for reason in reasons}
+        for shard, reason in sorted(self._current):
+            if now - self._damage.get((shard, reason), float("-inf")) > DAMAGE_HOLD_S:
+                log.error("raw shard %d: %s -- not done by a worker: a credential that may XADD (the gateway's, "
+                          "a tap's) sent MAXLEN/MINID/XTRIM/XDEL or an explicit id (docs/operations.md, "
+                          "GooseIngestRawShardDamaged)", shard,
+                          "entries younger than RAW_RETENTION_HOURS were deleted" if reason == DELETED_UNEXPIRED
+                          else "its last id is far ahead of the clock")
+            self._damage[(shard, reason)] = now
+        self._damage = {k: at for k, at in self._damage.items() if now - at <= DAMAGE_HOLD_S}
+        if self.metrics is not None:
+            held: dict[int, list[str]] = {}
+            for shard, reason in self._damage:
+                held.setdefault(shard, []).append(reason)
+            self.metrics.set_shard_damage(held, REASONS)
 
     async def _oldest_pending_age_s(self, stream: str) -> float:
         """Seconds since the shard's oldest unacknowledged entry was published (alert: stuck entries)."""

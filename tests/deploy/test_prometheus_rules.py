@@ -47,6 +47,8 @@ EXPECTED_ALERTS = {
     "GooseIngestExportDeadLetters",
     "GooseIngestGatewayErrors",
     "GooseIngestGatewayRefusalsSpike",
+    "GooseIngestGatewayTokenAtLimit",
+    "GooseIngestRawShardDamaged",
     # the archive (goose-ingest.archive)
     "GooseIngestArchiveLagging",
     "GooseIngestArchiveWritesFailing",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import logging
 import os
 import select
 import socket
@@ -28,7 +29,7 @@ from services.broker.acl import ROLE_NAMES, render, user_name
 from services.broker.embedded import EmbeddedRedis, free_port, start_redis
 from services.gateway import tokens
 from services.gateway.app import RateLimiter
-from services.gateway.body import BodyError, check_entry, decompress, parse
+from services.gateway.body import Accepted, BodyError, Refused, check_entry, decompress, parse
 from services.settings import Settings
 from tests.support.fixtures import REPO, TRANSCRIPTS
 from tests.support.needs import missing
@@ -144,7 +145,10 @@ def deployment(tmp_path_factory):
     try:
         creds = {"GOOSE_INGEST_REDIS_USERNAME": user_name("gateway", settings.namespace),
                  "GOOSE_INGEST_REDIS_PASSWORD": passwords["gateway"]}
-        gw = start_gateway(settings, tmp / "gateway.log", GOOSE_INGEST_GATEWAY_TOKEN_CACHE_S="0.5", **creds)
+        # the byte rate well above the default (4 MiB/s per token): the bombs of one test must not leave
+        # token_a in debt for the next ones (the limits have tests of their own)
+        gw = start_gateway(settings, tmp / "gateway.log", GOOSE_INGEST_GATEWAY_TOKEN_CACHE_S="0.5",
+                           GOOSE_INGEST_GATEWAY_RATE_BYTES_PER_S=str(256 << 20), **creds)
         yield Deployment(server, settings, passwords, gw, token_a, token_host, token_b)
     finally:
         if gw is not None:
@@ -185,6 +189,40 @@ def test_body_functions_are_total_and_bounded():
             parse(body)
         assert exc.value.status == 400
     assert decompress(gzip.compress(b"[1,") + gzip.compress(b"2]"), "gzip", 100) == b"[1,2]"  # members
+    # members and frames: linear (an offset, no copy of the rest each), counted and bounded (413 beyond)
+    import zstandard
+
+    from services.gateway.body import MAX_ENTRIES, MAX_PARTS
+
+    for one, enc in ((gzip.compress(b"a\n"), "gzip"), (zstandard.ZstdCompressor().compress(b"a\n"), "zstd")):
+        assert decompress(one * MAX_PARTS, enc, 1 << 20) == b"a\n" * MAX_PARTS
+        with pytest.raises(BodyError) as exc:
+            decompress(one * 200_000, enc, 1 << 20)
+        assert exc.value.status == 413 and f"more than {MAX_PARTS}" in exc.value.reason
+        with pytest.raises(BodyError) as exc:
+            decompress(one * 3 + one[:-2], enc, 1 << 20)
+        assert exc.value.status == 400  # the last member or frame is cut short
+    big = gzip.compress(os.urandom(200_000))  # a member longer than one decode step
+    assert len(decompress(big + big, "gzip", 1 << 20)) == 400_000
+    # entries: counted before anything is parsed (a 2-byte `{}` is a 64-byte dict)
+    assert len(parse(b"{}\n" * MAX_ENTRIES)) == MAX_ENTRIES
+    for body in (b"{}\n" * (MAX_ENTRIES + 1), b"{}\n" * MAX_ENTRIES + b"{}", b"[" + b"{}," * (1 << 20) + b"{}]"):
+        with pytest.raises(BodyError) as exc:
+            parse(body)
+        assert exc.value.status == 413
+    assert len(parse(b"[" + b",".join([b'{"line":"' + b"," * 200 + b'"}'] * 100) + b"]")) == 100  # commas in strings
+    # a long line that is no flat object is refused as an entry without being parsed (5.6 M lists otherwise);
+    # brackets, braces, quotes and backslashes inside strings are no reason
+    nested = b'{"run":"team-a/r","seq":0,"a":[' + b"[]," * 100_000 + b'[]]}'
+    many_fields = b"{" + b",".join(b'"k%d":"v"' % i for i in range(100)) + b"}"
+    got = parse(nested + b"\n" + many_fields + b"\n")
+    for bad in got:
+        refused = check_entry(bad, "team-a/", {}, 1 << 20)
+        assert isinstance(refused, Refused) and refused.reason == "invalid-entry", refused
+    tricky = {"run": "team-a/r", "seq": 1, "line": '{"a":[1,{"b":"\\"}],"c":"\\\\"} [x] {y} \\ "' * 50}
+    raw = orjson.dumps(tricky)
+    assert len(raw) > 256 and parse(raw + b"\n") == [tricky]
+    assert isinstance(check_entry(parse(raw)[0], "team-a/", {}, 1 << 20), Accepted)
     assert parse(b'"a string"') == ["a string"]  # valid NDJSON: that entry is refused, not the request
     assert parse(b"") == [] and parse(b'\n{"a":1}\n\n{"b":2}\n') == [{"a": 1}, {"b": 2}]
     ok = check_entry({"run": "team-a/r", "seq": 3, "ts": "2026-01-01T00:00:00Z", "line": "x", "host": "mine",
@@ -199,10 +237,15 @@ def test_body_functions_are_total_and_bounded():
         "nested": {"run": "team-a/r", "seq": 0, "line": {"a": 1}},
         "other prefix": {"run": "team-b/r", "seq": 0, "line": "x"},
         "parent elsewhere": {"run": "team-a/r", "seq": 0, "line": "x", "parent": "team-b/p"},
-        "oversize": {"run": "team-a/r", "seq": 0, "line": "x" * 2048},
+        "oversize by another field": {"run": "team-a/r", "seq": 0, "line": "x", "note": "n" * 2048},
+        "oversize elsewhere": {"run": "team-b/r", "seq": 0, "line": "x" * 2048},
     }
     for name, obj in refusals.items():
         assert not hasattr(check_entry(obj, "team-a/", {}, 1024), "fields"), name
+    # oversize by its line: kept cut (contract fields only), still over the limit so the workers dead-letter it
+    cut = check_entry({"run": "team-a/r", "seq": 0, "line": "x" * 2048, "note": "n"}, "team-a/", {"host": "h"}, 1024)
+    assert cut.cut == 11 + 4 + 2052 + 5 + 5  # type: ignore[union-attr]  # run seq line note host, names and values
+    assert cut.fields == {b"run": b"team-a/r", b"seq": b"0", b"line": b"x" * 1024, b"host": b"h"}  # type: ignore[union-attr]
 
 
 def test_group_commit_fails_only_the_request_whose_command_failed_and_all_on_a_lost_connection(tmp_path):
@@ -256,6 +299,18 @@ def test_group_commit_fails_only_the_request_whose_command_failed_and_all_on_a_l
         server.close()
         for r in restarted:
             r.close()
+
+
+def test_rate_limiter_admits_before_the_work_and_charges_what_was_sent_then_decoded():
+    now = [0.0]
+    limiter = RateLimiter(100, 10_000, clock=lambda: now[0])
+    assert limiter.admit("t") == 0
+    limiter.charge("t", 0, 300)  # the compressed body, charged before it is decoded
+    limiter.charge("t", 50, 30_000)  # what it decoded to: into debt
+    assert limiter.admit("t") == pytest.approx(2.03, abs=0.01)  # the next request waits, unread
+    assert limiter.admit("other") == 0  # another token is not charged
+    now[0] = 2.1
+    assert limiter.admit("t") == 0
 
 
 def test_rate_limiter_refuses_over_the_rate_and_says_when_to_retry():
@@ -554,6 +609,12 @@ def test_redis_down_gives_503_with_retry_after_and_a_token_over_its_rate_gets_42
         assert gw.post(batch, token)[0] == 200
         status, reply, headers = gw.post(batch, token)
         assert status == 429 and int(headers["retry-after"]) >= 1, reply
+        assert gw.post(batch, token)[0] == 429
+        # held at its rate: counted (no token label) and said once in the log, by id
+        assert "goose_ingest_gateway_tokens_at_limit 1.0" in gw.get("/metrics")[1]
+        token_id = token.split("_")[1]
+        said = [line for line in gw.log.read_text().splitlines() if "is held at its rate" in line]
+        assert len(said) == 1 and f"token {token_id} " in said[0] and token not in gw.log.read_text()
         time.sleep(0.6)
         server.close()
         status, reply, headers = gw.post(ndjson([{"run": "team-a/r", "seq": 200, "line": "x"}]), token)
@@ -622,14 +683,283 @@ def test_tap_through_the_gateway_delivers_a_fixture_end_to_end(deployment, tmp_p
     want = FIXTURE.read_bytes().splitlines()
     assert [f[b"line"] for f in stored if f[b"kind"] == b"line"] == want
     assert [int(f[b"seq"]) for f in stored] == list(range(len(want) + 1))
-    # a wrong token: the tap keeps the entries spooled and says so (its exit code stays the command's)
+    # a wrong token: one line and exit 2 at start, naming the cause, as a wrong Redis password is
     token_file.write_text("gik_0123456789ab_" + "A" * 43)
     run2 = f"team-a/ci/{uuid4().hex[:8]}"
     out = subprocess.run([sys.executable, "-m", "services.cli", "tap", "--quiet", "--drain-timeout", "1", "--run", run2,
                           "--", "cat", str(FIXTURE)], cwd=REPO, env=env, capture_output=True, timeout=60)
-    assert b"gateway answered 401" in out.stderr and b"not delivered yet" in out.stderr, out.stderr.decode()
-    assert b"AAAA" not in out.stderr
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr.decode()
+    assert b"the gateway refused the token (401" in out.stderr and b"TOKEN_FILE" in out.stderr
+    assert b"AAAA" not in out.stderr and b"unreachable" not in out.stderr
     assert not [f for _, f in d.raw() if f[b"run"] == run2.encode()]
+    # a run key outside the token's prefix: the same, before anything is spooled
+    token_file.write_text(d.token_a)
+    out = subprocess.run([sys.executable, "-m", "services.cli", "tap", "--quiet", "--run", f"team-b/{uuid4().hex[:8]}",
+                          "--", "cat", str(FIXTURE)], cwd=REPO, env=env, capture_output=True, timeout=60)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr.decode()
+    assert b"outside the token's prefix 'team-a/'" in out.stderr and b"--run team-a/" in out.stderr
+
+
+def test_entries_refused_one_by_one_in_a_200_are_kept_beside_the_spool_with_their_reason(tmp_path):
+    """The other way an entry is refused for good (in a 200: invalid-entry): kept, with the gateway's reason."""
+    from services.tap.http_transport import HttpTransport
+    from services.tap.spool import refused_runs
+
+    settings = Settings(endpoint="http://127.0.0.1:1", token="gik_0123456789ab_" + "C" * 43, namespace="kept",
+                        spool_dir=str(tmp_path / "spool"))
+    recs = [orjson.dumps({"run": "team-a/k", "seq": str(i), "kind": "line", "line": f"l{i}"}) + b"\n" for i in range(3)]
+    reply = orjson.dumps({"stored": 2, "refused": 1, "results": [
+        {"stored": True}, {"stored": False, "reason": "invalid-entry", "detail": "'ts' is not a time"}, {"stored": True}]})
+    HttpTransport(settings)._report(reply, recs)
+    [(run, n, path)] = refused_runs(settings)
+    assert (run, n) == ("team-a/k", 1)
+    kept = orjson.loads(path.read_bytes())
+    assert kept == {"reason": "invalid-entry: 'ts' is not a time", "entry": orjson.loads(recs[1])}
+
+
+def test_a_refusal_mid_run_is_logged_as_the_gateways_refusal_never_as_an_unreachable_broker(deployment, tmp_path,
+                                                                                             caplog):
+    """A token revoked (401) or a run key outside the prefix (403) after the start: the publisher says
+    which, keeps the entries spooled, and asks again only rarely (no outage backoff)."""
+    from services.tap.publisher import Publisher
+
+    d = deployment
+    cases = [("gik_0123456789ab_" + "B" * 43, "team-a/x/" + uuid4().hex[:6], "the gateway refused the token (401"),
+             (d.token_a, "team-b/" + uuid4().hex[:6], "the gateway refused the run key (403")]
+    for token, run, says in cases:
+        caplog.clear()
+        settings = Settings(endpoint=d.gateway.url, token=token, namespace=d.settings.namespace, shards=2,
+                            spool_dir=str(tmp_path / "spool"))
+        with caplog.at_level(logging.WARNING, logger="goose_ingest.tap"):
+            pub = Publisher(settings, run)
+            pub.add_line(b"a line")
+            assert not pub.flush(3.0)
+            assert pub.refusal is not None and says in pub.refusal
+            pub.close(timeout=0)
+        text = caplog.text
+        assert says in text and "unreachable" not in text and "AAAA" not in text, text
+        assert text.count(says) == 1  # said once, not once per retry
+        assert not [f for _, f in d.raw() if f[b"run"] == run.encode()]
+
+
+def test_the_first_tap_as_documented_needs_no_run_and_lands_in_the_tokens_prefix(deployment, tmp_path):
+    """`tokens create --token-file` prints the tap's configuration; the tap run exactly so (no --run)
+    stores its run under the token's prefix, learnt from the gateway, or from the token file while the
+    gateway is out of reach."""
+    d = deployment
+    token_file = tmp_path / "token"
+    env = cli_env(d.settings, **d.creds("admin"))
+    out = subprocess.run([sys.executable, "-m", "services.cli", "tokens", "create", "--prefix", "team-a/first/",
+                          "--endpoint", d.gateway.url, "--token-file", str(token_file)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "" and oct(token_file.stat().st_mode & 0o777) == "0o600"
+    assert f"export GOOSE_INGEST_ENDPOINT={d.gateway.url}" in out.stderr
+    assert f"export GOOSE_INGEST_TOKEN_FILE={token_file}" in out.stderr and "team-a/first/<host>/<ULID>" in out.stderr
+    assert token_file.read_text().splitlines()[1] == "prefix: team-a/first/"
+    env = _tap_env(d, d.gateway.url, token_file)
+    out = subprocess.run([sys.executable, "-m", "services.cli", "tap", "--quiet", "--", "cat", str(FIXTURE)],
+                         cwd=REPO, env=env, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()
+    runs = {f[b"run"].decode() for _, f in d.raw() if f[b"run"].startswith(b"team-a/first/")}
+    assert len(runs) == 1 and next(iter(runs)).startswith("team-a/first/test-host/")
+    # the gateway out of reach: the prefix comes from the token file, and the entries wait in the spool
+    env = _tap_env(d, f"http://127.0.0.1:{free_port()}", token_file)
+    out = subprocess.run([sys.executable, "-m", "services.cli", "tap", "--quiet", "--drain-timeout", "0.5", "--",
+                          "echo", "hello"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert "publish --run team-a/first/test-host/" in out.stderr, out.stderr
+    listed = subprocess.run([sys.executable, "-m", "services.cli", "spool"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    waiting = [line.split()[0] for line in listed.stdout.splitlines() if line.startswith("team-a/first/")]
+    assert len(waiting) == 1, listed
+    # `spool --drain` delivers through the configured gateway; `--discard` removes a run for good
+    env = _tap_env(d, d.gateway.url, token_file)
+    drained = subprocess.run([sys.executable, "-m", "services.cli", "spool", "--drain"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert drained.returncode == 0 and f"run {waiting[0]}: delivered" in drained.stderr, drained.stderr
+    assert [f[b"line"] for _, f in d.raw() if f[b"run"] == waiting[0].encode() and f[b"kind"] == b"line"] == [b"hello"]
+    env = _tap_env(d, f"http://127.0.0.1:{free_port()}", token_file)
+    subprocess.run([sys.executable, "-m", "services.cli", "tap", "--quiet", "--drain-timeout", "0.2", "--",
+                    "echo", "never"], cwd=REPO, env=env, capture_output=True, timeout=60)
+    listed = subprocess.run([sys.executable, "-m", "services.cli", "spool"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    stuck = [line.split()[0] for line in listed.stdout.splitlines() if line.startswith("team-a/first/")]
+    assert len(stuck) == 1
+    gone = subprocess.run([sys.executable, "-m", "services.cli", "spool", "--discard", stuck[0]], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 0 and "discarded (2 entries were not delivered)" in gone.stderr, gone.stderr
+    listed = subprocess.run([sys.executable, "-m", "services.cli", "spool"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert stuck[0] not in listed.stdout
+    again = subprocess.run([sys.executable, "-m", "services.cli", "spool", "--discard", stuck[0]], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "not in the spool" in again.stderr
+
+
+def _publish_through(d: Deployment, endpoint: str, token_file: Path, run: str, src: Path,
+                     **extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "services.cli", "publish", "--run", run, str(src)], cwd=REPO,
+                            env=_tap_env(d, endpoint, token_file, **extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+
+def test_a_backlog_of_big_lines_after_an_outage_is_delivered_whole_in_bodies_below_the_limit(deployment, tmp_path):
+    """Issue 34's first case: 60 lines of 800 KB spooled while the gateway is down (a batch of 48 MB,
+    three times its body limit) are all stored once it is back: 67 of 67 entries, in order."""
+    d = deployment
+    token_file = tmp_path / "token"
+    token_file.write_text(d.token_host + "\n")
+    port = free_port()
+    run = f"team-a/laptop-42/{uuid4().hex[:8]}"
+    lines = [f"small {i}" for i in range(3)] + [f"{i:04d}" + "x" * 800_000 for i in range(60)] + \
+        [f"small {i}" for i in range(3, 6)]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n")
+    pub = _publish_through(d, f"http://127.0.0.1:{port}", token_file, run, src)
+    gw2 = None
+    try:
+        time.sleep(2.0)
+        assert pub.poll() is None  # the gateway is down: spooled, waiting
+        gw2 = start_gateway(d.settings, tmp_path / "gw2.log", port=port, **d.creds("gateway"))
+        out, _ = pub.communicate(timeout=120)
+        assert pub.returncode == 0, out.decode()[-2000:]
+    finally:
+        if pub.poll() is None:
+            pub.kill()
+        if gw2 is not None:
+            stop(gw2.proc)
+    stored = [f for _, f in d.raw() if f[b"run"] == run.encode()]
+    assert [int(f[b"seq"]) for f in stored] == list(range(67))  # 67 of 67, none twice
+    assert [f[b"line"].decode() for f in stored[:-1]] == lines and stored[-1][b"kind"] == b"eof"
+    assert b"413" not in out, out.decode()[-2000:]  # no body was refused whole: the tap cut them below the limit
+
+
+def test_a_line_the_gateway_can_never_take_is_kept_cut_and_dead_lettered_and_the_run_goes_on(deployment, tmp_path):
+    """Issue 34's second case: one 17 MiB line (more than a whole body) among ten entries: 11 of 11 are in
+    the raw log, as with a direct tap; the big one cut to MAX_LINE_BYTES, which the workers' reading
+    (parse_batch) dead-letters as oversize and reports as the run's lost seq instead of waiting for it."""
+    from services.sequencer.entries import Rejected, parse_batch
+    from services.sequencer.feed import rejected_loss
+
+    d = deployment
+    token_file = tmp_path / "token"
+    token_file.write_text(d.token_host + "\n")
+    run = f"team-a/laptop-42/{uuid4().hex[:8]}"
+    big = "é" + "y" * (17 << 20)
+    lines = [f"before {i}" for i in range(5)] + [big] + [f"after {i}" for i in range(4)]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n")
+    pub = _publish_through(d, d.gateway.url, token_file, run, src)
+    out, _ = pub.communicate(timeout=120)
+    assert pub.returncode == 0, out.decode()[-2000:]
+    stored = [(sid, f) for sid, f in d.raw() if f[b"run"] == run.encode()]
+    assert [int(f[b"seq"]) for _, f in stored] == list(range(11))  # 11 of 11
+    fields = [f for _, f in stored]
+    assert [f[b"line"].decode() for f in fields[:5] + fields[6:10]] == lines[:5] + lines[6:]
+    limit = d.settings.max_line_bytes
+    assert len(fields[5][b"line"]) == limit and fields[5][b"line"] == big.encode()[:limit]
+    got = parse_batch([sid.decode() for sid, _ in stored], fields, limit)
+    assert isinstance(got[5], Rejected) and got[5].reason == "oversize"
+    lost = rejected_loss(got[5], fields[5], stored[5][0].decode())
+    assert lost is not None and (lost.run, lost.seq) == (run, 5)
+    assert not any(isinstance(g, Rejected) for i, g in enumerate(got) if i != 5)
+    assert b"sent cut" in out and b"dead-letter" in out
+
+
+def test_a_body_the_gateway_refuses_whole_is_split_down_to_the_entry_it_cannot_take(deployment, tmp_path):
+    """A gateway with a smaller body limit than the tap assumed: the 413 splits the body; an entry alone
+    over the limit is refused for good (logged with its seq) and the later entries are stored."""
+    d = deployment
+    gw2 = start_gateway(d.settings, tmp_path / "gw2.log", GOOSE_INGEST_GATEWAY_MAX_BODY_BYTES="65536",
+                        GOOSE_INGEST_MAX_LINE_BYTES="100000", **d.creds("gateway"))
+    try:
+        token_file = tmp_path / "token"
+        token_file.write_text(d.token_host + "\n")
+        run = f"team-a/laptop-42/{uuid4().hex[:8]}"
+        # the tap's own settings say nothing of the gateway's limits: it learns them from the replies
+        lines = [f"{i:03d}" + "z" * 20_000 for i in range(12)]
+        lines[7] = "w" * 90_000  # under the entry limit, over the body limit: never takeable
+        src = tmp_path / "in.txt"
+        src.write_text("\n".join(lines) + "\n")
+        pub = _publish_through(d, gw2.url, token_file, run, src)
+        out, _ = pub.communicate(timeout=120)
+        assert pub.returncode == 0, out.decode()[-2000:]
+    finally:
+        stop(gw2.proc)
+    stored = [f for _, f in d.raw() if f[b"run"] == run.encode()]
+    assert [int(f[b"seq"]) for f in stored] == [i for i in range(13) if i != 7]
+    assert b"refused entry seq 7 for good (413" in out, out.decode()[-2000:]
+    # kept beside the spool with its reason, listed by `spool`, gone with `spool --discard RUN`
+    env = _tap_env(d, d.gateway.url, token_file)
+    listed = subprocess.run([sys.executable, "-m", "services.cli", "spool"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)
+    line = next(x for x in listed.stdout.splitlines() if x.startswith(run + " "))
+    assert "1 entries refused by the gateway for good, kept in " in line, listed.stdout
+    kept = [orjson.loads(x) for x in Path(line.rsplit(" kept in ", 1)[1]).read_bytes().splitlines()]
+    assert [(k["entry"]["seq"], k["entry"]["line"], k["reason"][:4]) for k in kept] == [("7", lines[7], "413:")]
+    gone = subprocess.run([sys.executable, "-m", "services.cli", "spool", "--discard", run], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 0 and "discarded its entries refused by the gateway" in gone.stderr, gone.stderr
+    listed = subprocess.run([sys.executable, "-m", "services.cli", "spool"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert run not in listed.stdout
+
+
+def test_a_second_gateway_on_a_busy_port_names_the_gateways_port_setting(deployment, tmp_path):
+    d = deployment
+    port = d.gateway.url.rsplit(":", 1)[1]
+    out = subprocess.run([sys.executable, "-m", "services.cli", "gateway", "--host", "127.0.0.1", "--port", port],
+                         cwd=REPO, env=cli_env(d.settings, **d.creds("gateway")), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f"gateway address 127.0.0.1:{port} is already in use" in out.stderr
+    assert "GOOSE_INGEST_GATEWAY_PORT" in out.stderr and "METRICS_PORT" not in out.stderr
+
+
+def test_the_tap_only_distribution_installs_alone_and_delivers_through_a_gateway(deployment, tmp_path):
+    """packaging/tap/build.py's wheel in a clean venv with only its declared dependencies: `--version`,
+    `--help` and a command of the full install answer in one line, and `publish` delivers through the
+    gateway (issue 34 item 6)."""
+    d = deployment
+    built = subprocess.run([sys.executable, str(REPO / "packaging" / "tap" / "build.py"), "--out", str(tmp_path / "dist")],
+                           capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    wheel = Path(built.stdout.strip())
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,
+                         timeout=600)
+    if pip.returncode != 0 and ("Could not find a version" in pip.stderr or "No matching distribution" in pip.stderr):
+        missing("a package index with pydantic, pydantic-settings, orjson and hiredis", "pip's configured index")
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    listed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=freeze"], capture_output=True, text=True,
+                            timeout=120).stdout.lower()
+    names = {line.split("==")[0] for line in listed.splitlines()}
+    assert not names & {"redis", "faststream", "starlette", "uvicorn", "psycopg", "opentelemetry-sdk", "pyarrow"}, names
+    assert {"pydantic", "pydantic-settings", "orjson", "hiredis", "goose-ingest-tap"} <= names, names
+    cli = str(venv / "bin" / "goose-ingest")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOOSE_INGEST_")}
+    version = subprocess.run([cli, "--version"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and "(tap only)" in version.stdout, version.stderr
+    helped = subprocess.run([cli, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "needs the full install" in helped.stdout, helped.stderr
+    for command in (["worker"], ["gateway"], ["tokens", "list"]):
+        out = subprocess.run([cli, *command], cwd=tmp_path, env={**env, "GOOSE_INGEST_REDIS_URL": "redis://127.0.0.1:1/0"},
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, (command, out.stderr)
+        assert "needs the full install" in out.stderr and "Traceback" not in out.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text(d.token_a)
+    src = tmp_path / "in.txt"
+    src.write_text("from the tap-only install\n")
+    run = f"team-a/taponly/{uuid4().hex[:8]}"
+    tap_env = {**env, "GOOSE_INGEST_ENDPOINT": d.gateway.url, "GOOSE_INGEST_TOKEN_FILE": str(token_file),
+               "GOOSE_INGEST_NAMESPACE": d.settings.namespace, "GOOSE_INGEST_SHARDS": str(d.settings.shards),
+               "GOOSE_INGEST_SPOOL_DIR": str(tmp_path / "spool")}
+    out = subprocess.run([cli, "publish", "--run", run, str(src)], cwd=tmp_path, env=tap_env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [f.get(b"line") for _, f in d.raw() if f[b"run"] == run.encode()] == [b"from the tap-only install", None]
 
 
 def test_gateway_without_a_broker_is_a_one_line_config_error():
@@ -910,7 +1240,7 @@ def test_import_sessions_through_the_gateway_with_a_wrong_token_or_no_gateway_is
     fake = "gik_0123456789ab_" + "S" * 43
     token_file.write_text(fake)
     before = d.raw_count()
-    for endpoint, says in ((d.gateway.url, "gateway answered 401"), (f"http://127.0.0.1:{free_port()}", "unreachable")):
+    for endpoint, says in ((d.gateway.url, "the gateway refused the token (401"), (f"http://127.0.0.1:{free_port()}", "unreachable")):
         env = _tap_env(d, endpoint, token_file, GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
         for k in PROXY_VARS:
             env.pop(k, None)
@@ -966,11 +1296,14 @@ def test_the_tap_goes_through_the_proxy_of_the_standard_variables_and_honours_no
         gw_host = d.gateway.url.removeprefix("http://")
         with HttpProxy() as proxy:
             publish(d.gateway.url, http_proxy=proxy.url.replace("http://", "http://tap:proxy-pw@"))
-            assert proxy.passed and all(p.method == "POST" and p.target == f"http://{gw_host}/v1/raw" and p.authorized
-                                        for p in proxy.passed), proxy.passed
+            # the start-up check (GET /v1/token), then the batches, all absolute-form through the proxy
+            assert [(p.method, p.target) for p in proxy.passed][:2] == [
+                ("GET", f"http://{gw_host}/v1/token"), ("POST", f"http://{gw_host}/v1/raw")], proxy.passed
+            assert all(p.authorized for p in proxy.passed)
             proxy.passed.clear()
             publish(f"https://localhost:{port}", HTTPS_PROXY=proxy.url)
-            assert [(p.method, p.target) for p in proxy.passed] == [("CONNECT", f"localhost:{port}")]
+            # one tunnel for the start-up check, one for the batches
+            assert [(p.method, p.target) for p in proxy.passed] == [("CONNECT", f"localhost:{port}")] * 2
             proxy.passed.clear()
             publish(d.gateway.url, HTTP_PROXY=proxy.url, NO_PROXY="localhost,127.0.0.1")
             publish(f"https://localhost:{port}", https_proxy=proxy.url, no_proxy="localhost")
