@@ -10,6 +10,7 @@ under the same names on the next `up`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ def start_local_archive(settings: Settings) -> tuple[Settings, LocalArchive]:
     """Settings with the archive's URL (the worker's raw trim then waits for it) and the running
     archive thread. ConfigError for a URL the store refuses (as `goose-ingest archive` would)."""
     from services.archive.consumer import Archiver
+    from services.archive.fence import Lease, check_deployment, process_name
     from services.archive.metrics import ArchiveMetrics
     from services.archive.store import StoreError, open_store
     from services.broker.connect import sync_client
@@ -89,11 +91,21 @@ def start_local_archive(settings: Settings) -> tuple[Settings, LocalArchive]:
     settings = settings.model_copy(update={"archive_url": local_archive_url(settings)})
     store = open_store(settings)
     assert store is not None
-    archiver = Archiver(settings, sync_client(settings), store, ArchiveMetrics())
+    client = sync_client(settings)
+    consumer = process_name()
+    archiver = Archiver(settings, client, store, ArchiveMetrics(), consumer)
+    lease = Lease(client, settings.layout.archive_lease(archiver.group), f"{consumer}/{os.urandom(4).hex()}")
+    lease.acquire(archiver.group)  # ArchiveBusy (exit 2): an archive of this group runs already
     try:
         store.check()
+        # The local folder is this machine's: an embedded broker is new at every `up`, so it adopts it.
+        deployment = check_deployment(client, store, settings.layout.archive_identity(archiver.group),
+                                      settings.namespace, archiver.group, adopt=True)
+        archiver.start(lease, deployment)
     except StoreError as exc:
         archiver.store_unavailable(exc)
+        archiver.lease = lease
+        lease.start()
         log.warning("%s; will keep trying", exc)
     thread = threading.Thread(target=archiver.run, name="archive", daemon=True)
     thread.start()

@@ -1,0 +1,349 @@
+"""The log of record never loses or doubles an entry (issue 32): the archive under a broker that
+comes back from an older snapshot, a second archive process on the same group, a lost group whose
+head was trimmed already, another deployment's store, and the runbook's "the trim goes on without
+the archive" procedure as docs/archive.md writes it.
+
+Real parts only: a real redis-server with the shipped ACL roles (the archive runs as
+`goose-archive`), SIGKILLed and restarted from its own RDB snapshot; the archive as real processes;
+the store a local directory (file://) read back by the project's reader (`read_raw`, which keeps one
+copy per stream id) AND object by object (no entry may be in two objects where the archive could
+know better).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import redis
+
+from services.archive import segments as sg
+from services.archive.reader import read_raw
+from services.archive.store import open_store
+from services.archive.window import Window
+from services.metrics.server import read_port_file
+from services.settings import Settings
+from tests.archive.test_archive import (
+    Objects,
+    archive_done,
+    http,
+    publish,
+    start_archive,
+    stop,
+    trim_as_worker,
+    worker_committed_everything,
+)
+from tests.broker.test_acl import ROOT_PASSWORD, ROOT_USER, AclBroker, acl_broker  # noqa: F401 (fixture)
+from tests.support.pipeline import wait_until
+
+
+def restart_from_its_snapshot(b: AclBroker) -> None:
+    """SIGKILL the broker and start it again on its port and directory: it loads its last RDB
+    snapshot (and its ACL file). Probed as the test's root user (the shipped ACL turns `default` off)."""
+    server = b.server
+    server.kill()
+    args = [server.binary, "--port", str(server.port), "--bind", server.host, "--save", "", "--appendonly", "no",
+            "--daemonize", "no", "--dir", server.dir, *server.extra_args]
+    with open(server.log_path, "ab") as out:
+        server.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+
+    def answers() -> bool:
+        try:
+            return bool(b.root().ping())
+        except (redis.ConnectionError, redis.ResponseError):
+            return False
+
+    wait_until(answers, timeout=30)
+
+
+def raw_objects(root: Path) -> dict[str, list[sg.ArchivedEntry]]:
+    store = open_store(Settings(archive_url=root.as_uri()))
+    assert store is not None
+    return {key: sg.decode_raw_segment(store.get(key)) for key in store.list("raw/")}
+
+
+def read_back(root: Path) -> list[sg.ArchivedEntry]:
+    """What `replay --source archive` / `reprocess` read: every entry once."""
+    store = open_store(Settings(archive_url=root.as_uri()))
+    assert store is not None
+    got = read_raw(store, Window())
+    assert not got.corrupt
+    return [sg.ArchivedEntry(e.shard, e.stream, e.sid, e.fields) for e in got.entries]
+
+
+def in_two_objects(objects: dict[str, list[sg.ArchivedEntry]]) -> list[tuple[str, int, str]]:
+    seen: dict[tuple[str, int, str], str] = {}
+    twice = []
+    for key, entries in objects.items():
+        for e in entries:
+            ident = (e.stream, e.shard, e.id)
+            if ident in seen:
+                twice.append(ident)
+            seen[ident] = key
+    return twice
+
+
+def metric(port_file: Path, name: str) -> float:
+    _, port = read_port_file(str(port_file)) or ("", 0)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def raw_line(i: int, tag: str = "rb") -> dict[str, str | bytes]:
+    return {"run": f"run-{tag}", "seq": str(i), "kind": "line", "line": b'{"i":' + str(i).encode() + b"}"}
+
+
+def all_archived(r: redis.Redis, b: AclBroker) -> bool:
+    """archive_done, also where Redis cannot tell the lag (a group created at an id of its choice, a
+    trimmed stream: XINFO's lag is nil): delivered up to the stream's last id, nothing pending."""
+    if not archive_done(r, b):
+        return False
+    layout = b.settings.layout
+    for stream in [*layout.raw_streams(), *layout.control_streams(), *layout.events_partitions(), *layout.runs_partitions()]:
+        last = r.xinfo_stream(stream)["last-generated-id"]
+        info = next(g for g in r.xinfo_groups(stream) if g["name"].decode() == b.settings.archive_group)
+        if sg.id_parts(info["last-delivered-id"].decode()) < sg.id_parts(last.decode()):
+            return False
+    return True
+
+
+def pending(r: redis.Redis, stream: str, group: str) -> int:
+    try:
+        return int(r.xpending(stream, group)["pending"])
+    except redis.ResponseError:
+        return -1
+
+
+def test_redis_back_from_an_older_snapshot_loses_and_doubles_nothing(acl_broker: AclBroker, tmp_path: Path):  # noqa: F811
+    """Issue 32 finding 1: 20 entries archived in one object; Redis SIGKILLed and restarted from an
+    RDB snapshot holding the first 10 (pending in the archive's group). The running archive notices
+    (run_id), reports the 10 Redis lost (metric + one line), acknowledges the 10 that are pending
+    again without writing them twice, so the trim is not held; a restart of the archive rewrites
+    nothing; 20 archived entries readable once each, then new entries archived as usual."""
+    b = acl_broker
+    r = b.root()
+    raw0, group = b.settings.layout.raw_stream(0), b.settings.archive_group
+    root = tmp_path / "archive"
+    log = tmp_path / "archive.log"
+    proc, port_file = start_archive(b, tmp_path, root.as_uri(), GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S="8")
+    try:
+        wait_until(lambda: http(port_file, "/readyz")[0] == 200, timeout=90)
+        first = [r.xadd(raw0, raw_line(i)) for i in range(10)]
+        wait_until(lambda: pending(r, raw0, group) == 10, timeout=30)  # read, in the open segment
+        r.save()  # the snapshot: 10 entries, pending in the archive's group
+        rest = [r.xadd(raw0, raw_line(i)) for i in range(10, 20)]
+        wait_until(lambda: all_archived(r, b), timeout=60)
+        objects = raw_objects(root)
+        assert [len(v) for v in objects.values()] == [20]  # one object of 20
+        the_object = dict(objects)
+
+        restart_from_its_snapshot(b)  # SIGKILL: everything after the snapshot is gone from Redis
+        assert r.xlen(raw0) == 10 and pending(r, raw0, group) == 10
+        wait_until(lambda: "went back in time" in log.read_text(), timeout=60)
+        wait_until(lambda: pending(r, raw0, group) == 0, timeout=60)  # the trim is not held by them
+        assert metric(port_file, 'goose_ingest_archive_broker_lost_entries_total{dataset="raw"}') == 10
+        assert metric(port_file, 'goose_ingest_archive_already_archived_total{dataset="raw"}') == 10
+        lines = [line for line in log.read_text().splitlines() if "went back in time" in line]
+        assert len(lines) == 1 and "(10 entries)" in lines[0], lines
+        later = [r.xadd(raw0, raw_line(i)) for i in range(20, 25)]
+        wait_until(lambda: all_archived(r, b), timeout=60)
+    finally:
+        assert stop(proc) == 0, log.read_text()[-3000:]
+    # Its next start: nothing rewritten, nothing replaced.
+    proc, port_file = start_archive(b, tmp_path, root.as_uri(), log_name="archive-2.log")
+    try:
+        wait_until(lambda: http(port_file, "/readyz")[0] == 200, timeout=90)
+        time.sleep(2)
+        assert archive_done(r, b)
+    finally:
+        assert stop(proc) == 0
+    objects = raw_objects(root)
+    for key, entries in the_object.items():
+        assert objects[key] == entries  # the object of 20 is still whole
+    assert not in_two_objects(objects)
+    ids = [e.id for e in read_back(root) if e.stream == "raw"]
+    want = [i.decode() for i in first + rest + later]
+    assert sorted(ids, key=sg.id_parts) == want  # 25 entries, each once
+
+
+def test_a_second_archive_is_refused_and_kills_lose_and_double_nothing(acl_broker: AclBroker, tmp_path: Path):  # noqa: F811
+    """Issue 32 finding 2: a second archive on the same group exits 2 with one line while the first
+    runs; each is SIGKILLed and restarted in turn while entries arrive (per-process consumer names,
+    the lease taken over from a dead holder): every entry archived, none in two objects."""
+    b = acl_broker
+    r = b.root()
+    root = tmp_path / "archive"
+    url = root.as_uri()
+    a, port_a = start_archive(b, tmp_path, url, log_name="a.log")
+    procs = [a]
+    try:
+        wait_until(lambda: http(port_a, "/readyz")[0] == 200, timeout=90)
+        publish(r, b, 30, tag="one")
+        second = b.cli("archive", "archive", timeout=90, GOOSE_INGEST_ARCHIVE_URL=url, GOOSE_INGEST_METRICS_PORT="0")
+        assert second.returncode == 2, second.stderr
+        refusals = [line for line in second.stderr.splitlines() if "another archive is running" in line]
+        assert len(refusals) == 1 and "Traceback" not in second.stderr, second.stderr
+        for round_ in range(3):
+            publish(r, b, 20, tag=f"r{round_}")
+            time.sleep(0.3 * round_)  # killed at different moments of its segments
+            procs[-1].send_signal(signal.SIGKILL)
+            procs[-1].wait(timeout=30)
+            publish(r, b, 10, tag=f"k{round_}")
+            nxt, port = start_archive(b, tmp_path, url, log_name=f"p{round_}.log")
+            procs.append(nxt)
+            wait_until(lambda port=port: http(port, "/readyz")[0] == 200, timeout=90)
+        wait_until(lambda: all_archived(r, b), timeout=90)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                stop(p)
+    objects = raw_objects(root)
+    assert not in_two_objects(objects)
+    want = {(kind, shard, i.decode()) for shard in range(b.settings.shards)
+            for kind, stream in (("raw", b.settings.layout.raw_stream(shard)), ("control", b.settings.layout.control_stream(shard)))
+            for i, _ in r.xrange(stream)}
+    got = [(e.stream, e.shard, e.id) for e in read_back(root)]
+    assert len(got) == len(set(got)) and set(got) == want
+    events = Objects(root=root).event_ids()
+    assert set(events) == {f"run-{tag}-{i % 3}:{i}" for tag, n in
+                           [("one", 30)] + [(f"r{k}", 20) for k in range(3)] + [(f"k{k}", 10) for k in range(3)]
+                           for i in range(n)}
+    consumers = {row["name"].decode() for row in r.xinfo_consumers(b.settings.layout.raw_stream(0), b.settings.archive_group)}
+    assert len(consumers) == 1  # the dead processes' names were taken over and removed
+
+
+def test_a_lost_group_resumes_from_what_the_archive_holds(acl_broker: AclBroker, tmp_path: Path):  # noqa: F811
+    """Issue 32 finding 3: 100 archived, the head trimmed, the group destroyed (as the old runbook
+    said) while the archive runs, 50 added: the group comes back after what the store holds, so the
+    70 retained entries are not archived again: 150 entries, each in one object."""
+    b = acl_broker
+    r = b.root()
+    raw0, group = b.settings.layout.raw_stream(0), b.settings.archive_group
+    root = tmp_path / "archive"
+    proc, port_file = start_archive(b, tmp_path, root.as_uri())
+    try:
+        ids = [r.xadd(raw0, raw_line(i, "lost")) for i in range(100)]
+        wait_until(lambda: all_archived(r, b), timeout=90)
+        r.xtrim(raw0, minid=ids[30].decode())
+        r.xgroup_destroy(raw0, group)
+        ids += [r.xadd(raw0, raw_line(i, "lost")) for i in range(100, 150)]
+        wait_until(lambda: all_archived(r, b), timeout=90)
+        assert metric(port_file, 'goose_ingest_archive_already_archived_total{dataset="raw"}') == 0
+    finally:
+        assert stop(proc) == 0
+    objects = raw_objects(root)
+    assert not in_two_objects(objects)
+    assert sorted((e.id for e in read_back(root) if e.stream == "raw"), key=sg.id_parts) == [i.decode() for i in ids]
+
+
+def test_another_deployments_archive_url_exits_2_with_one_line(acl_broker: AclBroker, tmp_path: Path):  # noqa: F811
+    """Two deployments, one archive URL: the second one's archive is refused (one line, exit 2),
+    whether its broker has an archive id of its own or none; the store is untouched by it."""
+    b = acl_broker
+    root = tmp_path / "archive"
+    url = root.as_uri()
+    proc, port_file = start_archive(b, tmp_path, url)
+    try:
+        wait_until(lambda: http(port_file, "/readyz")[0] == 200, timeout=90)
+    finally:
+        assert stop(proc) == 0
+    before = sorted(p.name for p in root.rglob("*"))
+    r = b.root()
+    other = b.settings.model_copy(update={"namespace": b.settings.namespace + "x"})  # its keys: another deployment
+    as_root = {"GOOSE_INGEST_REDIS_USERNAME": ROOT_USER, "GOOSE_INGEST_REDIS_PASSWORD": ROOT_PASSWORD}
+    # a broker with no archive id (a new deployment) ...
+    done = b.cli("admin", "archive", timeout=60, GOOSE_INGEST_ARCHIVE_URL=url, GOOSE_INGEST_METRICS_PORT="0",
+                 GOOSE_INGEST_NAMESPACE=other.namespace, **as_root)
+    assert done.returncode == 2, done.stderr
+    assert [line for line in done.stderr.splitlines() if "belongs to deployment" in line], done.stderr
+    # ... and one whose archive has written elsewhere already
+    r.set(other.layout.archive_identity(other.archive_group), "f" * 32)
+    done = b.cli("admin", "archive", timeout=60, GOOSE_INGEST_ARCHIVE_URL=url, GOOSE_INGEST_METRICS_PORT="0",
+                 GOOSE_INGEST_NAMESPACE=other.namespace, **as_root)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "another deployment" in line]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert sorted(p.name for p in root.rglob("*")) == before
+
+
+def test_the_runbook_lets_the_trim_go_on_without_the_archive(acl_broker: AclBroker, tmp_path: Path):  # noqa: F811
+    """docs/archive.md "When the archive is down or behind", the last resort, as written: stop the
+    archive, move its group past everything (`XGROUP DESTROY` + `XGROUP CREATE ... $` on every raw
+    and control stream, as the admin user); the next trim goes on; the archive started again later
+    archives what arrives from then on, archives nothing twice, and says what it skipped."""
+    b = acl_broker
+    r = b.root()
+    admin = b.client("admin")
+    layout, group = b.settings.layout, b.settings.archive_group
+    root = tmp_path / "archive"
+    r.config_set("stream-node-max-entries", 1)  # XTRIM MINID ~ then trims entry by entry: the test sees each one
+    proc, port_file = start_archive(b, tmp_path, root.as_uri())
+    try:
+        publish(r, b, 20, tag="before")
+        wait_until(lambda: all_archived(r, b), timeout=90)
+    finally:
+        assert stop(proc) == 0  # 1. stop the archive (its store is down: it could not write)
+    publish(r, b, 20, tag="stuck")  # what it would never get to
+    time.sleep(0.01)
+    publish(r, b, 2, tag="late")  # the committed position's own millisecond stays: move past the stuck ones
+    for stream in [*layout.raw_streams(), *layout.control_streams()]:  # 2. as written in the runbook
+        admin.xgroup_destroy(stream, group)
+        admin.xgroup_create(stream, group, id="$")
+    worker_committed_everything(b)
+    time.sleep(0.5)
+    trim_as_worker(b, root.as_uri())  # 3. the trim goes on
+    left = {f[b"run"] for s in layout.raw_streams() for _, f in r.xrange(s)}
+    assert not any(run.startswith(b"run-stuck") for run in left), left
+    publish(r, b, 5, tag="after")
+    log = tmp_path / "archive-again.log"
+    proc, port_file = start_archive(b, tmp_path, root.as_uri(), log_name="archive-again.log")  # 4. later
+    try:
+        wait_until(lambda: all_archived(r, b), timeout=90)
+    finally:
+        assert stop(proc) == 0
+    objects = raw_objects(root)
+    assert not in_two_objects(objects)
+    runs = {e.fields[b"run"].decode().rsplit("-", 1)[0] for e in read_back(root) if e.stream == "raw"}
+    assert runs == {"run-before", "run-after"}  # the skipped ones (stuck, late) are not in the archive
+    assert "past what the archive holds" in log.read_text()
+
+
+def test_the_archive_credential_is_what_the_table_says(acl_broker: AclBroker):  # noqa: F811
+    """docs/operations.md "What each credential can destroy", the archive's row, against the shipped
+    users: it cannot delete, trim, rewind or destroy what it archives, nor write keys outside its
+    own; it CAN acknowledge in the workers' group (Redis ACLs cannot name groups: the table says so)."""
+    b = acl_broker
+    r = b.root()
+    layout = b.settings.layout
+    raw0 = layout.raw_stream(0)
+    entry = r.xadd(raw0, raw_line(0, "acl"))
+    r.xgroup_create(raw0, b.settings.group, id="0")
+    archive = b.client("archive")
+    refused = {
+        "XADD": lambda: archive.xadd(raw0, {"run": "x"}),
+        "XTRIM": lambda: archive.xtrim(raw0, maxlen=0),
+        "XDEL": lambda: archive.xdel(raw0, entry),
+        "DEL": lambda: archive.delete(raw0),
+        "XGROUP DESTROY": lambda: archive.xgroup_destroy(raw0, b.settings.group),
+        "XGROUP SETID": lambda: archive.xgroup_setid(raw0, b.settings.group, "$"),
+        "SET elsewhere": lambda: archive.set(layout.meta(), "x"),
+        "FLUSHALL": lambda: archive.flushall(),
+    }
+    for what, call in refused.items():
+        try:
+            call()
+        except redis.exceptions.NoPermissionError:
+            continue
+        raise AssertionError(f"the archive's user may {what}")
+    assert r.xlen(raw0) == 1
+    # What the table says it can do to another group: read through it and acknowledge there.
+    got = archive.xreadgroup(b.settings.group, "intruder", {raw0: ">"}, count=1)
+    assert got and archive.xack(raw0, b.settings.group, entry) == 1
+    lease = layout.archive_lease(b.settings.archive_group)
+    assert archive.set(lease, "t", px=1000) and archive.delete(lease) == 1
