@@ -415,7 +415,14 @@ class Archiver:
         self.adopt()
 
     def _server_ids(self) -> frozenset[str]:
-        info = self.client.info("server")
+        """The run_ids of the broker's servers: every primary's on a cluster (redis-py would ask one
+        node only: a failover of another primary would go unseen)."""
+        from redis.cluster import RedisCluster
+
+        if isinstance(self.client, RedisCluster):
+            info = self.client.info("server", target_nodes=RedisCluster.PRIMARIES)
+        else:
+            info = self.client.info("server")
         found: set[str] = set()
         stack = [info]
         while stack:  # a cluster client answers per node

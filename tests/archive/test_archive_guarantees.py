@@ -347,3 +347,74 @@ def test_the_archive_credential_is_what_the_table_says(acl_broker: AclBroker):  
     assert got and archive.xack(raw0, b.settings.group, entry) == 1
     lease = layout.archive_lease(b.settings.archive_group)
     assert archive.set(lease, "t", px=1000) and archive.delete(lease) == 1
+
+
+def test_a_cluster_primary_sigkilled_mid_batch_loses_and_doubles_nothing(cluster_settings, redis_cluster, tmp_path: Path):
+    """Issue 32 item 6 on the 3+3 Redis Cluster: the archive (a real process, default settings but a
+    3 s segment age) holds an open segment of a shard when that shard's primary is SIGKILLed (its
+    entries replicated first: the case is the consumer's, not an unreplicated write); its replica
+    takes over, entries keep arriving: every entry archived, none in two objects."""
+    from redis.cluster import RedisCluster
+
+    from contracts.keys import KeyLayout
+    from services.broker.connect import sync_client
+    from tests.support.redis_server import cli_env
+
+    settings = cluster_settings.model_copy(update={"shards": 4})
+    layout: KeyLayout = settings.layout
+    client: RedisCluster = sync_client(settings)
+    root = tmp_path / "archive"
+    log = tmp_path / "archive.log"
+    port_file = tmp_path / "archive.port"
+    env = cli_env(settings, GOOSE_INGEST_ARCHIVE_URL=root.as_uri(), GOOSE_INGEST_METRICS_PORT="0",
+                  GOOSE_INGEST_METRICS_PORT_FILE=str(port_file), GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S="3")
+    import sys
+
+    from tests.broker.test_acl import REPO
+
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "archive"], cwd=REPO, env=env,
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    want: set[tuple[int, str]] = set()
+
+    def publish_round(tag: str, n: int = 20) -> None:
+        for shard in range(settings.shards):
+            for i in range(n):
+                for _ in range(100):  # through the failover: the cluster refuses until the replica took over
+                    try:
+                        sid = client.xadd(layout.raw_stream(shard), raw_line(i, f"{tag}-{shard}"))
+                        break
+                    except (redis.ConnectionError, redis.ResponseError, redis.exceptions.ClusterError,
+                            redis.TimeoutError):
+                        time.sleep(0.2)
+                else:
+                    raise AssertionError("the cluster did not take writes again")
+                want.add((shard, sid.decode()))
+
+    def synced(port: int) -> bool:
+        info = redis_cluster.client(port).info("replication")
+        replicas = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+        return bool(replicas) and all(int(r["offset"]) >= int(info["master_repl_offset"]) for r in replicas)
+
+    def archived() -> set[tuple[int, str]]:
+        return {(e.shard, e.id) for e in read_back(root) if e.stream == "raw"} if root.exists() else set()
+
+    try:
+        wait_until(lambda: http(port_file, "/readyz")[0] == 200, timeout=90)
+        publish_round("a")
+        wait_until(lambda: want <= archived(), timeout=90)
+        publish_round("b")  # read at once, held in open segments for 3 s
+        raw0 = layout.raw_stream(0)
+        victim_port = redis_cluster.primary_of_slot(client.keyslot(raw0))
+        wait_until(lambda: synced(victim_port) and int(client.xpending(raw0, settings.archive_group)["pending"]) > 0,
+                   timeout=30)
+        redis_cluster.node(victim_port).kill()  # mid-batch: the shard's open segment read, not acknowledged
+        publish_round("c")
+        wait_until(lambda: want <= archived(), timeout=120)
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+        redis_cluster.restart_dead()
+    objects = raw_objects(root)
+    assert not in_two_objects(objects)
+    assert archived() == want
