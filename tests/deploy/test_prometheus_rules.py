@@ -50,6 +50,7 @@ EXPECTED_ALERTS = {
     # the archive (goose-ingest.archive)
     "GooseIngestArchiveLagging",
     "GooseIngestArchiveWritesFailing",
+    "GooseIngestBrokerLostEntries",
 }
 
 
