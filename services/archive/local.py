@@ -3,8 +3,10 @@ writes to GOOSE_INGEST_ARCHIVE_URL, or, when none is set, to a folder beside the
 (`~/.local/state/goose-ingest/archive`), so a local pipeline keeps its history like a deployed one.
 
 It shares the worker's process, not its metrics port (one port per process): its state shows in the
-log. It stops with the process, writing what it has read; the rest stays pending and is rewritten
-under the same names on the next `up`.
+log. It stops with the process, writing what it has read; the rest stays pending and is archived
+on the next `up` (what the folder holds already is not written again). It takes the archive lease
+of its group like `goose-ingest archive` (a second archive of the group: exit 2) and always adopts
+its folder's deployment id (an embedded broker is new at every `up`).
 """
 
 from __future__ import annotations

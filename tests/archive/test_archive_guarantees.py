@@ -38,25 +38,12 @@ from tests.archive.test_archive import (
 )
 from tests.broker.test_acl import ROOT_PASSWORD, ROOT_USER, AclBroker, acl_broker  # noqa: F401 (fixture)
 from tests.support.pipeline import wait_until
+from tests.support.redis_snapshot import restart_from_its_snapshot as restart
 
 
 def restart_from_its_snapshot(b: AclBroker) -> None:
-    """SIGKILL the broker and start it again on its port and directory: it loads its last RDB
-    snapshot (and its ACL file). Probed as the test's root user (the shipped ACL turns `default` off)."""
-    server = b.server
-    server.kill()
-    args = [server.binary, "--port", str(server.port), "--bind", server.host, "--save", "", "--appendonly", "no",
-            "--daemonize", "no", "--dir", server.dir, *server.extra_args]
-    with open(server.log_path, "ab") as out:
-        server.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-
-    def answers() -> bool:
-        try:
-            return bool(b.root().ping())
-        except (redis.ConnectionError, redis.ResponseError):
-            return False
-
-    wait_until(answers, timeout=30)
+    """SIGKILL the broker and start it again from its last RDB snapshot (tests/support/redis_snapshot.py)."""
+    restart(b.server, b.root)
 
 
 def raw_objects(root: Path) -> dict[str, list[sg.ArchivedEntry]]:

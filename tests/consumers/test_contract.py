@@ -202,3 +202,33 @@ class TestArchive(ConsumerContract):
         assert out.facts["unarchived_missing_from_redis"] == [], out.facts["unarchived_missing_from_redis"][:10]
         assert out.facts["archived_before_still_in_redis"] < out.facts["archived_before_count"], (
             "the trim removed nothing archived during the outage: the check above proves nothing", out.facts)
+
+    # The broker's own faults (issue 32; docs/consumers.md "The broker's own faults"): the archive's
+    # cases. The other consumers' rows of that table are not in the contract yet.
+    def test_rollback(self, contract_outcomes):
+        """Redis restarted from an older snapshot mid-stream: what Redis lost the archive keeps (0
+        lost over every run published, before and after), reported in one line; 0 doubled."""
+        out = self.outcome(contract_outcomes, "rollback")
+        assert out.facts["first_delivered"] and out.facts["second_delivered"], out.facts
+        assert out.facts["lost_from_redis"] > 0, "the snapshot held everything: the case did not bite"
+        assert len(out.facts["rollback_lines"]) == 1, out.facts["rollback_lines"]
+        _lost_doubled(out)
+        _ran_through(out)
+
+    def test_second_instance(self, contract_outcomes):
+        """A second archive on the same group: refused with one line and exit 2; the first goes on,
+        0 lost, 0 doubled."""
+        out = self.outcome(contract_outcomes, "second_instance")
+        assert out.facts["second_exit"] == 2, out.facts["second_exit"]
+        refusals = [line for line in out.facts["second_log"].splitlines() if "another archive is running" in line]
+        assert len(refusals) == 1 and "Traceback" not in out.facts["second_log"], out.facts["second_log"][-2000:]
+        _lost_doubled(out)
+        _ran_through(out)
+
+    def test_lost_group_trimmed(self, contract_outcomes):
+        """a) with the head trimmed first: the group comes back after what the store holds, nothing
+        archived twice (doubled counts a stream entry in two objects), nothing lost."""
+        out = self.outcome(contract_outcomes, "lost_group_trimmed")
+        assert out.facts["first_delivered"] and out.facts["trimmed"] > 0 and out.facts["destroyed"] > 0, out.facts
+        _lost_doubled(out)
+        _ran_through(out)
