@@ -161,7 +161,7 @@ class Archiver:
         self.fenced = False
         self._run_ids: frozenset[str] | None = None
         self._last_broker_check = 0.0
-        self._check_broker_now = False
+        self._check_reason: str | None = None  # a reason to compare the streams with the store now
         self._last_sweep = 0.0
         self.stopping = threading.Event()
         self._broker_why: str | None = "connecting to the broker"
@@ -217,7 +217,7 @@ class Archiver:
                     # at 0 and start over from this consumer's pending entries.
                     self._broker_failed("consumer group missing on a stream (Redis restarted empty?): recreating it "
                                         "after what the archive holds", backoff)
-                    self._check_broker_now = True
+                    self._check_reason = "a consumer group was missing (Redis restarted empty, flushed, or DESTROY)"
                 else:
                     self._broker_failed(f"broker refused a command ({describe(exc)})", backoff)
             self._gauge_while_failing()
@@ -290,6 +290,7 @@ class Archiver:
             lease.start()
         self.load_positions()
         self.adopt()
+        self._check_reason = "at start"  # the broker may have gone back while no archive ran
 
     def load_positions(self) -> None:
         """Per stream, the last id the store holds: the positions record (written after every
@@ -375,16 +376,18 @@ class Archiver:
         store holds; report what Redis lost that the archive has (a metric and one line); take over
         and re-read what became pending again (entries already archived are acknowledged only)."""
         now = time.monotonic()
-        if not self._check_broker_now and now - self._last_broker_check < self.settings.sweep_interval_s:
+        if self._check_reason is None and now - self._last_broker_check < self.settings.sweep_interval_s:
             return
         self._last_broker_check = now
         ids = self._server_ids()
         restarted = self._run_ids is not None and ids != self._run_ids
         self._run_ids = ids
         retaken = self.lease is not None and self.lease.retaken.is_set()
-        if not (restarted or retaken or self._check_broker_now):
+        if not (restarted or retaken or self._check_reason):
             return
-        self._check_broker_now = False
+        why = ("the server restarted or failed over (run_id changed)" if restarted
+               else "the archive lease was gone from the broker" if retaken else self._check_reason or "")
+        self._check_reason = None
         if self.lease is not None:
             self.lease.retaken.clear()
         if self.deployment is not None:
@@ -405,12 +408,13 @@ class Archiver:
                 self.metrics.broker_lost.labels(src.dataset).inc(count)
             lost.append(f"{src.stream} after {last[0]}-{last[1]} up to {pos[0]}-{pos[1]}"
                         + (f" ({count} entries)" if count is not None else ""))
-        why = "the server restarted (run_id changed)" if restarted else "the broker lost keys (lease or group gone)"
         if lost:
-            log.warning("broker went back in time: %s; Redis lost what the archive holds: %s (kept in the archive; "
+            log.warning("broker went back in time (%s): Redis lost what the archive holds: %s (kept in the archive; "
                         "what became pending again is acknowledged without being written twice)", why, "; ".join(lost))
-        else:
-            log.warning("broker check: %s; Redis holds everything the archive has written", why)
+        elif why != "at start":
+            log.warning("broker check (%s): Redis holds everything the archive has written", why)
+        if why == "at start":
+            return  # adopt() ran already
         self.metrics.broker_rollbacks.inc()
         self.adopt()
 

@@ -405,3 +405,40 @@ def test_a_cluster_primary_sigkilled_mid_batch_loses_and_doubles_nothing(cluster
     objects = raw_objects(root)
     assert not in_two_objects(objects)
     assert archived() == want
+
+
+def test_a_rollback_while_no_archive_ran_is_reported_at_its_start(acl_broker: AclBroker, tmp_path: Path):  # noqa: F811
+    """The archive stopped, Redis restarted from a snapshot older than what the archive holds (its
+    group and the deployment id not in it yet). The archive started as usual is refused (the broker
+    has no id, the store has one: one line, exit 2); started once with --adopt-store, as that line
+    says: one line names what Redis lost, the metric counts it, the group is created after what the
+    store holds, new entries are archived, none twice."""
+    b = acl_broker
+    r = b.root()
+    raw0 = b.settings.layout.raw_stream(0)
+    root = tmp_path / "archive"
+    first = [r.xadd(raw0, raw_line(i, "cold")) for i in range(10)]
+    r.save()
+    rest = [r.xadd(raw0, raw_line(i, "cold")) for i in range(10, 20)]
+    proc, _ = start_archive(b, tmp_path, root.as_uri())
+    try:
+        wait_until(lambda: all_archived(r, b), timeout=90)
+    finally:
+        assert stop(proc) == 0
+    restart_from_its_snapshot(b)
+    refused = b.cli("archive", "archive", timeout=90, GOOSE_INGEST_ARCHIVE_URL=root.as_uri(), GOOSE_INGEST_METRICS_PORT="0")
+    assert refused.returncode == 2 and "--adopt-store" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    log = tmp_path / "again.log"
+    proc, port_file = start_archive(b, tmp_path, root.as_uri(), log_name="again.log", args=("--adopt-store",))
+    try:
+        wait_until(lambda: "went back in time" in log.read_text(), timeout=90)
+        assert metric(port_file, 'goose_ingest_archive_broker_lost_entries_total{dataset="raw"}') == 10
+        later = [r.xadd(raw0, raw_line(i, "cold")) for i in range(20, 25)]
+        wait_until(lambda: all_archived(r, b), timeout=90)
+    finally:
+        assert stop(proc) == 0
+    lines = [line for line in log.read_text().splitlines() if "went back in time" in line]
+    assert len(lines) == 1 and "at start" in lines[0] and "(10 entries)" in lines[0], lines
+    assert not in_two_objects(raw_objects(root))
+    ids = [e.id for e in read_back(root) if e.stream == "raw"]
+    assert sorted(ids, key=sg.id_parts) == [i.decode() for i in first + rest + later]
