@@ -307,8 +307,20 @@ class Archiver:
             if stream in self.by_stream:
                 self.positions[stream] = sg.id_parts(entry_id)
         kinds = [src for src in self.all if src.dataset in sg.STREAM_KINDS]
-        known = [self.positions.get(src.stream) for src in kinds]
-        since: str | None = None if any(p is None for p in known) else min(sg.date_of_ms(p[0]) for p in known if p)
+        since: str | None = None  # no record (a first start, an archive from before issue 32): list all once
+        if record:
+            # A stream in the record: objects after it are in its date or later. A stream not in it:
+            # nothing of it was acknowledged (the record is written before every acknowledgement),
+            # so nothing archived of it is trimmed yet: its objects start at Redis's first entry.
+            dates = []
+            for src in kinds:
+                pos = self.positions.get(src.stream)
+                if pos is None:
+                    head = self.client.xrange(src.stream, count=1)
+                    pos = sg.id_parts(_text(head[0][0])) if head else None
+                if pos is not None:
+                    dates.append(sg.date_of_ms(pos[0]))
+            since = min(dates, default="9999-12-31")
         by_kind = {(src.dataset, src.shard): src.stream for src in kinds}
         old: dict[str, tuple[tuple[int, int], str]] = {}
         for key_ in self.store.list_after(sg.RAW_PREFIX + "/", since):

@@ -442,3 +442,38 @@ def test_a_rollback_while_no_archive_ran_is_reported_at_its_start(acl_broker: Ac
     assert not in_two_objects(raw_objects(root))
     ids = [e.id for e in read_back(root) if e.stream == "raw"]
     assert sorted(ids, key=sg.id_parts) == [i.decode() for i in first + rest + later]
+
+
+def test_positions_come_from_the_record_and_the_objects_written_after_it(settings, tmp_path: Path):
+    """load_positions: a stream in the positions record, with an object created after the record
+    was written (a crash between the two), and a stream not in the record at all (its first
+    segment's object exists, the record was never written for it): both positions are the last ids
+    those objects hold, found by listing only from the record's dates on."""
+    import orjson
+
+    from services.archive.consumer import POSITIONS_PREFIX, Archiver
+    from services.archive.metrics import ArchiveMetrics
+    from services.broker.connect import sync_client
+
+    settings = settings.model_copy(update={"archive_url": (tmp_path / "archive").as_uri()})
+    client = sync_client(settings)
+    store = open_store(settings)
+    assert store is not None
+    layout = settings.layout
+    raw0, raw1 = layout.raw_stream(0), layout.raw_stream(1)
+    ids0 = [client.xadd(raw0, raw_line(i)).decode() for i in range(6)]
+    ids1 = [client.xadd(raw1, raw_line(i)).decode() for i in range(4)]
+
+    def segment(shard: int, stream: str, ids: list[str]) -> None:
+        entries = [sg.ArchivedEntry(shard, "raw", i, dict(client.xrange(stream, min=i, max=i)[0][1])) for i in ids]
+        assert store.create(sg.raw_segment_key("raw", shard, ids[0], ids[-1]), sg.encode_raw_segment(entries))
+
+    segment(0, raw0, ids0[:3])
+    store.put(f"{POSITIONS_PREFIX}{settings.archive_group}.json", orjson.dumps({"streams": {raw0: ids0[2]}}))
+    segment(0, raw0, ids0[3:])  # after the record: it was never updated (killed in between)
+    segment(1, raw1, ids1)  # a stream the record does not know
+    archiver = Archiver(settings, client, store, ArchiveMetrics())
+    archiver.load_positions()
+    assert archiver.positions[raw0] == sg.id_parts(ids0[-1])
+    assert archiver.positions[raw1] == sg.id_parts(ids1[-1])
+    assert layout.control_stream(0) not in archiver.positions
