@@ -352,6 +352,7 @@ def lost_group_trimmed(c: Consumer, tmp: Path) -> Outcome:
         proc, _ = c.start(w, t, "lgt")
         first = wait_until(lambda: c.account(w, t, runs).complete and _pending(w, c) == 0, DELIVER_TIMEOUT_S)
         r = w.root()
+        c.before_trim(w, runs)
         trimmed = 0
         for s in c.group_streams(w):
             ids = [i for i, _ in r.xrange(s)]
