@@ -477,3 +477,46 @@ def test_positions_come_from_the_record_and_the_objects_written_after_it(setting
     assert archiver.positions[raw0] == sg.id_parts(ids0[-1])
     assert archiver.positions[raw1] == sg.id_parts(ids1[-1])
     assert layout.control_stream(0) not in archiver.positions
+
+
+def test_a_lease_lost_to_a_successor_fences_the_first_before_its_next_acknowledgement(settings, tmp_path: Path):
+    """Two processes' leases on one group (a short TTL): the second is refused while the first
+    renews; the first is cut off (renews nothing) past the TTL, the second takes the lease; the
+    first's next renewal finds the other token: fenced. Its archiver then writes its segment (a
+    create: harmless) but acknowledges nothing."""
+    from services.archive.consumer import Archiver, Fenced
+    from services.archive.fence import ArchiveBusy, Lease
+    from services.archive.metrics import ArchiveMetrics
+    from services.broker.connect import sync_client
+
+    settings = settings.model_copy(update={"archive_url": (tmp_path / "archive").as_uri(), "archive_segment_max_age_s": 0.1})
+    client = sync_client(settings)
+    key = settings.layout.archive_lease(settings.archive_group)
+    first = Lease(client, key, "first", ttl_ms=900)
+    first.acquire(settings.archive_group)
+    first.start()
+    second = Lease(client, key, "second", ttl_ms=900)
+    try:
+        second.acquire(settings.archive_group)
+        raise AssertionError("a second archive took a lease its holder renews")
+    except ArchiveBusy as exc:
+        assert "another archive is running" in str(exc) and "first" in str(exc)
+    first._stop.set()  # cut off: it renews nothing any more
+    second.acquire(settings.archive_group)  # the TTL runs out: taken
+    store = open_store(settings)
+    assert store is not None
+    archiver = Archiver(settings, client, store, ArchiveMetrics(), consumer="first")
+    archiver.lease = first
+    archiver.ensure_groups()
+    raw0 = settings.layout.raw_stream(0)
+    client.xadd(raw0, raw_line(0, "fenced"))
+    assert first.renew() == 0 and first.fenced.is_set()
+    try:
+        for _ in range(50):
+            archiver.step()
+            time.sleep(0.05)
+        raise AssertionError("the fenced archive went on")
+    except Fenced:
+        pass
+    assert pending(client, raw0, settings.archive_group) == 1  # written, never acknowledged by it
+    assert len(raw_objects(tmp_path / "archive")) == 1
