@@ -35,6 +35,9 @@ EXPORT_GROUP_STATE = "goose-ingest:export-group"
 EXPORT_GROUP_OPEN = "goose-ingest:export-group-open"
 META = "goose-ingest:meta"  # deployment facts (the shard count the data was created with)
 LEASE = "goose-ingest:lease"  # which worker reads a shard (string: owner, with a TTL)
+# The archive's own keys, per consumer group: its lease (one archive per group) and the id of the
+# deployment whose archive store it writes (issue 32, docs/archive.md "Guarantees").
+ARCHIVE = "goose-ingest:archive"
 WORKERS = "goose-ingest:workers"  # sorted set worker -> until when it counts as alive (ms)
 GATEWAY_TOKEN = "goose-ingest:token"  # hash per gateway token: its SHA-256, prefix, labels (never the token)
 GATEWAY_TOKENS = "goose-ingest:tokens"  # set of the gateway token ids (for `tokens list`)
@@ -151,6 +154,14 @@ class KeyLayout:
         """The lease of a shard: the one worker that reads it (in the shard's slot, so the commit
         script checks it atomically with what it writes)."""
         return self.key(f"{LEASE}:{self.tag(shard) if self.cluster else shard}")
+
+    def archive_lease(self, group: str) -> str:
+        """The one archive process of a consumer group (string: its token, with a TTL)."""
+        return self.key(f"{ARCHIVE}:{group_segment(group)}:lease")
+
+    def archive_identity(self, group: str) -> str:
+        """The id of the deployment an archive group writes its store for (string, no TTL)."""
+        return self.key(f"{ARCHIVE}:{group_segment(group)}:deployment")
 
     def workers(self) -> str:
         """The live workers (for each one's fair share of the shards)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import Any, cast
 
 from services.settings import ConfigError, Settings
@@ -26,7 +27,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "run records as an event lake. Run one replica. See docs/archive.md.",
     )
     p.add_argument("--url", default=None, help="override GOOSE_INGEST_ARCHIVE_URL")
-    p.add_argument("--consumer", default=None, help="consumer name (default: archive; keep it stable across restarts)")
+    p.add_argument("--consumer", default=None, help="consumer name (default: archive-<host>-<pid>, one per process)")
+    p.add_argument("--adopt-store", action="store_true",
+                   help="the broker lost its archive id (restarted empty) and the store is this deployment's: adopt its id")
     p.add_argument("--metrics-port", type=int, help="override GOOSE_INGEST_METRICS_PORT (0: any free port)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
@@ -46,10 +49,13 @@ def run(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         raise ConfigError("no broker configured (GOOSE_INGEST_REDIS_URL)")
 
+    import time
+
     from redis.exceptions import AuthenticationError, NoPermissionError
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from services.archive.consumer import DEFAULT_CONSUMER, Archiver
+    from services.archive.consumer import Archiver
+    from services.archive.fence import Lease, check_deployment, process_name
     from services.archive.metrics import ArchiveMetrics
     from services.archive.store import StoreError, open_store
     from services.broker.connect import sync_client
@@ -66,20 +72,32 @@ def run(args: argparse.Namespace) -> int:
                         settings.metrics_port_file)
     try:
         metrics = ArchiveMetrics()
-        archiver = Archiver(settings, sync_client(settings), store, metrics, args.consumer or DEFAULT_CONSUMER)
-        try:
-            # Refused credentials or a user without the archive's permissions: one line, exit 2 (the
-            # CLI reports them). An unreachable broker is waited for by the loop, readiness says so.
-            archiver.ensure_groups()
-        except (AuthenticationError, NoPermissionError):
-            raise
-        except (RedisConnectionError, OSError) as exc:
-            log.warning("broker unreachable at start (%s); will keep trying", type(exc).__name__)
-        try:
-            store.check()  # ConfigError: the CLI prints it as one line and exits 2
-        except StoreError as exc:  # unreachable: maybe starting; keep trying, readiness says so
-            log.warning("%s; will keep trying", exc)
-            archiver.store_unavailable(exc)
+        client = sync_client(settings)
+        consumer = args.consumer or process_name()
+        archiver = Archiver(settings, client, store, metrics, consumer)
+        lease = Lease(client, settings.layout.archive_lease(archiver.group), f"{consumer}/{os.urandom(4).hex()}")
+        warned = False
+        while True:
+            # One archive per group (a second one: one line, exit 2), the store is this deployment's
+            # (another's: one line, exit 2), what the store holds, the group after it. Refused
+            # credentials or a user without the archive's permissions: one line, exit 2 (the CLI
+            # reports them). An unreachable broker or store is waited for.
+            try:
+                lease.acquire(archiver.group)
+                store.check()  # ConfigError: the CLI prints it as one line and exits 2
+                deployment = check_deployment(client, store, settings.layout.archive_identity(archiver.group),
+                                              settings.namespace, archiver.group, adopt=args.adopt_store)
+                archiver.start(lease, deployment)
+                archiver.ensure_groups()
+                break
+            except (AuthenticationError, NoPermissionError):
+                raise
+            except (RedisConnectionError, OSError, StoreError) as exc:
+                if not warned:
+                    log.warning("broker or store unreachable at start (%s); will keep trying",
+                                exc if isinstance(exc, StoreError) else type(exc).__name__)
+                    warned = True
+                time.sleep(1.0)
         server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, archiver.is_ready,
                                port_file=settings.metrics_port_file)
         log.info("archive to %s, group %s, consumer %s; metrics on %s:%d", store.describe(), archiver.group,
@@ -92,4 +110,4 @@ def run(args: argparse.Namespace) -> int:
             server.close()
     finally:
         early.close()  # once adopted, the server above closed it already (idempotent)
-    return 0
+    return 1 if archiver.fenced else 0

@@ -8,32 +8,35 @@ acknowledgement, group creation, the sweep) is the consumer skeleton's `GroupRea
 writes no dead letters: an entry is archived whatever it holds (see `_sweep` for poison).
 
 Per stream it reads (every raw shard, every control stream, every partition of the events and runs
-topics), in stream-id order, with its own consumer group (ARCHIVE_GROUP, created at id 0):
+topics), in stream-id order, with its own consumer group (ARCHIVE_GROUP):
 
-1. On start, first its own pending entries (XREADGROUP from id 0): what a killed predecessor had
-   read and maybe written but not acknowledged. ALL of them become one segment, whatever the cut
-   settings: it starts at the same first id as the predecessor's last segment and holds at least
-   its entries, so its objects have the same names and replace the predecessor's (segments.py).
+0. At start (services/archive/fence.py, issue 32): the group's lease (one archive per group: a
+   second live one is refused, exit 2), the store's deployment id (another deployment's store is
+   refused, exit 2), then what the store holds per stream (`load_positions`: the last id archived),
+   then the entries other consumer names left pending (names are per process; with the lease held
+   they are dead) become this one's (`adopt`). A group that is missing is created AFTER what the
+   store holds, not at 0 (`_start_id`): a lost group resumes, nothing is archived twice.
+1. First its own pending entries (XREADGROUP from id 0): what a killed predecessor had read and
+   maybe written but not acknowledged. ALL of them become one segment, whatever the cut settings.
+   Entries at or below the store's position are acknowledged without being written again.
 2. Then new entries (`>`), into a segment that is cut at ARCHIVE_SEGMENT_MAX_ENTRIES entries,
    ARCHIVE_SEGMENT_MAX_BYTES bytes of fields, or ARCHIVE_SEGMENT_MAX_AGE_S after its first entry
    was read, whichever comes first.
-3. A cut segment is written whole (every object of it), then its entries are acknowledged in ONE
-   MULTI/EXEC: a partial acknowledgement would move the next segment's first id into the middle of
-   a written one, and the rewrite would then duplicate entries under another name.
+3. A cut segment is written whole (every object of it, each CREATED, never replacing one: names
+   carry the first and last id, segments.py), the positions record follows, then its entries are
+   acknowledged in ONE MULTI/EXEC (unless the lease was lost meanwhile: then nothing more is).
 4. While the store fails, the segment is retried with backoff (the same bytes) and nothing is
    acknowledged or read further on that stream: Redis keeps the entries (the workers' raw trim waits
    for this group's position, services/worker/housekeeping.py), readiness says why.
-5. Every SWEEP_INTERVAL_S, the entries another consumer name left pending (it died: a killed
-   `archive --consumer X`, then an archive under another name) are taken over once ALL of them
-   are idle for CLAIM_IDLE_MS: this consumer's open segment is cut first, then they are claimed
-   and written as one segment of their own (`_sweep` says why that neither duplicates nor loses
-   an entry).
+5. Every SWEEP_INTERVAL_S: the broker check (`_check_broker`: a restart, failover or rollback seen
+   by its run_id, a lease found gone, a group recreated: what Redis lost that the archive holds is
+   counted and logged, what became pending again is re-read and acknowledged), and the sweep: the
+   entries another consumer name left pending and idle for CLAIM_IDLE_MS are taken over (`_sweep`).
 6. Memory: raw and control entries of an open segment become compressed row groups every
    ROW_GROUP_ENTRIES or when ARCHIVE_BUFFER_MAX_BYTES is exceeded (the segment stays open); the
    event lake, split by date and type only at the cut, is cut early instead.
 
-Order across replicas: one reader for everything (replicas = 1; the chart uses the Recreate
-strategy so two never overlap; docs/archive.md says why a lease was not worth it here).
+Order across replicas: one reader per group, fenced by the lease (docs/archive.md "Guarantees").
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from redis.exceptions import ResponseError
 
 from services.archive import segments as sg
+from services.archive.fence import Lease, restore_deployment
 from services.archive.metrics import ArchiveMetrics
 from services.archive.store import ArchiveStore, StoreError
 from services.broker.errors import describe
@@ -57,9 +62,13 @@ from services.settings import Settings
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, by_stream
 
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
 log = logging.getLogger("goose_ingest.archive")
 
-DEFAULT_CONSUMER = "archive"  # one reader (replicas = 1): a fixed name finds its predecessor's pending entries
+POSITIONS_PREFIX = "_goose-ingest/positions/"  # + the group: what the archive holds per stream (docs/archive.md)
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 IDLE_SLEEP_S = 0.2  # nothing read in a whole round: the next round after this (segments are minutes long anyway)
@@ -119,9 +128,17 @@ def encode_lake(src: Source, entries: Sequence[tuple[str, dict[bytes, bytes]]]) 
     return sg.encode_event_rows(topic, []) if src.dataset == "events" else sg.encode_event_rows([], topic)
 
 
+class Fenced(Exception):
+    """Another archive took the group's lease: this one stops before acknowledging anything more."""
+
+
+def _after(entry_id: str, position: tuple[int, int] | None) -> bool:
+    return position is None or sg.id_parts(entry_id) > position
+
+
 class Archiver:
     def __init__(self, settings: Settings, client: Any, store: ArchiveStore, metrics: ArchiveMetrics,
-                 consumer: str = DEFAULT_CONSUMER) -> None:
+                 consumer: str = "archive") -> None:
         self.settings = settings
         self.client = client
         self.store = store
@@ -132,9 +149,19 @@ class Archiver:
         self.all = [src for group in self.shards for src in group]
         # Its own pending entries first, then new ones; acknowledgements in one MULTI (step 3).
         self.by_stream = {src.stream: src for src in self.all}
+        # What the store holds per stream: the last id archived (segments are written in id order).
+        # Entries at or below it that come again (a rollback, a lost group, a takeover) are
+        # acknowledged without being written again; a lost group is created again after it.
+        self.positions: dict[str, tuple[int, int]] = {}
         self.reader = GroupReader(client, [[src.stream for src in group] for group in self.shards], self.group,
                                   consumer, max_deliveries=settings.max_deliveries,
-                                  claim_idle_ms=settings.claim_idle_ms, logger=log)
+                                  claim_idle_ms=settings.claim_idle_ms, logger=log, start_id=self._start_id)
+        self.lease: Lease | None = None
+        self.deployment: str | None = None
+        self.fenced = False
+        self._run_ids: frozenset[str] | None = None
+        self._last_broker_check = 0.0
+        self._check_reason: str | None = None  # a reason to compare the streams with the store now
         self._last_sweep = 0.0
         self.stopping = threading.Event()
         self._broker_why: str | None = "connecting to the broker"
@@ -176,6 +203,10 @@ class Archiver:
                 if not busy:
                     self.stopping.wait(IDLE_SLEEP_S)
                 continue
+            except Fenced:
+                self.fenced = True
+                self.stopping.set()
+                break
             except StoreError as exc:
                 self._store_failed(exc, backoff)
             except BROKER_ERRORS as exc:
@@ -184,7 +215,9 @@ class Archiver:
                 if is_nogroup(exc):
                     # The broker lost a stream or the group (restart without persistence): recreate
                     # at 0 and start over from this consumer's pending entries.
-                    self._broker_failed("consumer group missing on a stream (Redis restarted empty?): recreating it", backoff)
+                    self._broker_failed("consumer group missing on a stream (Redis restarted empty?): recreating it "
+                                        "after what the archive holds", backoff)
+                    self._check_reason = "a consumer group was missing (Redis restarted empty, flushed, or DESTROY)"
                 else:
                     self._broker_failed(f"broker refused a command ({describe(exc)})", backoff)
             self._gauge_while_failing()
@@ -192,7 +225,10 @@ class Archiver:
             if self.stopping.wait(backoff):
                 break
             backoff = min(backoff * 2, BACKOFF_MAX_S)
-        self.flush_on_stop()
+        if not self.fenced:
+            self.flush_on_stop()
+        if self.lease is not None:
+            self.lease.release()
 
     def store_unavailable(self, exc: StoreError) -> None:
         """The start-up check could not reach the store: not ready until a write or a probe succeeds."""
@@ -218,7 +254,220 @@ class Archiver:
         self._store_why = why
 
     def ensure_groups(self) -> None:
-        self.reader.ensure_groups()  # at id 0, not `$`: whatever Redis still holds is archived
+        self.reader.ensure_groups()  # after what the store holds, else at id 0 (not `$`): Redis's entries are archived
+        self._report_gaps()
+
+    def _report_gaps(self) -> None:
+        """At start: a group that delivered past what the store holds, with nothing pending in
+        between, had entries acknowledged that this archive never wrote (the runbook's last resort,
+        docs/archive.md "When the archive is down or behind", or a group moved by hand): one line
+        per stream and a metric. They are not in the archive; Redis may still hold some."""
+        for src in self.all:
+            pos = self.positions.get(src.stream)
+            if pos is None:
+                continue
+            backlog = self.reader.backlog(src.stream)
+            if backlog.missing or sg.id_parts(backlog.last_delivered) <= pos:
+                continue
+            start = f"({pos[0]}-{pos[1]}"
+            if self.client.xpending_range(src.stream, self.group, min=start, max=backlog.last_delivered, count=1):
+                continue  # read and not acknowledged: this archive re-reads them
+            self.metrics.gaps.labels(src.dataset).inc()
+            log.warning("the group on %s is past what the archive holds (archived up to %d-%d, delivered up to %s): "
+                        "entries in between were acknowledged without being archived and are not in the archive",
+                        src.stream, pos[0], pos[1], backlog.last_delivered)
+
+    def _start_id(self, stream: str) -> str:
+        pos = self.positions.get(stream)
+        return "0" if pos is None else f"{pos[0]}-{pos[1]}"
+
+    # ------------------------------------------------------------------ start: fence, positions, adoption
+    def start(self, lease: Lease | None, deployment: str | None) -> None:
+        """After the lease is held and the deployment checked: what the store holds, then the
+        entries other (dead: we hold the lease) consumers of the group left pending become ours."""
+        self.lease, self.deployment = lease, deployment
+        if lease is not None:
+            lease.start()
+        self.load_positions()
+        self.adopt()
+        self._check_reason = "at start"  # the broker may have gone back while no archive ran
+
+    def load_positions(self) -> None:
+        """Per stream, the last id the store holds: the positions record (written after every
+        segment), then the raw and control objects written after it (their names carry their last
+        id: a crash between a segment's object and the record loses nothing)."""
+        record: dict[str, str] = {}
+        key = POSITIONS_PREFIX + self.group + ".json"
+        if self.store.exists(key):
+            try:
+                record = dict(orjson.loads(self.store.get(key))["streams"])
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                log.warning("positions record %s unreadable (%s): recovering from the object names", key, exc)
+        for stream, entry_id in record.items():
+            if stream in self.by_stream:
+                self.positions[stream] = sg.id_parts(entry_id)
+        kinds = [src for src in self.all if src.dataset in sg.STREAM_KINDS]
+        since: str | None = None  # no record (a first start, an archive from before issue 32): list all once
+        if record:
+            # A stream in the record: objects after it are in its date or later. A stream not in it:
+            # nothing of it was acknowledged (the record is written before every acknowledgement),
+            # so nothing archived of it is trimmed yet: its objects start at Redis's first entry.
+            dates = []
+            for src in kinds:
+                pos = self.positions.get(src.stream)
+                if pos is None:
+                    head = self.client.xrange(src.stream, count=1)
+                    pos = sg.id_parts(_text(head[0][0])) if head else None
+                if pos is not None:
+                    dates.append(sg.date_of_ms(pos[0]))
+            since = min(dates, default="9999-12-31")
+        by_kind = {(src.dataset, src.shard): src.stream for src in kinds}
+        old: dict[str, tuple[tuple[int, int], str]] = {}
+        for key_ in self.store.list_after(sg.RAW_PREFIX + "/", since):
+            try:
+                ref = sg.parse_raw_segment_key(key_)
+            except ValueError:
+                continue
+            owner = by_kind.get((ref.stream, ref.shard))
+            if owner is None:
+                continue
+            if ref.last_id is None:  # a name from before issue 32: its last id is inside
+                first = sg.id_parts(ref.first_id)
+                if owner not in old or old[owner][0] < first:
+                    old[owner] = (first, key_)
+                continue
+            last = sg.id_parts(ref.last_id)
+            if last > self.positions.get(owner, (0, 0)):
+                self.positions[owner] = last
+        for owner, (first, key_) in old.items():
+            if first > self.positions.get(owner, (0, 0)):
+                ids = [sg.id_parts(e.id) for e in sg.decode_raw_segment(self.store.get(key_))]
+                self.positions[owner] = max(ids, default=first)
+        if self.positions:
+            top = max(self.positions.values())
+            log.info("the store holds entries of %d streams (up to %d-%d)", len(self.positions), *top)
+
+    def _save_positions(self) -> None:
+        doc = {"streams": {s: f"{p[0]}-{p[1]}" for s, p in sorted(self.positions.items())},
+               "consumer": self.consumer, "at": time.time()}
+        self.store.put(POSITIONS_PREFIX + self.group + ".json", orjson.dumps(doc))
+
+    def adopt(self) -> None:
+        """With the lease held no other archive of the group is alive: the entries other consumer
+        names left pending (a killed predecessor: names are per process) become this one's now (no
+        idle wait), read again as its own; the names are removed from the group."""
+        taken = 0
+        for stream in self.reader.streams:
+            try:
+                consumers = self.client.xinfo_consumers(stream, self.group)
+            except ResponseError:
+                continue  # no stream or no group yet
+            for row in consumers:
+                name = row["name"].decode() if isinstance(row["name"], bytes) else str(row["name"])
+                if name == self.consumer:
+                    continue
+                count = int(row.get("pending") or 0)
+                if count:
+                    rows = self.client.xpending_range(stream, self.group, min="-", max="+", count=count,
+                                                      consumername=name)
+                    ids = [r["message_id"] for r in rows]
+                    for i in range(0, len(ids), 10_000):
+                        self.client.xclaim(stream, self.group, self.consumer, 0, ids[i: i + 10_000], justid=True)
+                    taken += len(ids)
+                self.client.xgroup_delconsumer(stream, self.group, name)
+        if taken:
+            log.info("took over %d entries left pending by earlier archive processes", taken)
+        self.reader.reset(forget_held=True)
+        for src in self.all:
+            src.reset()
+
+    # ------------------------------------------------------------------ the broker went back in time
+    def _check_broker(self) -> None:
+        """Every sweep interval: the server's run_id (INFO). A restart (or a failover, a rollback),
+        the lease found gone, or a group recreated after NOGROUP: compare each stream with what the
+        store holds; report what Redis lost that the archive has (a metric and one line); take over
+        and re-read what became pending again (entries already archived are acknowledged only)."""
+        now = time.monotonic()
+        if self._check_reason is None and now - self._last_broker_check < self.settings.sweep_interval_s:
+            return
+        self._last_broker_check = now
+        ids = self._server_ids()
+        restarted = self._run_ids is not None and ids != self._run_ids
+        self._run_ids = ids
+        retaken = self.lease is not None and self.lease.retaken.is_set()
+        if not (restarted or retaken or self._check_reason):
+            return
+        why = ("the server restarted or failed over (run_id changed)" if restarted
+               else "the archive lease was gone from the broker" if retaken else self._check_reason or "")
+        self._check_reason = None
+        if self.lease is not None:
+            self.lease.retaken.clear()
+        if self.deployment is not None:
+            restore_deployment(self.client, self.settings.layout.archive_identity(self.group), self.deployment)
+        lost: list[str] = []
+        for src in self.all:
+            pos = self.positions.get(src.stream)
+            if pos is None:
+                continue
+            try:
+                last = sg.id_parts(_text(self.client.xinfo_stream(src.stream)["last-generated-id"]))
+            except ResponseError:
+                last = (0, 0)  # the stream is gone
+            if last >= pos:
+                continue
+            count = self._archived_after(src, last, pos)
+            if count:
+                self.metrics.broker_lost.labels(src.dataset).inc(count)
+            lost.append(f"{src.stream} after {last[0]}-{last[1]} up to {pos[0]}-{pos[1]}"
+                        + (f" ({count} entries)" if count is not None else ""))
+        if lost:
+            log.warning("broker went back in time (%s): Redis lost what the archive holds: %s (kept in the archive; "
+                        "what became pending again is acknowledged without being written twice)", why, "; ".join(lost))
+        elif why != "at start":
+            log.warning("broker check (%s): Redis holds everything the archive has written", why)
+        if why == "at start":
+            return  # adopt() ran already
+        self.metrics.broker_rollbacks.inc()
+        self.adopt()
+
+    def _server_ids(self) -> frozenset[str]:
+        """The run_ids of the broker's servers: every primary's on a cluster (redis-py would ask one
+        node only: a failover of another primary would go unseen)."""
+        from redis.cluster import RedisCluster
+
+        if isinstance(self.client, RedisCluster):
+            info = self.client.info("server", target_nodes=RedisCluster.PRIMARIES)
+        else:
+            info = self.client.info("server")
+        found: set[str] = set()
+        stack = [info]
+        while stack:  # a cluster client answers per node
+            item = stack.pop()
+            if isinstance(item, dict):
+                if "run_id" in item:
+                    found.add(str(item["run_id"]))
+                else:
+                    stack.extend(item.values())
+        return frozenset(found)
+
+    def _archived_after(self, src: Source, after: tuple[int, int], upto: tuple[int, int]) -> int | None:
+        """How many archived entries of `src` lie in (after, upto]; None for the event lake (its rows
+        carry no stream id: the log line names the range)."""
+        if src.dataset not in sg.STREAM_KINDS:
+            return None
+        count = 0
+        for key in self.store.list_after(sg.RAW_PREFIX + "/", sg.date_of_ms(after[0])):
+            try:
+                ref = sg.parse_raw_segment_key(key)
+            except ValueError:
+                continue
+            if ref.stream != src.dataset or ref.shard != src.shard:
+                continue
+            if ref.last_id is not None and sg.id_parts(ref.last_id) <= after:
+                continue
+            ids = sg.segment_ids(self.store.get(key))
+            count += sum(1 for i in ids if after < i <= upto)
+        return count
 
     def _new(self, src: Source) -> bool:
         """Its own pending entries all read (they make one segment): new entries now."""
@@ -226,6 +475,7 @@ class Archiver:
 
     def step(self) -> bool:
         """One round over every shard: write what is cut, read more. True if anything happened."""
+        self._check_broker()
         busy = self._sweep()
         for group in self.shards:
             for src in group:
@@ -266,8 +516,8 @@ class Archiver:
         entries in one segment would leave the second one's object behind. Nothing is acknowledged
         before its object exists (no gap). Each segment holds one consumer's entries, so segments
         of a stream never overlap in id range (a reader of a time window relies on it:
-        services/archive/reader.py select_segments). Not covered: two archives running at once
-        (neither is dead: replicas = 1, docs/archive.md "Replicas").
+        services/archive/reader.py select_segments). Two archives running at once: refused by the
+        lease (services/archive/fence.py).
 
         Poison: the archive has no dead-letter stream, and no entry is poison for it (any entry is
         stored byte-exact; what the event lake cannot hold is counted, its raw source archived).
@@ -342,8 +592,13 @@ class Archiver:
                 continue
             if src.stream not in streams:
                 continue
+            pos = self.positions.get(src.stream)
+            again: list[str] = []
             for entry in got.entries:
                 if entry.stream != src.stream:
+                    continue
+                if not _after(entry.entry_id, pos):
+                    again.append(entry.entry_id)  # in the store already: acknowledged, not written twice
                     continue
                 if not src.entries:
                     src.opened_at = time.monotonic()
@@ -351,6 +606,10 @@ class Archiver:
                 size = sum(map(len, entry.fields.values()))  # the values: names are a few bytes each
                 src.size += size
                 src.total += size
+                busy = True
+            if again:
+                self.reader.ack({src.stream: again})
+                self.metrics.already_archived.labels(src.dataset).inc(len(again))
                 busy = True
             gone = sum(1 for entry in got.trimmed if entry.stream == src.stream)
             if gone:  # the reader acknowledged them: nothing left to archive
@@ -385,7 +644,7 @@ class Archiver:
                 writer = src.writer or sg.RawSegmentWriter()
                 writer.add([sg.ArchivedEntry(src.shard, src.dataset, entry_id, fields)
                             for entry_id, fields in entries[src.encoded:]])
-                src.objects = [(sg.raw_segment_key(src.dataset, src.shard, entries[0][0]), writer.finish())]
+                src.objects = [(sg.raw_segment_key(src.dataset, src.shard, entries[0][0], entries[-1][0]), writer.finish())]
                 src.writer = None
             else:
                 lake = encode_lake(src, entries)
@@ -393,7 +652,12 @@ class Archiver:
                 src.rejected = len(lake.rejected)
         objects, rejected = src.objects, src.rejected
         for key, data in objects:
-            self.store.put(key, data)
+            if not self.store.create(key, data):  # never replaced: the same ids, i.e. the same entries
+                log.info("%s exists already (the same entries, written before a restart): kept", key)
+        last = sg.id_parts(entries[-1][0])
+        if last > self.positions.get(src.stream, (0, 0)):
+            self.positions[src.stream] = last
+        self._save_positions()
         self.metrics.write_seconds.labels(src.dataset).observe(time.perf_counter() - started)
         if self._store_why:
             log.info("archive store writing again")
@@ -403,6 +667,8 @@ class Archiver:
             log.info("segment of %s written (%d objects); holding %.1fs before acknowledging", src.stream,
                      len(objects), self._hold_before_ack)
             time.sleep(self._hold_before_ack)
+        if self.lease is not None and self.lease.fenced.is_set():
+            raise Fenced
         self.reader.ack({src.stream: [entry_id for entry_id, _ in entries]})  # one MULTI: see step 3
         if rejected:
             self.metrics.lake_rejected.inc(rejected)
@@ -428,7 +694,7 @@ class Archiver:
             src.sealed = src.sealed or len(src.entries)
             try:
                 self.write(src)
-            except (StoreError, *BROKER_ERRORS, ResponseError) as exc:
+            except (StoreError, Fenced, *BROKER_ERRORS, ResponseError) as exc:
                 log.warning("stopping with %d entries of %s not archived (they stay pending): %s",
                             len(src.entries), src.stream, exc)
                 return

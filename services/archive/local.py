@@ -3,13 +3,16 @@ writes to GOOSE_INGEST_ARCHIVE_URL, or, when none is set, to a folder beside the
 (`~/.local/state/goose-ingest/archive`), so a local pipeline keeps its history like a deployed one.
 
 It shares the worker's process, not its metrics port (one port per process): its state shows in the
-log. It stops with the process, writing what it has read; the rest stays pending and is rewritten
-under the same names on the next `up`.
+log. It stops with the process, writing what it has read; the rest stays pending and is archived
+on the next `up` (what the folder holds already is not written again). It takes the archive lease
+of its group like `goose-ingest archive` (a second archive of the group: exit 2) and always adopts
+its folder's deployment id (an embedded broker is new at every `up`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -82,6 +85,7 @@ def start_local_archive(settings: Settings) -> tuple[Settings, LocalArchive]:
     """Settings with the archive's URL (the worker's raw trim then waits for it) and the running
     archive thread. ConfigError for a URL the store refuses (as `goose-ingest archive` would)."""
     from services.archive.consumer import Archiver
+    from services.archive.fence import Lease, check_deployment, process_name
     from services.archive.metrics import ArchiveMetrics
     from services.archive.store import StoreError, open_store
     from services.broker.connect import sync_client
@@ -89,11 +93,21 @@ def start_local_archive(settings: Settings) -> tuple[Settings, LocalArchive]:
     settings = settings.model_copy(update={"archive_url": local_archive_url(settings)})
     store = open_store(settings)
     assert store is not None
-    archiver = Archiver(settings, sync_client(settings), store, ArchiveMetrics())
+    client = sync_client(settings)
+    consumer = process_name()
+    archiver = Archiver(settings, client, store, ArchiveMetrics(), consumer)
+    lease = Lease(client, settings.layout.archive_lease(archiver.group), f"{consumer}/{os.urandom(4).hex()}")
+    lease.acquire(archiver.group)  # ArchiveBusy (exit 2): an archive of this group runs already
     try:
         store.check()
+        # The local folder is this machine's: an embedded broker is new at every `up`, so it adopts it.
+        deployment = check_deployment(client, store, settings.layout.archive_identity(archiver.group),
+                                      settings.namespace, archiver.group, adopt=True)
+        archiver.start(lease, deployment)
     except StoreError as exc:
         archiver.store_unavailable(exc)
+        archiver.lease = lease
+        lease.start()
         log.warning("%s; will keep trying", exc)
     thread = threading.Thread(target=archiver.run, name="archive", daemon=True)
     thread.start()

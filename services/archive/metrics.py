@@ -55,12 +55,34 @@ class ArchiveMetrics:
             "Pending entries gone from Redis before they were archived (deleted by hand, or Redis lost them).",
             ["dataset"], registry=r,
         )
+        self.already_archived = Counter(
+            "goose_ingest_archive_already_archived_total",
+            "Entries read again that the store already held (a broker rollback, a lost group, a takeover): "
+            "acknowledged without being written twice.",
+            ["dataset"], registry=r,
+        )
+        self.broker_lost = Counter(
+            "goose_ingest_archive_broker_lost_entries_total",
+            "Archived raw and control entries the broker lost (it came back older than the archive): kept only in the archive.",
+            ["dataset"], registry=r,
+        )
+        self.gaps = Counter(
+            "goose_ingest_archive_gaps_total",
+            "Streams found at start with their group past what the archive holds and nothing pending in between "
+            "(entries acknowledged without being archived: the runbook's last resort, a group moved by hand).",
+            ["dataset"], registry=r,
+        )
+        self.broker_rollbacks = Counter(
+            "goose_ingest_archive_broker_changes_total",
+            "Times the archive found its broker restarted, failed over, flushed or rolled back (run_id or its lease changed).",
+            registry=r,
+        )
         self.ready = Gauge("goose_ingest_archive_ready", "1 when the archive is writing and not behind.", registry=r)
         self.last_success = Gauge(
             "goose_ingest_archive_last_success_timestamp_seconds", "When a segment was last written and acknowledged.", registry=r,
         )
         for dataset in DATASETS:
-            for family in (self.entries, self.bytes, self.segments, self.lost):
+            for family in (self.entries, self.bytes, self.segments, self.lost, self.already_archived, self.broker_lost, self.gaps):
                 family.labels(dataset)
             self.lag_seconds.labels(dataset)
             self.lag_entries.labels(dataset)

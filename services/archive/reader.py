@@ -66,6 +66,7 @@ class SegmentRef:
     stream: str  # "raw" or "control"
     shard: int
     first_id: str
+    last_id: str | None = None  # None: a name from before issue 32 (first id only)
 
     @property
     def order(self) -> tuple[str, int, tuple[int, int]]:
@@ -90,13 +91,16 @@ def segment_refs(keys: Iterable[str]) -> tuple[list[SegmentRef], list[Corrupt]]:
         except ValueError as exc:
             odd.append(Corrupt(key, str(exc)))
             continue
-        refs.append(SegmentRef(key, parsed.stream, parsed.shard, parsed.first_id))
+        refs.append(SegmentRef(key, parsed.stream, parsed.shard, parsed.first_id, parsed.last_id))
     return sorted(refs, key=lambda r: r.order), odd
 
 
 def select_segments(refs: Iterable[SegmentRef], win: Window) -> list[SegmentRef]:
     """The segments that may hold entries of the window: per (kind, shard) those that start inside
-    it, and the last one that starts before it (its tail may reach into the window)."""
+    it, those that start before it and end inside or after it (their names carry their last id), and
+    for names from before issue 32 (first id only) the last one that starts before it (its tail may
+    reach into the window). Segments may overlap (docs/archive.md "Guarantees"): the merge keeps one
+    copy of each entry."""
     out: list[SegmentRef] = []
     by_stream: dict[tuple[str, int], list[SegmentRef]] = {}
     for ref in refs:
@@ -107,7 +111,10 @@ def select_segments(refs: Iterable[SegmentRef], win: Window) -> list[SegmentRef]
         for ref in group:
             ms = id_parts(ref.first_id)[0]
             if win.since_ms is not None and ms < win.since_ms:
-                before = ref
+                if ref.last_id is None:
+                    before = ref
+                elif id_parts(ref.last_id)[0] >= win.since_ms:
+                    out.append(ref)
                 continue
             if win.until_ms is not None and ms >= win.until_ms:
                 break
@@ -157,9 +164,11 @@ def list_segments(store: ArchiveStore, win: Window) -> tuple[list[SegmentRef], l
 
 
 def read_raw(store: ArchiveStore, win: Window) -> ArchiveRead:
-    """Every archived raw and control entry whose id falls in the window (I/O: lists and gets)."""
+    """Every archived raw and control entry whose id falls in the window (I/O: lists and gets), once:
+    two objects may hold one entry (docs/archive.md "Guarantees"), the first read is kept."""
     refs, odd = list_segments(store, win)
     out = ArchiveRead(corrupt=list(odd))
+    seen: set[tuple[str, int, str]] = set()
     for ref in refs:
         data = store.get(ref.key)
         out.bytes += len(data)
@@ -169,11 +178,12 @@ def read_raw(store: ArchiveStore, win: Window) -> ArchiveRead:
             out.corrupt.append(Corrupt(ref.key, str(exc)))
             continue
         out.segments += 1
-        if win.everything:
-            out.entries.extend(Located(a.stream, a.shard, a.id, a.fields) for a in archived)
-        else:
-            out.entries.extend(Located(a.stream, a.shard, a.id, a.fields) for a in archived
-                               if win.contains(id_parts(a.id)[0]))
+        for a in archived:
+            ident = (a.stream, a.shard, a.id)
+            if ident in seen or not (win.everything or win.contains(id_parts(a.id)[0])):
+                continue
+            seen.add(ident)
+            out.entries.append(Located(a.stream, a.shard, a.id, a.fields))
     return out
 
 

@@ -3,22 +3,24 @@
 Two datasets, both Parquet (zstd) so DuckDB, Spark, Trino, Athena and ClickHouse read them as they
 are, partitioned Hive-style (`name=value/` path segments) so those engines prune by date and shard:
 
-- **Raw segments** (the log of record): one object per (stream kind, shard, first stream id),
-  ``raw/date=YYYY-MM-DD/shard=NNN/<raw|control>-<ms>-<seq>.parquet``. The `fields` column holds every
+- **Raw segments** (the log of record): one object per (stream kind, shard, first and last stream id),
+  ``raw/date=YYYY-MM-DD/shard=NNN/<raw|control>-<first ms>-<seq>-<last ms>-<seq>.parquet``. The `fields` column holds every
   field of every entry in Redis order, byte-exact; the other columns are conveniences for queries.
 - **Event lake** (analytics-shaped): the topics' events and run records with the columns of the
   PostgreSQL sink's `events` and `run_records` tables, computed by the sink's own pure row functions
   (services/export/postgres/rows.py) so the two cannot drift,
-  ``events/date=YYYY-MM-DD/type=<type>/part-<shard>-<ms>-<seq>.parquet`` and
-  ``runs/date=YYYY-MM-DD/part-<shard>-<ms>-<seq>.parquet``.
+  ``events/date=YYYY-MM-DD/type=<type>/part-<shard>-<first>-<last>.parquet`` and
+  ``runs/date=YYYY-MM-DD/part-<shard>-<first>-<last>.parquet`` (ids as in raw names).
 
-Why every object's name follows from the FIRST stream id of its segment and nothing else: the
-consumer writes a segment whole and only then acknowledges its entries. A crash between the two
-leaves the entries pending; the restarted consumer reads them again from the same first id (all
-of them, maybe more), so it writes an object of the same name, which replaces the earlier one:
-no gap, no duplicate. An event-lake segment is split by (date, type) into several objects, all
-named after the segment's first id, so the rewrite (a superset of the same entries) replaces
-every object of the earlier attempt.
+Why every object's name carries the FIRST and the LAST stream id of its segment (issue 32): an
+object is only ever created, never replaced (the store's create-only put), so no later write can
+remove an archived entry. Two objects of one name hold the same ids of one stream, i.e. the same
+entries (a stream id names one entry for good), so the second create finding the first is a success.
+Two objects with different names may overlap (a segment rewritten after a crash between the write
+and its acknowledgement, cut elsewhere; a second archive before its fence): every reader keeps
+one copy per stream id (services/archive/reader.py; the lake's SQL by event and record id), so an
+overlap is never a double count. The consumer skips what it has archived already (its position
+per stream, recovered from the store's names), so overlaps are the exception, not the rule.
 
 Ids are zero-padded to 20 digits (a uint64's width) so object names sort like the ids.
 """
@@ -53,8 +55,10 @@ _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 
 _ID_TOKEN = rf"(\d{{{_ID_WIDTH}}})-(\d{{{_ID_WIDTH}}})"
-_RAW_KEY = re.compile(rf"^raw/date=(\d{{4}}-\d{{2}}-\d{{2}})/shard=(\d+)/(raw|control)-{_ID_TOKEN}\.parquet$")
-_LAKE_KEY = re.compile(rf"^(events|runs)/date=(\d{{4}}-\d{{2}}-\d{{2}})/(?:type=([^/]+)/)?part-(\d+)-{_ID_TOKEN}\.parquet$")
+# `<first id>-<last id>` since issue 32; `<first id>` alone in archives written before (still read).
+_RAW_KEY = re.compile(rf"^raw/date=(\d{{4}}-\d{{2}}-\d{{2}})/shard=(\d+)/(raw|control)-{_ID_TOKEN}(?:-{_ID_TOKEN})?\.parquet$")
+_LAKE_KEY = re.compile(
+    rf"^(events|runs)/date=(\d{{4}}-\d{{2}}-\d{{2}})/(?:type=([^/]+)/)?part-(\d+)-{_ID_TOKEN}(?:-{_ID_TOKEN})?\.parquet$")
 
 
 class SegmentError(ValueError):
@@ -105,6 +109,7 @@ class RawSegmentKey:
     shard: int
     stream: str
     first_id: str
+    last_id: str | None = None  # None: a name from before issue 32 (first id only)
 
 
 RAW_SCHEMA = pa.schema(
@@ -129,15 +134,22 @@ RAW_SCHEMA = pa.schema(
 )
 
 
-def raw_segment_key(stream_kind: str, shard: int, first_id: str) -> str:
-    """The object name of the segment of `stream_kind` ("raw"/"control") on `shard` that starts at
-    stream id `first_id`: a function of these three only (see the module docstring)."""
+def raw_segment_key(stream_kind: str, shard: int, first_id: str, last_id: str) -> str:
+    """The object name of the segment of `stream_kind` ("raw"/"control") on `shard` that holds the
+    entries from stream id `first_id` to `last_id`: a function of these four only (see the module
+    docstring); filed under the date of its first id."""
     if stream_kind not in STREAM_KINDS:
         raise ValueError(f"stream kind must be one of {STREAM_KINDS}, not {stream_kind!r}")
     if shard < 0:
         raise ValueError(f"shard must be >= 0, not {shard}")
     ms, _ = id_parts(first_id)
-    return f"{RAW_PREFIX}/date={date_of_ms(ms)}/shard={shard:03d}/{stream_kind}-{_id_token(first_id)}.parquet"
+    return (f"{RAW_PREFIX}/date={date_of_ms(ms)}/shard={shard:03d}/"
+            f"{stream_kind}-{_id_token(first_id)}-{_id_token(last_id)}.parquet")
+
+
+def raw_shard_prefix(date: str, shard: int) -> str:
+    """The folder of one day's raw and control segments of one shard."""
+    return f"{RAW_PREFIX}/date={date}/shard={shard:03d}/"
 
 
 def parse_raw_segment_key(key: str) -> RawSegmentKey:
@@ -145,7 +157,9 @@ def parse_raw_segment_key(key: str) -> RawSegmentKey:
     m = _RAW_KEY.match(key)
     if m is None:
         raise ValueError(f"not a raw segment name: {key[:200]!r}")
-    return RawSegmentKey(date=m.group(1), shard=int(m.group(2)), stream=m.group(3), first_id=_token_id(m.group(4), m.group(5)))
+    last = _token_id(m.group(6), m.group(7)) if m.group(6) else None
+    return RawSegmentKey(date=m.group(1), shard=int(m.group(2)), stream=m.group(3), first_id=_token_id(m.group(4), m.group(5)),
+                         last_id=last)
 
 
 def _text(value: bytes | None) -> str | None:
@@ -313,6 +327,14 @@ def decode_raw_segment(data: bytes) -> list[ArchivedEntry]:
         if isinstance(exc, SegmentError):
             raise
         raise SegmentError(f"not a raw segment ({exc})") from None
+
+
+def segment_ids(data: bytes) -> list[tuple[int, int]]:
+    """The stream ids of a raw segment, as (ms, seq), read from its two id columns only."""
+    table = _read(data, ["id_ms", "id_seq"])
+    if table.num_columns != 2:
+        raise SegmentError("not a raw segment (no id columns)")
+    return list(zip(table.column("id_ms").to_pylist(), table.column("id_seq").to_pylist(), strict=True))
 
 
 def _binary_list(column: pa.Array) -> list[bytes]:
@@ -516,16 +538,16 @@ def record_row(row: pg_rows.RecordRow) -> dict[str, Any]:
     return values
 
 
-def _lake_token(shard: int, first_id: str) -> str:
-    return f"part-{shard:03d}-{_id_token(first_id)}.parquet"
+def _lake_token(shard: int, first_id: str, last_id: str) -> str:
+    return f"part-{shard:03d}-{_id_token(first_id)}-{_id_token(last_id)}.parquet"
 
 
-def events_object_key(date: str, event_type: str, shard: int, first_id: str) -> str:
-    return f"{EVENTS_PREFIX}/date={date}/type={event_type}/{_lake_token(shard, first_id)}"
+def events_object_key(date: str, event_type: str, shard: int, first_id: str, last_id: str) -> str:
+    return f"{EVENTS_PREFIX}/date={date}/type={event_type}/{_lake_token(shard, first_id, last_id)}"
 
 
-def runs_object_key(date: str, shard: int, first_id: str) -> str:
-    return f"{RUNS_PREFIX}/date={date}/{_lake_token(shard, first_id)}"
+def runs_object_key(date: str, shard: int, first_id: str, last_id: str) -> str:
+    return f"{RUNS_PREFIX}/date={date}/{_lake_token(shard, first_id, last_id)}"
 
 
 @dataclass(frozen=True)
@@ -535,13 +557,15 @@ class LakeKey:
     event_type: str | None
     shard: int
     first_id: str
+    last_id: str | None = None  # None: a name from before issue 32
 
 
 def parse_lake_key(key: str) -> LakeKey:
     m = _LAKE_KEY.match(key)
     if m is None or (m.group(1) == "events") != (m.group(3) is not None):
         raise ValueError(f"not an event-lake object name: {key[:200]!r}")
-    return LakeKey(m.group(1), m.group(2), m.group(3), int(m.group(4)), _token_id(m.group(5), m.group(6)))
+    last = _token_id(m.group(7), m.group(8)) if m.group(7) else None
+    return LakeKey(m.group(1), m.group(2), m.group(3), int(m.group(4)), _token_id(m.group(5), m.group(6)), last)
 
 
 def _ceiling(entry_id: str) -> str:
@@ -555,7 +579,7 @@ def _ceiling(entry_id: str) -> str:
 def encode_event_rows(events: Sequence[TopicEntry], records: Sequence[TopicEntry]) -> LakeSegment:
     """The event-lake objects of one segment of topic entries: `events` from the events topic and
     `records` from the runs topic (each in stream-id order, one partition each). The objects of a
-    dataset are named after that dataset's first entry id (see the module docstring); rows are split
+    dataset are named after that dataset's first and last entry ids (see the module docstring); rows are split
     by date (of the event's or record's time, made sane as the sink does) and, for events, by type."""
     rejected: list[LakeRejected] = []
     objects: list[LakeObject] = []
@@ -570,10 +594,11 @@ def encode_event_rows(events: Sequence[TopicEntry], records: Sequence[TopicEntry
             continue
         groups.setdefault((row.ts[:10], values["type"]), []).append(values)
     if events:
-        first = events[0]
+        first, last = events[0], events[-1]
         for (date, event_type), rows in sorted(groups.items()):
             table = pa.Table.from_pylist(rows, schema=EVENT_SCHEMA)
-            objects.append(LakeObject(events_object_key(date, event_type, first.shard, first.id), _write(table), len(rows)))
+            objects.append(LakeObject(events_object_key(date, event_type, first.shard, first.id, last.id), _write(table),
+                                      len(rows)))
     run_groups: dict[str, list[dict[str, Any]]] = {}
     for entry in records:
         ref = pg_rows.EntryRef(str(entry.shard), entry.id)
@@ -587,10 +612,10 @@ def encode_event_rows(events: Sequence[TopicEntry], records: Sequence[TopicEntry
         date = rec.ts[:10] if pg_rows.SANE_FROM <= rec.ts <= ceiling else pg_rows.entry_time(entry.id)[:10]
         run_groups.setdefault(date, []).append(values)
     if records:
-        first = records[0]
+        first, last = records[0], records[-1]
         for date, rows in sorted(run_groups.items()):
             table = pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
-            objects.append(LakeObject(runs_object_key(date, first.shard, first.id), _write(table), len(rows)))
+            objects.append(LakeObject(runs_object_key(date, first.shard, first.id, last.id), _write(table), len(rows)))
     return LakeSegment(objects, rejected)
 
 
@@ -621,5 +646,5 @@ def entries_size(entries: Iterable[ArchivedEntry]) -> int:
 __all__ = [
     "ArchivedEntry", "LakeObject", "LakeRejected", "LakeSegment", "RawSegmentKey", "SegmentError", "TopicEntry",
     "decode_event_rows", "decode_raw_segment", "decode_run_rows", "encode_event_rows", "encode_raw_segment",
-    "parse_lake_key", "parse_raw_segment_key", "raw_segment_key",
+    "parse_lake_key", "parse_raw_segment_key", "raw_segment_key", "raw_shard_prefix",
 ]  # fmt: skip

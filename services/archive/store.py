@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 WRITE_CHECK_KEY = "_goose-ingest/write-check"  # outside raw/, events/, runs/: no reader takes it for data
 
 
+Keys = list[str]  # (a method of ArchiveStore is named `list`)
+
+
 class StoreError(Exception):
     """A store operation failed (one line: what, where, why). `permanent` when retrying cannot help
     (credentials refused, bucket missing) so readiness can say so."""
@@ -133,6 +136,20 @@ class ArchiveStore:
         except Exception as exc:  # obstore raises its own and builtin errors (timeouts: OSError)
             raise _classify(exc, "writing", self._where(key)) from None
 
+    def create(self, key: str, data: bytes) -> bool:
+        """Write the object whole only if no object of that name exists (a create-only put: S3's
+        `If-None-Match: *`, a no-clobber link on a local store). True if this call created it, False
+        if it existed already: an archived object is never replaced (docs/archive.md "Guarantees")."""
+        try:
+            obstore.put(self._store, key, data, use_multipart=False, mode="create")
+        except obx.AlreadyExistsError:
+            return False
+        except Exception as exc:
+            if "PreconditionFailed" in str(exc) or "412" in str(exc).split("Debug source")[0]:
+                return False  # an S3 service that answers If-None-Match with 412 in a form obstore does not map
+            raise _classify(exc, "writing", self._where(key)) from None
+        return True
+
     def get(self, key: str) -> bytes:
         try:
             return bytes(obstore.get(self._store, key).bytes())
@@ -142,7 +159,7 @@ class ArchiveStore:
     def exists(self, key: str) -> bool:
         try:
             obstore.head(self._store, key)
-        except obx.NotFoundError:
+        except (obx.NotFoundError, FileNotFoundError):  # obstore raises the builtin for a missing object
             return False
         except Exception as exc:
             raise _classify(exc, "looking up", self._where(key)) from None
@@ -156,6 +173,22 @@ class ArchiveStore:
                 keys.extend(str(meta["path"]) for meta in chunk)
         except Exception as exc:
             raise _classify(exc, "listing", self._where(prefix)) from None
+        return sorted(keys)
+
+    def list_after(self, prefix: str, since_date: str | None) -> Keys:
+        """Every key under `prefix` (`raw/`) in the `date=` folders from `since_date` on (None: all),
+        sorted: one delimiter listing of the folders, then the chosen ones."""
+        if since_date is None:
+            return self.list(prefix)
+        try:
+            folders = obstore.list_with_delimiter(self._store, prefix)["common_prefixes"]
+        except Exception as exc:
+            raise _classify(exc, "listing", self._where(prefix)) from None
+        keys: Keys = []
+        for folder in sorted(str(f) for f in folders):
+            name = folder.rstrip("/").rsplit("/", 1)[-1]
+            if not name.startswith("date=") or name[5:] >= since_date:
+                keys.extend(self.list(folder.rstrip("/") + "/"))
         return sorted(keys)
 
     def delete(self, key: str) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from contracts.keys import (
     ACTIVE_RUNS,
+    ARCHIVE,
     EXPORT_GROUP_OPEN,
     EXPORT_GROUP_STATE,
     EXPORT_OPEN,
@@ -114,6 +115,7 @@ class KeyPatterns:
     export_deadletter: dict[str, tuple[str, ...]]  # exporter -> its dead-letter stream (partitions)
     meta: str
     lease: str
+    archive: str
     workers: str
     spread: str
     gateway_token: str
@@ -145,6 +147,7 @@ class KeyPatterns:
             export_deadletter={name: topic(f"{layout.deadletter_stream}.{name}") for name in EXPORTERS},
             meta=glob_escape(layout.key(META)),
             lease=family(LEASE),
+            archive=family(ARCHIVE),
             workers=glob_escape(layout.key(WORKERS)),
             spread=family(SPREAD),
             gateway_token=family(GATEWAY_TOKEN),
@@ -225,9 +228,12 @@ def roles(layout: KeyLayout) -> list[Role]:
         ),
         Role(
             "archive",
-            "`archive`: its consumer group on the raw shards, control streams and topics (read, acknowledge); "
-            "no XADD, no XTRIM, no state: it cannot change what it archives",
-            (*CONNECTION, *STREAM_CONSUMER, *_keys("", k.raw, k.control, *k.topics)),
+            "`archive`: its consumer group on the raw shards, control streams and topics (read, acknowledge), "
+            "its lease and deployment id, INFO (the server's run_id: a restart); no XADD, no XTRIM, no DEL: "
+            "it cannot change what the streams hold (what it can do to other groups: docs/operations.md)",
+            (*CONNECTION, *STREAM_CONSUMER, "+info", *_keys("", k.raw, k.control, *k.topics),
+             _selector("+get", "+set", "+del", "+pttl", "+pexpire", "+eval", "+evalsha", "+script|load", "+script|exists",
+                       *_keys("", k.archive))),
         ),
         Role(
             "admin",

@@ -44,10 +44,11 @@ async def create_group(client: Any, stream: str, group: str) -> None:
             raise
 
 
-def create_group_sync(client: Any, stream: str, group: str) -> None:
-    """`create_group` for a synchronous client (the PostgreSQL sink's threads)."""
+def create_group_sync(client: Any, stream: str, group: str, start: str = "0") -> None:
+    """`create_group` for a synchronous client (the PostgreSQL sink's threads); `start`: the id
+    after which the group reads (the archive's: what it holds already)."""
     try:
-        client.xgroup_create(stream, group, id="0", mkstream=True)
+        client.xgroup_create(stream, group, id=start, mkstream=True)
     except ResponseError as exc:
         if not is_busygroup(exc):
             raise

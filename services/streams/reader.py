@@ -101,7 +101,7 @@ class GroupReader:
     def __init__(self, client: Any, shards: Sequence[Sequence[str]], group: str, consumer: str, *,
                  max_deliveries: int = 0, claim_idle_ms: int = 0,
                  deadletter_stream: Callable[[int], str] | None = None, exporter: str | None = None,
-                 logger: logging.Logger | None = None) -> None:
+                 logger: logging.Logger | None = None, start_id: Callable[[str], str] | None = None) -> None:
         self.client = client
         self.shards = [list(streams) for streams in shards]
         self.group = group
@@ -111,6 +111,7 @@ class GroupReader:
         self.deadletter_stream = deadletter_stream
         self.exporter = exporter
         self.log = logger or log
+        self.start_id = start_id  # where a (re)created group starts; None: at 0
         self.shard_of: dict[str, int] = {s: i for i, streams in enumerate(self.shards) for s in streams}
         self.streams: list[str] = list(self.shard_of)
         self.position: dict[str, str] = {s: PENDING_START for s in self.streams}
@@ -126,7 +127,8 @@ class GroupReader:
     # ------------------------------------------------------------------ state
     def ensure_groups(self) -> None:
         for stream in self.streams:
-            create_group_sync(self.client, stream, self.group)  # at 0: consume what the stream retains
+            # at 0 (what the stream retains) unless the consumer knows where it is (the archive)
+            create_group_sync(self.client, stream, self.group, self.start_id(stream) if self.start_id else "0")
         self.groups_ok = True
 
     def reset(self, forget_held: bool = False) -> None:

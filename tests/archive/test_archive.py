@@ -233,9 +233,11 @@ def test_archive_to_a_local_directory_is_the_same_dataset(acl_broker: AclBroker,
     finally:
         assert stop(proc) == 0, (tmp_path / "archive.log").read_text()[-3000:]
     assert_exactly_once(Objects(root=root), r, b, events=120, records=24)
-    # no staging file left behind by a clean run; the write check is the one object outside the datasets
-    others = [p.relative_to(root) for p in root.rglob("*") if p.is_file() and not p.name.endswith(".parquet")]
-    assert others == [Path("_goose-ingest/write-check")]
+    # no staging file left behind by a clean run; outside the datasets only the archive's own records:
+    # the write check, the deployment record and the positions record (docs/archive.md "Guarantees")
+    others = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and not p.name.endswith(".parquet"))
+    assert others == [Path("_goose-ingest/deployment.json"), Path("_goose-ingest/positions/goose-ingest-archive.json"),
+                      Path("_goose-ingest/write-check")]
 
 
 def test_sigkill_between_write_and_ack_leaves_no_gap_and_no_duplicate(acl_broker: AclBroker, s3: S3Server, tmp_path: Path):  # noqa: F811
@@ -653,7 +655,7 @@ def test_two_dead_consumers_each_rewritten_under_its_own_objects_name_poison_arc
         entries = [sg.ArchivedEntry(0, "raw", i.decode(), f) for i, f in read]
         writer = sg.RawSegmentWriter()
         writer.add(entries)
-        dead_objects.append(sg.raw_segment_key("raw", 0, entries[0].id))
+        dead_objects.append(sg.raw_segment_key("raw", 0, entries[0].id, entries[-1].id))
         store.put(dead_objects[-1], writer.finish())  # written, never acknowledged: then it died
         if name == "dead-1":
             for _ in range(settings.max_deliveries + 1):

@@ -56,7 +56,7 @@ def test_a_window_lists_its_dates_and_the_day_before():
 
 def _ref(kind: str, shard: int, ms: int) -> reader.SegmentRef:
     sid = f"{ms}-0"
-    return reader.SegmentRef(raw_segment_key(kind, shard, sid), kind, shard, sid)
+    return reader.SegmentRef(raw_segment_key(kind, shard, sid, sid), kind, shard, sid)
 
 
 def test_segments_of_a_window_include_the_one_that_started_before_it():
@@ -72,7 +72,7 @@ def test_segments_of_a_window_include_the_one_that_started_before_it():
 
 
 def test_segment_names_that_are_not_segments_are_reported():
-    refs, odd = reader.segment_refs([raw_segment_key("raw", 2, "5-1"), "raw/date=2026-12-01/notes.txt"])
+    refs, odd = reader.segment_refs([raw_segment_key("raw", 2, "5-1", "5-1"), "raw/date=2026-12-01/notes.txt"])
     assert [r.shard for r in refs] == [2]
     assert [o.key for o in odd] == ["raw/date=2026-12-01/notes.txt"]
 
@@ -238,7 +238,7 @@ def test_a_run_that_crosses_the_window_edges_is_read_whole(settings, tmp_path):
 
     _, store = file_store(settings, tmp_path / "archive")
     for seg in ([entry(day - 12 * hour, 0), entry(day - 11 * hour, 0, run="other")], [entry(day + hour, 1)]):
-        store.put(raw_segment_key("raw", 0, seg[0].id), encode_raw_segment(seg))
+        store.put(raw_segment_key("raw", 0, seg[0].id, seg[-1].id), encode_raw_segment(seg))
     live = [reader.Located("raw", 0, f"{day + hour}-0", {b"run": b"edge", b"seq": b"1"}),  # the overlap
             reader.Located("raw", 0, f"{day + 3 * hour}-0", {b"run": b"edge", b"seq": b"2"})]
     got = reader.read_log(store, live, Window(day, day + 2 * hour))

@@ -295,6 +295,75 @@ def slow_target(c: Consumer, tmp: Path) -> Outcome:
         return _finish(c, w, t, runs, [proc], [_log(w, "f")])
 
 
+# ------------------------------------------------------------------------------------ the broker's own faults (issue 32)
+def rollback(c: Consumer, tmp: Path) -> Outcome:
+    """Redis SIGKILLed mid-stream and restarted from an older RDB snapshot: runs A delivered, the
+    snapshot, runs B delivered, the restart (B is gone from Redis), runs C. The archive must keep B
+    (it wrote it before Redis lost it), report the loss, and write nothing twice."""
+    from tests.support.redis_snapshot import restart_from_its_snapshot
+
+    with world(tmp) as w, c.target(w) as t:
+        runs = _feed(c, w, runs_of("rollback-a"))
+        proc, _ = c.start(w, t, "rb")
+        first = wait_until(lambda: c.account(w, t, runs).complete, DELIVER_TIMEOUT_S)
+        r = w.root()
+        r.save()
+        runs |= _feed(c, w, runs_of("rollback-b"))
+        second = wait_until(lambda: c.account(w, t, runs).complete and _pending(w, c) == 0, DELIVER_TIMEOUT_S)
+        raw = w.settings.layout.raw_streams()
+        before = sum(r.xlen(s) for s in raw)
+        restart_from_its_snapshot(w.server, w.root)
+        lost_from_redis = before - sum(w.root().xlen(s) for s in raw)
+        runs |= _feed(c, w, runs_of("rollback-c"))
+        out = _finish(c, w, t, runs, [proc], [_log(w, "rb")], first_delivered=first, second_delivered=second,
+                      lost_from_redis=lost_from_redis)
+        out.facts["rollback_lines"] = [line for line in _log(w, "rb").read_text(errors="replace").splitlines()
+                                       if "went back in time" in line]
+        return out
+
+
+def second_instance(c: Consumer, tmp: Path) -> Outcome:
+    """A second instance of the same consumer started beside the first (same group, its own
+    process) while input arrives; how it ended within 60 s (None: still running) is a fact."""
+    with world(tmp) as w, c.target(w) as t:
+        runs = _feed(c, w, runs_of("two-a"))
+        first, port_file = c.start(w, t, "two-1")
+        wait_until(lambda: readyz(metrics_port(port_file))[0] == 200, DELIVER_TIMEOUT_S)
+        second, _ = c.start(w, t, "two-2")
+        feeding, fed = background(lambda: _feed(c, w, runs_of("two-b")))
+        wait_until(lambda: second.poll() is not None, 60)
+        second_exit = second.poll()
+        feeding.join()
+        if "error" in fed:
+            raise fed["error"]
+        runs |= fed["value"]
+        procs = [first] + ([second] if second_exit is None else [])
+        out = _finish(c, w, t, runs, procs, [_log(w, "two-1"), _log(w, "two-2")], second_exit=second_exit)
+        out.facts["second_log"] = _log(w, "two-2").read_text(errors="replace")
+        return out
+
+
+def lost_group_trimmed(c: Consumer, tmp: Path) -> Outcome:
+    """Case a) with the head already trimmed: everything delivered, then the older half of every
+    stream the consumer reads trimmed (XTRIM MINID), then its group destroyed, then more input. What
+    was delivered stays delivered once; nothing is delivered twice."""
+    with world(tmp) as w, c.target(w) as t:
+        runs = _feed(c, w, runs_of("trimmed-a"))
+        proc, _ = c.start(w, t, "lgt")
+        first = wait_until(lambda: c.account(w, t, runs).complete and _pending(w, c) == 0, DELIVER_TIMEOUT_S)
+        r = w.root()
+        c.before_trim(w, runs)
+        trimmed = 0
+        for s in c.group_streams(w):
+            ids = [i for i, _ in r.xrange(s)]
+            if ids:
+                trimmed += r.xtrim(s, minid=ids[len(ids) // 2], approximate=False)
+        destroyed = sum(r.xgroup_destroy(s, c.group(w.settings)) for s in c.group_streams(w))
+        runs |= _feed(c, w, runs_of("trimmed-b"))
+        return _finish(c, w, t, runs, [proc], [_log(w, "lgt")], first_delivered=first, trimmed=trimmed,
+                       destroyed=destroyed)
+
+
 CASES: dict[str, Callable[[Consumer, Path], Outcome]] = {
     "lost_group": lost_group,
     "dead_consumer": dead_consumer,
@@ -303,4 +372,7 @@ CASES: dict[str, Callable[[Consumer, Path], Outcome]] = {
     "target_down": target_down,
     "slow_target": slow_target,
     "killed_mid_batch": killed_mid_batch,
+    "rollback": rollback,
+    "second_instance": second_instance,
+    "lost_group_trimmed": lost_group_trimmed,
 }

@@ -157,6 +157,25 @@ class ConsumerContract:
         _ran_through(out)
 
 
+    # The broker's own faults (issue 32; docs/consumers.md "The broker's own faults"), for every
+    # consumer but `rollback`, which only the archive can promise (TestArchive).
+    def test_second_instance(self, contract_outcomes):
+        """A second instance of the same command beside the first, while input arrives: both run
+        (the worker's shard leases, the exporters' groups share the work), 0 lost, 0 doubled."""
+        out = self.outcome(contract_outcomes, "second_instance")
+        assert out.facts["second_exit"] is None, f"the second instance exited: {out.facts['second_log'][-2000:]}"
+        _lost_doubled(out)
+        _ran_through(out)
+
+    def test_lost_group_trimmed(self, contract_outcomes):
+        """a) with the head trimmed first (the older half of every stream it reads): recreated, what
+        was delivered stays delivered once, what came after is delivered, nothing twice."""
+        out = self.outcome(contract_outcomes, "lost_group_trimmed")
+        assert out.facts["first_delivered"] and out.facts["trimmed"] > 0 and out.facts["destroyed"] > 0, out.facts
+        _lost_doubled(out)
+        _ran_through(out)
+
+
 class TestWorker(ConsumerContract):
     consumer = WorkerConsumer()  # target_down and slow_target are not collected: WorkerConsumer.not_applicable
 
@@ -202,3 +221,26 @@ class TestArchive(ConsumerContract):
         assert out.facts["unarchived_missing_from_redis"] == [], out.facts["unarchived_missing_from_redis"][:10]
         assert out.facts["archived_before_still_in_redis"] < out.facts["archived_before_count"], (
             "the trim removed nothing archived during the outage: the check above proves nothing", out.facts)
+
+    # The broker's own faults (issue 32): a rollback only the archive can survive (the others'
+    # cost is counted by the archive and alerted: docs/consumers.md "The broker's own faults"), and
+    # a second archive is refused rather than run beside the first.
+    def test_rollback(self, contract_outcomes):
+        """Redis restarted from an older snapshot mid-stream: what Redis lost the archive keeps (0
+        lost over every run published, before and after), reported in one line; 0 doubled."""
+        out = self.outcome(contract_outcomes, "rollback")
+        assert out.facts["first_delivered"] and out.facts["second_delivered"], out.facts
+        assert out.facts["lost_from_redis"] > 0, "the snapshot held everything: the case did not bite"
+        assert len(out.facts["rollback_lines"]) == 1, out.facts["rollback_lines"]
+        _lost_doubled(out)
+        _ran_through(out)
+
+    def test_second_instance(self, contract_outcomes):
+        """A second archive on the same group: refused with one line and exit 2; the first goes on,
+        0 lost, 0 doubled."""
+        out = self.outcome(contract_outcomes, "second_instance")
+        assert out.facts["second_exit"] == 2, out.facts["second_exit"]
+        refusals = [line for line in out.facts["second_log"].splitlines() if "another archive is running" in line]
+        assert len(refusals) == 1 and "Traceback" not in out.facts["second_log"], out.facts["second_log"][-2000:]
+        _lost_doubled(out)
+        _ran_through(out)

@@ -122,13 +122,23 @@ def test_convenience_columns_survive_odd_values() -> None:
     assert sg.decode_raw_segment(sg.encode_raw_segment(entries)) == entries
 
 
-def test_raw_key_follows_from_first_id_and_sorts() -> None:
-    key = sg.raw_segment_key("control", 3, "1764756000000-5")
-    assert key == "raw/date=2025-12-03/shard=003/control-00000001764756000000-00000000000000000005.parquet"
-    assert sg.parse_raw_segment_key(key) == sg.RawSegmentKey("2025-12-03", 3, "control", "1764756000000-5")
+def test_raw_key_follows_from_first_and_last_id_and_sorts() -> None:
+    key = sg.raw_segment_key("control", 3, "1764756000000-5", "1764756000002-1")
+    assert key == ("raw/date=2025-12-03/shard=003/control-00000001764756000000-00000000000000000005"
+                   "-00000001764756000002-00000000000000000001.parquet")
+    assert sg.parse_raw_segment_key(key) == sg.RawSegmentKey("2025-12-03", 3, "control", "1764756000000-5",
+                                                             "1764756000002-1")
     ids = ["1764756000000-9", "1764756000000-10", "1764756000001-0", "1764756000000-0"]
-    keys = [sg.raw_segment_key("raw", 0, i) for i in ids]
+    keys = [sg.raw_segment_key("raw", 0, i, i) for i in ids]
     assert [sg.parse_raw_segment_key(k).first_id for k in sorted(keys)] == sorted(ids, key=sg.id_parts)
+
+
+def test_raw_names_from_before_issue_32_still_parse() -> None:
+    key = "raw/date=2025-12-03/shard=003/control-00000001764756000000-00000000000000000005.parquet"
+    assert sg.parse_raw_segment_key(key) == sg.RawSegmentKey("2025-12-03", 3, "control", "1764756000000-5", None)
+    lake = "events/date=2025-12-03/type=read/part-001-00000001764756000000-00000000000000000005.parquet"
+    assert sg.parse_lake_key(lake).last_id is None
+    assert sg.parse_lake_key(sg.events_object_key("2025-12-03", "read", 1, "5-0", "9-1")).last_id == "9-1"
 
 
 @pytest.mark.parametrize("bad", ["", "x", "raw/date=2025-12-03/shard=003/raw-1-2.parquet", "events/date=2025-12-03/part-000-1-1.parquet"])
@@ -140,7 +150,7 @@ def test_parse_raw_key_refuses_other_names(bad: str) -> None:
 @pytest.mark.parametrize("kind,first", [("tap", "1-0"), ("raw", "nope"), ("raw", "1-x")])
 def test_raw_key_refuses_bad_input(kind: str, first: str) -> None:
     with pytest.raises(ValueError):
-        sg.raw_segment_key(kind, 0, first)
+        sg.raw_segment_key(kind, 0, first, "2-0")
 
 
 def test_encode_refuses_empty_and_bad_ids() -> None:
@@ -194,9 +204,12 @@ def test_event_lake_columns_match_the_sink() -> None:
     seg = sg.encode_event_rows(events, records)
     keys = [o.key for o in seg.objects]
     assert keys == [
-        "events/date=2025-12-03/type=command/part-002-00000001764756000000-00000000000000000000.parquet",
-        "events/date=2025-12-04/type=agent/part-002-00000001764756000000-00000000000000000000.parquet",
-        "runs/date=2025-12-03/part-002-00000001764756000001-00000000000000000000.parquet",
+        "events/date=2025-12-03/type=command/part-002-00000001764756000000-00000000000000000000"
+        "-00000001764756000000-00000000000000000003.parquet",
+        "events/date=2025-12-04/type=agent/part-002-00000001764756000000-00000000000000000000"
+        "-00000001764756000000-00000000000000000003.parquet",
+        "runs/date=2025-12-03/part-002-00000001764756000001-00000000000000000000"
+        "-00000001764756000001-00000000000000000000.parquet",
     ]
     assert [(r.id, r.reason.split(" ")[0]) for r in seg.rejected] == [("1764756000000-2", "exitCode"), ("1764756000000-3", "missing")]
     shell = sg.decode_event_rows(seg.objects[0].data)[0]
@@ -209,8 +222,8 @@ def test_event_lake_columns_match_the_sink() -> None:
     assert (agent["path"], agent["code"]) == ('["a"]', "5")  # ->> gives a non-string value's JSON text
     run = sg.decode_run_rows(seg.objects[2].data)[0]
     assert (run["record_id"], run["k"], run["host"], run["exit_code"], run["input_tokens"], run["cost_usd"]) == ("r:run:1", 1, "h", 0, 5, 1.0)
-    assert sg.parse_lake_key(keys[0]) == sg.LakeKey("events", "2025-12-03", "command", 2, "1764756000000-0")
-    assert sg.parse_lake_key(keys[2]) == sg.LakeKey("runs", "2025-12-03", None, 2, "1764756000001-0")
+    assert sg.parse_lake_key(keys[0]) == sg.LakeKey("events", "2025-12-03", "command", 2, "1764756000000-0", "1764756000000-3")
+    assert sg.parse_lake_key(keys[2]) == sg.LakeKey("runs", "2025-12-03", None, 2, "1764756000001-0", "1764756000001-0")
 
 
 def test_event_with_insane_time_is_filed_under_its_entry_time() -> None:
@@ -219,14 +232,16 @@ def test_event_with_insane_time_is_filed_under_its_entry_time() -> None:
     assert sg.decode_event_rows(seg.objects[0].data)[0]["ts"] == datetime(2025, 12, 3, 10, tzinfo=UTC)
 
 
-def test_rewrite_of_a_superset_replaces_every_object() -> None:
-    """A crash after writing, before acknowledging: the rewrite (same first id, more entries) names
-    every object the first attempt wrote, so none survives as a duplicate."""
+def test_lake_names_follow_from_the_first_and_last_id() -> None:
+    """Objects are created, never replaced (issue 32): the same entries give the same names (the
+    second create finds the first one: the same rows), a superset gives names of its own (an overlap
+    the readers dedupe by event and record id, never a replacement of the first by fewer rows)."""
     first = [_event(0, "1764756000000-0", "r", 0, type="command"), _event(0, "1764756000000-1", "r", 1)]
     again = first + [_event(0, "1764756000000-2", "r", 2, type="read", ts="2025-12-04T01:00:00.000Z")]
     before = {o.key for o in sg.encode_event_rows(first, []).objects}
+    assert before == {o.key for o in sg.encode_event_rows(list(first), []).objects}
     after = {o.key for o in sg.encode_event_rows(again, []).objects}
-    assert before < after
+    assert not before & after
 
 
 def test_segment_written_row_group_by_row_group_decodes_the_same() -> None:

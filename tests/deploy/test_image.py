@@ -323,7 +323,7 @@ w.add(entries[:20])
 w.add(entries[20:])
 assert sg.decode_raw_segment(w.finish()) == entries
 store = ArchiveStore(parse_store_url("file:///tmp/archive-check"), LocalStore("/tmp/archive-check", mkdir=True))
-key = sg.raw_segment_key("raw", 3, entries[0].id)
+key = sg.raw_segment_key("raw", 3, entries[0].id, entries[-1].id)
 store.put(key, data)
 assert store.list("raw/") == [key]
 assert sg.decode_raw_segment(store.get(key)) == entries

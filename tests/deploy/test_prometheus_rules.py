@@ -52,6 +52,7 @@ EXPECTED_ALERTS = {
     # the archive (goose-ingest.archive)
     "GooseIngestArchiveLagging",
     "GooseIngestArchiveWritesFailing",
+    "GooseIngestBrokerLostEntries",
 }
 
 

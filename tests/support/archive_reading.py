@@ -49,7 +49,7 @@ def archive_from_redis(settings: Settings, store: ArchiveStore, segment: int = 4
         for shard, stream in enumerate(streams):
             entries = [ArchivedEntry(shard, kind, sid.decode(), dict(fields)) for sid, fields in r.xrange(stream)]
             for chunk in _chunks(entries, segment):
-                key = raw_segment_key(kind, shard, chunk[0].id)
+                key = raw_segment_key(kind, shard, chunk[0].id, chunk[-1].id)
                 store.put(key, encode_raw_segment(chunk))
                 keys.append(key)
     for shard, stream in enumerate(layout.events_partitions()):
