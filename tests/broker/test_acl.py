@@ -510,11 +510,14 @@ def test_cluster_layout_names_get_the_same_permissions(acl_broker: AclBroker):
     ("tap", ["worker"]),
     ("tap", ["import-sessions", "sessions.db", "--namespace", "wrongrole"]),
     ("consumer", ["tap", "--run", "acl/wrong-role", "--", "true"]),  # not started, nothing spooled
-    ("consumer", ["publish", "--run", "acl/wrong-role", "sessions.db"]),
+    ("consumer", ["publish", "--run", "acl/wrong-role", "lines.jsonl"]),  # stream lines: publish reads, then meets NOPERM
 ])
 def test_a_command_under_a_role_without_its_permissions_is_one_line(acl_broker: AclBroker, role, command,
                                                                     fixture_db):
-    command = [str(fixture_db) if part == "sessions.db" else part for part in command]
+    lines = fixture_db.parent / "lines.jsonl"
+    lines.write_text('{"type":"message","message":{"role":"assistant","content":[]}}\n')
+    command = [str(fixture_db) if part == "sessions.db" else str(lines) if part == "lines.jsonl" else part
+               for part in command]
     out = acl_broker.cli(role, *command, GOOSE_INGEST_METRICS_PORT="0")
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
@@ -536,7 +539,10 @@ def test_a_command_under_a_role_without_its_permissions_is_one_line(acl_broker: 
 ])
 def test_a_wrong_password_is_one_line_naming_the_settings(acl_broker: AclBroker, role, command, fixture_db):
     b = acl_broker
-    command = [str(fixture_db) if part == "sessions.db" else part for part in command]
+    lines = fixture_db.parent / "lines.jsonl"
+    lines.write_text('{"type":"message","message":{"role":"assistant","content":[]}}\n')
+    command = [str(fixture_db) if part == "sessions.db" else str(lines) if part == "lines.jsonl" else part
+               for part in command]
     env = b.env(role, GOOSE_INGEST_REDIS_PASSWORD="not-the-password", GOOSE_INGEST_METRICS_PORT="0")
     out = subprocess.run([sys.executable, "-m", "services.cli", *command], cwd=REPO, env=env, input="",
                          capture_output=True, text=True, timeout=60)
