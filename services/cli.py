@@ -284,6 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except KeyboardInterrupt:  # Ctrl-C before a command took charge of it (importing, parsing): no traceback
         return 128 + 2
+    finally:
+        if argv is None:  # the program itself, not a caller in the same process
+            # The command has decided its exit code: a SIGINT that lands while the interpreter shuts
+            # down (joining threads, finalizers; a child's stop signalled late) must not turn it into
+            # a death by SIGINT (-2), which is what an unhandled KeyboardInterrupt there does.
+            import signal
+
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _main(argv: list[str] | None) -> int:

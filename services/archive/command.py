@@ -49,8 +49,6 @@ def run(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         raise ConfigError("no broker configured (GOOSE_INGEST_REDIS_URL)")
 
-    import time
-
     from redis.exceptions import AuthenticationError, NoPermissionError
     from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -76,8 +74,11 @@ def run(args: argparse.Namespace) -> int:
         consumer = args.consumer or process_name()
         archiver = Archiver(settings, client, store, metrics, consumer)
         lease = Lease(client, settings.layout.archive_lease(archiver.group), f"{consumer}/{os.urandom(4).hex()}")
-        warned = False
-        while True:
+        # Signals from here on: a stop while the broker or the store is still awaited ends the wait
+        # with exit 0, as a stop of the running loop does (a supervisor's SIGTERM is no crash).
+        stop_on_signals(log, "writing what was read, then stopping", archiver.stop)
+        warned = ready = False
+        while not archiver.stopping.is_set():
             # One archive per group (a second one: one line, exit 2), the store is this deployment's
             # (another's: one line, exit 2), what the store holds, the group after it. Refused
             # credentials or a user without the archive's permissions: one line, exit 2 (the CLI
@@ -89,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
                                               settings.namespace, archiver.group, adopt=args.adopt_store)
                 archiver.start(lease, deployment)
                 archiver.ensure_groups()
+                ready = True
                 break
             except (AuthenticationError, NoPermissionError):
                 raise
@@ -97,13 +99,16 @@ def run(args: argparse.Namespace) -> int:
                     log.warning("broker or store unreachable at start (%s); will keep trying",
                                 exc if isinstance(exc, StoreError) else type(exc).__name__)
                     warned = True
-                time.sleep(1.0)
+                archiver.stopping.wait(1.0)
+        if not ready:
+            log.info("stopped before the broker and the store answered")
+            lease.release()  # only ours, if it was taken; a broker still away is no error here
+            return 0
         server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, archiver.is_ready,
                                port_file=settings.metrics_port_file)
         log.info("archive to %s, group %s, consumer %s; metrics on %s:%d", store.describe(), archiver.group,
                  archiver.consumer, server.host, server.port)
 
-        stop_on_signals(log, "writing what was read, then stopping", archiver.stop)
         try:
             archiver.run()
         finally:
