@@ -19,6 +19,8 @@ from services.settings import Settings  # noqa: E402
 from tests.support.redis_cluster import cluster_settings, redis_cluster  # noqa: E402,F401 (fixtures)
 from tests.support.redis_server import choose_broker, wipe_namespace  # noqa: E402
 
+pytest_plugins = ["tests.support.file_order"]  # longest files first under pytest-xdist
+
 
 @pytest.fixture(scope="session")
 def redis_broker():
