@@ -3,7 +3,7 @@ consumers (`export postgres`, `archive`; issue 20 item 1, issue 23 item 1). The 
 otlp` read through FastStream subscribers and use the rest of the skeleton directly.
 
 For a list of shards (the streams of one shard share a hash slot on a cluster, so one XREADGROUP
-and one MULTI per shard work there) and one group/consumer, a `GroupReader` owns:
+and one MULTI or script per shard work there) and one group/consumer, a `GroupReader` owns:
 
 - its position per stream: its OWN pending entries first after a (re)start (read by id, page after
   page, so a batch still being worked on is not read twice), then new entries (`>`);
@@ -56,7 +56,7 @@ PENDING_START = "0"
 ACK_CHUNK = 10_000  # ids per XACK inside one MULTI (a segment can hold far more)
 OWN_PENDING_PAGES = 10  # own pending entries checked for poison at start: a few batches at most
 # A broker that is away (no reply at all). Its refusals for its own state are ResponseErrors with a
-# TRANSIENT code; EXECABORT is the MULTI that one of them (an XADD refused with OOM) aborted whole.
+# TRANSIENT code; EXECABORT is the MULTI of XACKs that one of them (LOADING, READONLY) aborted whole.
 BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 REFUSAL_CODES = TRANSIENT_CODES | {"EXECABORT"}
 
@@ -275,7 +275,7 @@ class GroupReader:
         return best
 
     def _dead_letter_poison(self, stream: str, poison: list[PendingEntry]) -> list[StreamEntry]:
-        """Poison with its fields; dead-lettered and acked in one MULTI when the consumer has a
+        """Poison with its fields; dead-lettered and acked in one script when the consumer has a
         dead-letter stream, else held and handed to the caller."""
         if not poison:
             return []
@@ -302,7 +302,8 @@ class GroupReader:
 
     def ack(self, pending: Mapping[str, Sequence[str]], dead: Sequence[DeadLetter] = ()) -> None:
         """XACK `pending` ({stream: ids}) and XADD `dead` to this consumer's own dead-letter stream:
-        one MULTI per shard, so a dead letter is written iff its entry is acknowledged."""
+        per shard one MULTI of XACKs, or with dead letters one script (deadletter_ack.lua), so a dead
+        letter is written iff its entry is acknowledged."""
         by_shard: dict[int, tuple[dict[str, Sequence[str]], list[DeadLetter]]] = {}
         for stream, ids in pending.items():
             if ids:
@@ -346,7 +347,8 @@ class GroupReader:
                      backoff_start_s: float, backoff_max_s: float) -> bool:
         """`ack`, retried in place while the broker refuses it for its own state (`is_refusal`):
         the entries stay held meanwhile, so the refusal costs no delivery. `refused(exc, backoff)`
-        reports each refusal. False when stopping first (nothing acknowledged; the MULTI wrote nothing)."""
+        reports each refusal. False when stopping first (nothing acknowledged: a refused MULTI or
+        script writes nothing)."""
         backoff = backoff_start_s
         while True:
             try:

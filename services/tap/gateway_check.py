@@ -19,7 +19,7 @@ from services.settings import ConfigError, Settings
 from services.tap.runkey import RUN_KEY_RULE, is_valid_run, new_run_key
 
 PREFIX_LINE = "prefix:"
-CHECK_TIMEOUT_S = 2.0  # as a direct tap's credential check (services/tap/command.py)
+CHECK_TIMEOUT_S = 2.0  # as a direct tap's credential check (services/tap/credentials.py)
 
 
 def token_file_prefix(settings: Settings) -> str | None:

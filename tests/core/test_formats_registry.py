@@ -21,7 +21,7 @@ from services.metrics.registry import FORMAT_LABELS, OTHER
 from services.normalizer.formats import RULES
 from services.normalizer.run_normalizer import RunNormalizer, detect_format, format_from_agent
 from services.quickstart.command import OTHER_FORMAT_FIXTURES
-from services.tap.command import format_of_command
+from services.tap.launchers import format_of_command
 from tests.support.fixtures import SHARED
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -386,7 +386,7 @@ def test_a_signal_to_the_tap_stops_the_grandchildren_too_and_at_once(settings, s
 
 
 def test_a_tap_on_a_terminal_gives_up_on_an_unreachable_broker_and_says_so(tmp_path):
-    from services.tap.command import INTERACTIVE_DRAIN_TIMEOUT_S, UNDELIVERED_EXIT
+    from services.tap.outcome import INTERACTIVE_DRAIN_TIMEOUT_S, UNDELIVERED_EXIT
 
     master, slave = os.openpty()  # stdin is a terminal: someone is watching
     env = clean_env(GOOSE_INGEST_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
@@ -405,7 +405,7 @@ def test_a_tap_on_a_terminal_gives_up_on_an_unreachable_broker_and_says_so(tmp_p
 
 
 def test_ctrl_c_while_a_tap_waits_for_the_broker_is_not_exit_0(tmp_path):
-    from services.tap.command import UNDELIVERED_EXIT
+    from services.tap.outcome import UNDELIVERED_EXIT
 
     env = clean_env(GOOSE_INGEST_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
                     GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
@@ -583,7 +583,7 @@ def test_readme_names_the_install_cost_the_phoenix_environment_and_the_new_comma
 
 # --- spooled runs: listed, and delivered in one command -----------------------------------------------------
 def test_spool_lists_every_spooled_run_and_drain_delivers_them_all(private_redis, settings):
-    from services.tap.command import UNDELIVERED_EXIT
+    from services.tap.outcome import UNDELIVERED_EXIT
 
     s = settings.model_copy(update={"redis_url": private_redis.url})
     env = cli_env(s)

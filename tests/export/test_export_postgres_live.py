@@ -412,7 +412,7 @@ def test_hostile_timestamps_never_crash_the_sink_nor_make_partitions_retention_c
 def test_a_broker_at_maxmemory_while_a_batch_is_acknowledged_loses_and_doubles_nothing(private_redis, pg_dsn, tmp_path):
     """Issue 20 item 1 / finding 3, the sink's side, default settings: its batch (two good events and
     one the database refuses) is written while Redis refuses writes (maxmemory 1, noeviction), so
-    the MULTI carrying the dead letter and the XACKs is refused; the sink holds the batch, retries,
+    the script carrying the dead letter and the XACKs is refused; the sink holds the batch, retries,
     and once memory is freed acknowledges it: both rows once, one dead letter, nothing pending, no
     crash. (The sink counts no deliveries: a refused acknowledgement can only delay it.)"""
     settings = Settings(redis_url=private_redis.url, namespace="oom", shards=2, spool_dir=str(tmp_path / "spool"))

@@ -210,8 +210,8 @@ def test_without_a_dead_letter_stream_poison_is_handed_to_the_caller_unacknowled
 
 
 def test_an_acknowledgement_refused_at_maxmemory_is_retried_in_place_and_costs_no_delivery(private_redis, tmp_path):
-    """Redis at maxmemory (noeviction) refuses the dead letter's XADD, so the MULTI with the XACK is
-    refused whole. The reader retries it in place with the entries held: its sweeps meanwhile, far
+    """Redis at maxmemory (noeviction) refuses the dead letter's XADD, so the script with the XACK
+    acknowledges nothing. The reader retries it in place with the entries held: its sweeps meanwhile, far
     past CLAIM_IDLE_MS x MAX_DELIVERIES, never claim them back, the delivery count stays 1, and once
     memory is freed the dead letter is written once and everything acknowledged."""
     settings = Settings(redis_url=private_redis.url, namespace="oom", shards=2, spool_dir=str(tmp_path / "spool"))

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from contracts.keys import shard_of
 from services.broker.url import redact_url
 from services.tap import resp
-from services.tap.command import _strip_newline, format_of_command
+from services.tap.launchers import format_of_command
 from services.tap.lines import LineSplitter
+from services.tap.publish_input import strip_newline
 from services.tap.publisher import ENTRY_LABELS, MEM_CAP_BYTES, RESERVED_FIELDS, LineEncoder, Publisher, RunFinished
 from services.tap.resp import xadd_records
 from services.tap.runkey import is_valid_run, new_run_key, ulid
@@ -607,7 +608,7 @@ _LABELS = st.fixed_dictionaries({}, optional={"host": _TEXT, "agent": _TEXT, "fo
 
 def _reference_readline(data: bytes) -> list[bytes]:
     """What the tap published before: readline() then strip one \\n and one \\r."""
-    return [_strip_newline(raw) for raw in iter(io.BytesIO(data).readline, b"")]
+    return [strip_newline(raw) for raw in iter(io.BytesIO(data).readline, b"")]
 
 
 @settings_h(max_examples=400, deadline=None)
@@ -812,8 +813,8 @@ def test_tap_publishes_chunked_output_exactly(settings):
 
 def test_drain_gives_up_when_the_sender_died(settings, caplog):
     """A sender thread that fails (here: an injected bug) must not leave `tap` waiting forever with
-    the default unlimited drain: _drain reports the undelivered entries and returns False."""
-    from services.tap.command import _drain
+    the default unlimited drain: drain reports the undelivered entries and returns False."""
+    from services.tap.delivery import drain
 
     run = "test/sender-died"
     pub = Publisher(settings, run, {"host": "h"})
@@ -824,7 +825,7 @@ def test_drain_gives_up_when_the_sender_died(settings, caplog):
     pub._transport.send = broken
     pub.add_line(b"x")
     wait_for(lambda: not pub.sender_alive, 30, "the sender to stop")
-    assert _drain(pub, None, threading.Event()) is False
+    assert drain(pub, None, threading.Event()) is False
     assert "publisher for run test/sender-died stopped" in caplog.text
     assert spool_path(settings, run).exists()  # the entry is kept for a later `publish --drain`
 

@@ -1,5 +1,5 @@
 """A signal to `goose-ingest tap` at any moment of its start stops it, and never leaves the command
-running (services/tap/command.py, `_Signals`).
+running (services/tap/supervise.py, `Signals`).
 
 The window that was open: the handlers were installed only after `Popen`, and the main thread then
 waited in a bare `waitpid`, which only a signal delivered to that very thread interrupts. Here: the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from services.tap.command import WAIT_SLICE_S, _Signals, _tap
+from services.tap.supervise import WAIT_SLICE_S, Signals, supervise
 from tests.support.pipeline import REPO, wait_until
 from tests.support.redis_server import cli_env
 
@@ -101,7 +101,7 @@ def test_sigterm_at_any_moment_of_the_start_stops_the_tap_and_leaves_nothing_run
 
 
 def test_a_signal_that_arrives_while_popen_runs_reaches_the_command_once_its_pid_is_known():
-    signals = _Signals()
+    signals = Signals()
     signals.starting = True
     signals._on_signal(signal.SIGTERM, None)  # the child may exist, but its pid is not ours yet
     assert not signals.abort.is_set()  # the command is about to run: its output is still wanted
@@ -118,12 +118,12 @@ def test_a_signal_that_arrives_while_popen_runs_reaches_the_command_once_its_pid
 
 def test_a_signal_before_the_start_means_the_command_never_runs(settings, tmp_path):
     marker = tmp_path / "ran"
-    signals = _Signals()
+    signals = Signals()
     signals._on_signal(signal.SIGTERM, None)  # e.g. during the broker's credential check
     signals._on_signal(signal.SIGINT, None)
     assert signals.abort.is_set() and signals.first == signal.SIGTERM
     args = argparse.Namespace(format=None, agent=None, drain_timeout=None, quiet=True)
-    rc = _tap(args, settings, "sig/early", ["sh", "-c", f"touch {marker}"], signals)
+    rc = supervise(args, settings, "sig/early", ["sh", "-c", f"touch {marker}"], signals)
     assert rc == 128 + signal.SIGTERM
     time.sleep(0.2)
     assert not marker.exists()
@@ -132,13 +132,13 @@ def test_a_signal_before_the_start_means_the_command_never_runs(settings, tmp_pa
 def test_the_handler_runs_while_the_tap_waits_even_when_another_thread_takes_the_signal(tmp_path):
     """The kernel may hand a process-directed signal to any thread that does not block it; only the
     main thread runs Python's handler. Forced here: the main thread blocks SIGTERM, a helper thread
-    does not. A bare `child.wait()` then never returns (the command runs on); `_Signals.wait` does,
+    does not. A bare `child.wait()` then never returns (the command runs on); `Signals.wait` does,
     within WAIT_SLICE_S."""
     script = textwrap.dedent(f"""
         import signal, subprocess, sys, threading, time
         sys.path.insert(0, {str(REPO)!r})
-        from services.tap.command import _Signals
-        signals = _Signals()
+        from services.tap.supervise import Signals
+        signals = Signals()
         signals.install()
         child = subprocess.Popen(["sleep", "60"], process_group=0)
         signals.started(child, own_group=True)

@@ -9,7 +9,8 @@ A plain reader thread and writer loop (not FastStream; see docs/analytics.md "Wh
 2. writer: write it with the consumer positions in one transaction (store.py); while the
    database is unreachable, retry the same batch with backoff and report not ready: nothing is
    acknowledged, the topic keeps the data;
-3. after the commit, in one MULTI per shard (`GroupReader.ack`): dead letters (invalid entries, rows the database
+3. after the commit, all or nothing per shard (`GroupReader.ack`: services/streams/deadletter_ack.lua
+   when there are dead letters): dead letters (invalid entries, rows the database
    refused) to the sink's own dead-letter stream (`<deadletter>.postgres`, the only stream its
    `postgres-exporter` ACL user may write; never the workers' `goose.deadletter`), then XACK of
    the whole batch.
@@ -114,7 +115,7 @@ class Sink:
         layout = settings.layout
         events, runs = layout.events_partitions(), layout.runs_partitions()
         # Partition i of each topic belongs to shard i (one partition each on a single node): the
-        # streams of one shard share a hash slot, so one MULTI per shard works on a cluster too.
+        # streams of one shard share a hash slot, so one MULTI or script per shard works on a cluster too.
         self.shards: list[list[str]] = [[e, r] for e, r in zip(events, runs, strict=True)]
         self.topic: dict[str, str] = {s: "events" for s in events} | {s: "runs" for s in runs}
         # Positions (own pending entries first), sweep, held entries, acknowledgements with dead
@@ -362,8 +363,9 @@ class Sink:
         dead = [_dead_letter(self.reader, letter) for letter in parsed.dead + result.rejected]
         # Written but not acknowledged: a refused acknowledgement is retried in place (a
         # re-delivery meanwhile is harmless, the rows are idempotent). A refusal of the dead
-        # letters' XADD (OOM at maxmemory; LOADING, READONLY, a topology change) aborts the whole
-        # MULTI, so the retry writes each dead letter once; the batch stays written and held.
+        # letters' XADD (OOM at maxmemory; LOADING, READONLY, a topology change) comes before the
+        # script acknowledged anything (deadletter_ack.lua writes the dead letters first), so the
+        # retry writes each dead letter once; the batch stays written and held.
         if not self._ack(by_stream(entries), dead):
             return False
         self._count(parsed, result)
