@@ -13,8 +13,10 @@ entries published and the worker's topics. A later consumer joins by subclassing
 
 Timing: the cases of the four consumers run side by side (tests/consumers/conftest.py), and the
 two long outages (Redis full for the redelivery budget + a margin, the target down for 10 minutes)
-share one window: the folder took 6-7.5 minutes with a 170 s target outage; the 10-minute outage
-adds about 7 minutes.
+share one window, with the rollback case inside it: the folder took 6-7.5 minutes with a 170 s
+target outage; the 10-minute outage adds about 7 minutes. The same contract on the 3+3 Redis
+Cluster (a primary SIGKILLed mid-batch) is tests/consumers/test_contract_cluster.py, a file of its
+own so pytest-xdist runs it beside this one.
 """
 
 from __future__ import annotations
