@@ -31,6 +31,7 @@ from tests.consumers.harness import (
     metrics_port,
     readyz,
     runs_of,
+    scrape,
     stop,
     wait_until,
     world,
@@ -329,11 +330,18 @@ def rollback(c: Consumer, tmp: Path) -> Outcome:
         lost_from_redis = before - sum(w.root().xlen(s) for s in raw)
         runs |= _feed(c, w, runs_of("rollback-c"))
         held |= {run for run in runs if run.startswith("rollback-c/")}
+        counted = None
+        if c.broker_lost_metric:  # the loss counted: every raw entry of B (archived, then lost by Redis)
+            wait_until(lambda: "went back in time" in _log(w, "rb").read_text(errors="replace"), 60)
+            counted = scrape(metrics_port(w.port_files[proc.pid]), c.broker_lost_metric)
         owed = c.owed_after_rollback(runs, held)
         out = _finish(c, w, t, owed, [proc], [_log(w, "rb")], first_delivered=first, second_delivered=second,
                       lost_from_redis=lost_from_redis, caught_at_save=caught,
                       pending_at_save=pending_at_save, runs_fed=len(runs), runs_held=len(held), runs_owed=len(owed),
-                      units_before_restart=delivered_before.expected - len(delivered_before.lost), **at_snapshot)
+                      units_before_restart=delivered_before.expected - len(delivered_before.lost),
+                      broker_lost_counted=counted,
+                      raw_entries_of_b=sum(n for run, n in w.published.items() if run.startswith("rollback-b/")),
+                      **at_snapshot)
         # doubled over every run the target got, also those Redis lost (the accounting above is over `owed`)
         out.facts["doubled_over_all_runs"] = c.account(w, t, runs).doubled
         out.facts["copies"] = c.copies(t)

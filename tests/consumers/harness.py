@@ -248,6 +248,20 @@ def metrics_port(port_file: Path, timeout: float = 60) -> int | None:
     return found[-1] if wait_until(read, timeout) else None
 
 
+def scrape(port: int | None, name: str) -> float | None:
+    """One sample of a consumer's /metrics (its full name with labels); None when absent."""
+    if port is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            for line in reply.read().decode(errors="replace").splitlines():
+                if line.startswith(name + " "):
+                    return float(line.rsplit(" ", 1)[1])
+    except OSError:
+        return None
+    return None
+
+
 def readyz(port: int | None) -> tuple[int, str]:
     if port is None:
         return 0, "no metrics port"
@@ -289,6 +303,9 @@ class Consumer:
     # Case e: /readyz must say "not ready" from this many seconds into the target's outage (a first
     # attempt has to meet the outage and fail; the backoff may take a few seconds).
     outage_noticed_s: float = 20.0
+    # The metric in which this consumer counts raw entries Redis lost after it had them (a rollback):
+    # only the archive holds such entries, so only it can count them (docs/consumers.md).
+    broker_lost_metric: str = ""
 
     def group(self, s: Settings) -> str:
         raise NotImplementedError
@@ -636,6 +653,7 @@ class ArchiveConsumer(ExporterConsumer):
     # The store's requests time out after ARCHIVE_STORE_TIMEOUT_S (30 s at defaults) when the store
     # hangs (moto stopped: connections accepted, never answered); only then does the archive know.
     outage_noticed_s = float(DEFAULTS["archive_store_timeout_s"].default) + 15.0
+    broker_lost_metric = 'goose_ingest_archive_broker_lost_entries_total{dataset="raw"}'
     # The one setting shortened: a segment is cut ARCHIVE_SEGMENT_MAX_AGE_S after its first entry was
     # read (300 s at defaults, the small-file trade-off of docs/archive.md). At the default every case
     # would wait 5 minutes per segment; 2 s cuts many segments in each case, so the faults meet

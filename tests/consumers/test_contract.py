@@ -272,11 +272,19 @@ class TestArchive(ConsumerContract):
     def test_rollback(self, contract_outcomes):
         """Redis restarted from an older snapshot mid-stream: beside the contract's checks, what Redis
         lost the archive keeps (its account is over every run published, before and after: owed
-        them all, ArchiveConsumer.owed_after_rollback), reported in one line."""
+        them all, ArchiveConsumer.owed_after_rollback), reported in one line and counted in
+        goose_ingest_archive_broker_lost_entries_total, the alert's metric."""
         super().test_rollback(contract_outcomes)
         out = self.outcome(contract_outcomes, "rollback")
         assert out.facts["runs_owed"] == out.facts["runs_fed"], out.facts
         assert len(out.facts["rollback_lines"]) == 1, out.facts["rollback_lines"]
+        # Counted (GooseIngestBrokerLostEntries fires on any increase), never more than Redis lost.
+        # Not exact, an open item (docs/consumers.md "The broker's own faults"): the archive compares
+        # with the stream's last-generated id, and the writes after the rollback move it past the
+        # loss of a shard before the archive's check (58 of 161 counted in every run).
+        counted, lost = out.facts["broker_lost_counted"], out.facts["raw_entries_of_b"]
+        print(f"broker_lost_entries_total counted {counted} of {lost} raw entries Redis lost")
+        assert counted and 0 < counted <= lost, f"counted {counted} of {lost}: {out.facts['rollback_lines']}"
 
     def test_second_instance(self, contract_outcomes):
         """A second archive on the same group: refused with one line and exit 2; the first goes on,
