@@ -20,7 +20,7 @@ may read nothing (a known issue, docs/consumers.md "Limits on the cluster"); wha
 meanwhile is the fact `complete_while_node_down`, not a promise.
 
 Wall time: one cluster and one pipeline for the four consumers (the failover is one event they
-all meet): about 2 minutes on its own (110-117 s measured); it is a file of its own so
+all meet): about 2 minutes on its own (101-117 s measured); it is a file of its own so
 pytest-xdist (--dist loadfile) runs it beside the single-node contract's 10-minute window.
 """
 
