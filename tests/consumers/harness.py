@@ -248,6 +248,20 @@ def metrics_port(port_file: Path, timeout: float = 60) -> int | None:
     return found[-1] if wait_until(read, timeout) else None
 
 
+def scrape(port: int | None, name: str) -> float | None:
+    """One sample of a consumer's /metrics (its full name with labels); None when absent."""
+    if port is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            for line in reply.read().decode(errors="replace").splitlines():
+                if line.startswith(name + " "):
+                    return float(line.rsplit(" ", 1)[1])
+    except OSError:
+        return None
+    return None
+
+
 def readyz(port: int | None) -> tuple[int, str]:
     if port is None:
         return 0, "no metrics port"
@@ -289,6 +303,9 @@ class Consumer:
     # Case e: /readyz must say "not ready" from this many seconds into the target's outage (a first
     # attempt has to meet the outage and fail; the backoff may take a few seconds).
     outage_noticed_s: float = 20.0
+    # The metric in which this consumer counts raw entries Redis lost after it had them (a rollback):
+    # only the archive holds such entries, so only it can count them (docs/consumers.md).
+    broker_lost_metric: str = ""
 
     def group(self, s: Settings) -> str:
         raise NotImplementedError
@@ -333,6 +350,13 @@ class Consumer:
         """Whether what feed() put in place is all readable by this consumer."""
         return True
 
+    def owed_after_rollback(self, runs: set[str], held: set[str]) -> set[str]:
+        """The runs this consumer must deliver once after Redis came back from an older snapshot
+        (`held`: those whose raw entries Redis still holds). A consumer of what Redis holds cannot
+        promise what Redis lost: the entries written after the snapshot are gone, and with them the
+        topic entries and state written for them (docs/consumers.md "The broker's own faults")."""
+        return held
+
     def poison(self, w: World, t: Target, tag: str) -> str:
         """Put one poison entry among the input of runs `<tag>/...`; its key in a dead letter (a run
         it names is left out of what the target owes)."""
@@ -347,6 +371,15 @@ class Consumer:
 
     def at_kill(self, w: World, t: Target, runs: set[str]) -> dict[str, Any]:
         """Facts read right after a SIGKILL, while nothing moves (a consumer that needs them)."""
+        return {}
+
+    def at_snapshot(self, w: World, t: Target, runs: set[str]) -> dict[str, Any]:
+        """Facts read while the consumer is frozen and Redis takes the snapshot a rollback returns to."""
+        return {}
+
+    def copies(self, t: Target) -> dict[str, Any]:
+        """The units the target holds more than once, with what tells the copies apart (OTLP: the
+        spans' ids); empty where the target cannot hold a copy."""
         return {}
 
     def outage_facts(self, w: World, t: Target, before: set[str], during: set[str]) -> dict[str, Any]:
@@ -509,16 +542,33 @@ class OtlpConsumer(ExporterConsumer):
         for r in records:
             if r["runId"] in runs and r.get("state") in ("ended", "abandoned"):
                 expected[f"root:{r['runId']}"] += 1
-        observed: Counter[str] = Counter()
+        observed = Counter({unit: len(ids) for unit, ids in self.received(t).items()})
+        return account(expected, observed)
+
+    def received(self, t: Target) -> dict[str, list[tuple[str, str]]]:
+        """unit -> the (trace id, span id) of every span that carried it (a root's span events are
+        carried by the root)."""
+        out: dict[str, list[tuple[str, str]]] = {}
         with t.rx.lock:
             spans = list(t.rx.spans)
         for span in spans:
+            ids = (span.trace_id, span.span_id)
             if span.name.startswith(OP_INVOKE_AGENT):
-                observed[f"root:{span.attributes.get(GEN_AI_CONVERSATION_ID)}"] += 1
-                observed.update(str(attrs.get(GI_EVENT_ID)) for _, attrs in span.events if GI_EVENT_ID in attrs)
+                units = [f"root:{span.attributes.get(GEN_AI_CONVERSATION_ID)}"]
+                units += [str(attrs.get(GI_EVENT_ID)) for _, attrs in span.events if GI_EVENT_ID in attrs]
             else:
-                observed[str(span.attributes.get(GI_EVENT_ID))] += 1
-        return account(expected, observed)
+                units = [str(span.attributes.get(GI_EVENT_ID))]
+            for unit in units:
+                out.setdefault(unit, []).append(ids)
+        return out
+
+    def at_snapshot(self, w: World, t: Target, runs: set[str]) -> dict[str, Any]:
+        """The delivery window when Redis took the snapshot (the exporter frozen): what a rollback
+        to it may have sent again (see at_kill), and what the collector had by then."""
+        return {**self.at_kill(w, t, runs), "received_at_snapshot": sorted(self.received(t))}
+
+    def copies(self, t: Target) -> dict[str, list[tuple[str, str]]]:
+        return {unit: ids for unit, ids in self.received(t).items() if len(ids) > 1}
 
 
 class PostgresConsumer(ExporterConsumer):
@@ -603,6 +653,7 @@ class ArchiveConsumer(ExporterConsumer):
     # The store's requests time out after ARCHIVE_STORE_TIMEOUT_S (30 s at defaults) when the store
     # hangs (moto stopped: connections accepted, never answered); only then does the archive know.
     outage_noticed_s = float(DEFAULTS["archive_store_timeout_s"].default) + 15.0
+    broker_lost_metric = 'goose_ingest_archive_broker_lost_entries_total{dataset="raw"}'
     # The one setting shortened: a segment is cut ARCHIVE_SEGMENT_MAX_AGE_S after its first entry was
     # read (300 s at defaults, the small-file trade-off of docs/archive.md). At the default every case
     # would wait 5 minutes per segment; 2 s cuts many segments in each case, so the faults meet
@@ -658,6 +709,9 @@ class ArchiveConsumer(ExporterConsumer):
 
     def sent_some(self, t: Target) -> bool:
         return bool(self.store(t).list(f"{RAW_PREFIX}/"))
+
+    def owed_after_rollback(self, runs: set[str], held: set[str]) -> set[str]:
+        return runs  # the log of record: what it archived before Redis lost it stays archived
 
     def account(self, w: World, t: Target, runs: set[str]) -> Account:
         store = self.store(t)

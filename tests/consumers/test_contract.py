@@ -13,8 +13,10 @@ entries published and the worker's topics. A later consumer joins by subclassing
 
 Timing: the cases of the four consumers run side by side (tests/consumers/conftest.py), and the
 two long outages (Redis full for the redelivery budget + a margin, the target down for 10 minutes)
-share one window: the folder took 6-7.5 minutes with a 170 s target outage; the 10-minute outage
-adds about 7 minutes.
+share one window, with the rollback case inside it: the folder took 6-7.5 minutes with a 170 s
+target outage; the 10-minute outage adds about 7 minutes. The same contract on the 3+3 Redis
+Cluster (a primary SIGKILLed mid-batch) is tests/consumers/test_contract_cluster.py, a file of its
+own so pytest-xdist runs it beside this one.
 """
 
 from __future__ import annotations
@@ -157,8 +159,24 @@ class ConsumerContract:
         _ran_through(out)
 
 
-    # The broker's own faults (issue 32; docs/consumers.md "The broker's own faults"), for every
-    # consumer but `rollback`, which only the archive can promise (TestArchive).
+    # The broker's own faults (issue 32; docs/consumers.md "The broker's own faults").
+    @pytest.mark.timeout(WINDOW_TIMEOUT_S)  # it runs in the window of the 10-minute target outage (conftest)
+    def test_rollback(self, contract_outcomes):
+        """Redis restarted from an older snapshot mid-stream (runs A, SAVE while a batch of A is
+        pending, runs B delivered, SIGKILL and restart from the snapshot, runs C): what Redis still holds after the rollback (A and C)
+        is delivered exactly once; nothing is doubled in the target over every run, B included (B
+        was delivered before Redis lost it; the worker's target is Redis, so B's events went with
+        the snapshot). What Redis lost before a consumer read it is not promised by a consumer of
+        Redis: the archive counts it (TestArchive.test_rollback, GooseIngestBrokerLostEntries)."""
+        out = self.outcome(contract_outcomes, "rollback")
+        assert out.facts["first_delivered"] and out.facts["second_delivered"], out.facts
+        assert out.facts["lost_from_redis"] > 0, "the snapshot held everything: the case did not bite"
+        assert out.facts["caught_at_save"] and out.facts["pending_at_save"] > 0, f"not snapshotted mid-batch: {out.facts}"
+        assert out.facts["runs_owed"] < out.facts["runs_fed"] or self.consumer.name == "archive", out.facts
+        _lost_doubled(out)
+        assert out.facts["doubled_over_all_runs"] == {}, dict(list(out.facts["doubled_over_all_runs"].items())[:10])
+        _ran_through(out)
+
     def test_second_instance(self, contract_outcomes):
         """A second instance of the same command beside the first, while input arrives: both run
         (the worker's shard leases, the exporters' groups share the work), 0 lost, 0 doubled."""
@@ -201,6 +219,31 @@ class TestExportOtlp(ConsumerContract):
         _ran_through(out)
 
 
+    @pytest.mark.timeout(WINDOW_TIMEOUT_S)
+    def test_rollback(self, contract_outcomes):
+        """rollback for OTLP, whose collector has no idempotent write: 0 lost over what Redis still
+        holds. Sent again is only what the exporter had sent after the snapshot (Redis forgot it
+        was sent: the acknowledgements and the run state went back with it) or what was in the
+        accept-to-note window at the snapshot (as in killed_mid_batch); each at most once more,
+        every copy with the trace id and span id of the first (docs/otel.md "Ids": Phoenix and
+        Tempo keep one). Nothing of runs B (exported, then lost by Redis) is sent again."""
+        out = self.outcome(contract_outcomes, "rollback")
+        assert out.facts["first_delivered"] and out.facts["second_delivered"], out.facts
+        assert out.facts["lost_from_redis"] > 0, "the snapshot held everything: the case did not bite"
+        assert out.facts["caught_at_save"] and out.facts["pending_at_save"] > 0, f"not snapshotted mid-batch: {out.facts}"
+        assert out.facts["receiver_quiet"], "the collector was still answering the frozen exporter's requests"
+        assert out.account.expected > 0 and not out.account.lost, f"lost {len(out.account.lost)}: {out.account.lost[:10]}"
+        doubled = out.facts["doubled_over_all_runs"]
+        window = set(out.facts["accepted_not_noted"])
+        noted_before = {k for k in doubled if k in set(out.facts["received_at_snapshot"]) and k not in window}
+        assert not noted_before, f"sent again although noted as sent before the snapshot: {sorted(noted_before)[:10]}"
+        assert all(k.startswith(("rollback-a/", "root:rollback-a/")) for k in doubled), sorted(doubled)[:10]
+        assert all(n == 2 for n in doubled.values()), doubled
+        differ = {k: ids for k, ids in out.facts["copies"].items() if len(set(ids)) > 1}
+        assert not differ, f"copies with other trace/span ids: {dict(list(differ.items())[:5])}"
+        _ran_through(out)
+
+
 class TestExportPostgres(ConsumerContract):
     consumer = PostgresConsumer()
 
@@ -222,18 +265,26 @@ class TestArchive(ConsumerContract):
         assert out.facts["archived_before_still_in_redis"] < out.facts["archived_before_count"], (
             "the trim removed nothing archived during the outage: the check above proves nothing", out.facts)
 
-    # The broker's own faults (issue 32): a rollback only the archive can survive (the others'
-    # cost is counted by the archive and alerted: docs/consumers.md "The broker's own faults"), and
-    # a second archive is refused rather than run beside the first.
+    # The broker's own faults (issue 32): a rollback only the archive survives whole (the others'
+    # cost is what it counts and alerts on: docs/consumers.md "The broker's own faults"), and a
+    # second archive is refused rather than run beside the first.
+    @pytest.mark.timeout(WINDOW_TIMEOUT_S)
     def test_rollback(self, contract_outcomes):
-        """Redis restarted from an older snapshot mid-stream: what Redis lost the archive keeps (0
-        lost over every run published, before and after), reported in one line; 0 doubled."""
+        """Redis restarted from an older snapshot mid-stream: beside the contract's checks, what Redis
+        lost the archive keeps (its account is over every run published, before and after: owed
+        them all, ArchiveConsumer.owed_after_rollback), reported in one line and counted in
+        goose_ingest_archive_broker_lost_entries_total, the alert's metric."""
+        super().test_rollback(contract_outcomes)
         out = self.outcome(contract_outcomes, "rollback")
-        assert out.facts["first_delivered"] and out.facts["second_delivered"], out.facts
-        assert out.facts["lost_from_redis"] > 0, "the snapshot held everything: the case did not bite"
+        assert out.facts["runs_owed"] == out.facts["runs_fed"], out.facts
         assert len(out.facts["rollback_lines"]) == 1, out.facts["rollback_lines"]
-        _lost_doubled(out)
-        _ran_through(out)
+        # Counted (GooseIngestBrokerLostEntries fires on any increase), never more than Redis lost.
+        # Not exact, an open item (docs/consumers.md "The broker's own faults"): the archive compares
+        # with the stream's last-generated id, and the writes after the rollback move it past the
+        # loss of a shard before the archive's check (58 of 161 counted in every run).
+        counted, lost = out.facts["broker_lost_counted"], out.facts["raw_entries_of_b"]
+        print(f"broker_lost_entries_total counted {counted} of {lost} raw entries Redis lost")
+        assert counted and 0 < counted <= lost, f"counted {counted} of {lost}: {out.facts['rollback_lines']}"
 
     def test_second_instance(self, contract_outcomes):
         """A second archive on the same group: refused with one line and exit 2; the first goes on,
