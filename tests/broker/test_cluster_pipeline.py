@@ -21,8 +21,8 @@ import pytest
 
 from contracts.events import EVENT_TYPES
 from services.broker.connect import sync_client
-from services.worker.housekeeping import RETENTION_EVERY_S
 from services.tap.publisher import Publisher
+from services.worker.housekeeping import RETENTION_EVERY_S
 from tests.support.fixtures import TRANSCRIPTS
 from tests.support.pipeline import (
     REPO,
