@@ -22,6 +22,7 @@ import errno
 import logging
 import os
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,17 @@ class _Server(ThreadingHTTPServer):
         self.metrics = metrics
         self.ready = ready
         super().__init__(addr, handler)
+
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A scraper that gave up (its scrape_timeout passed while a loaded machine rendered the page)
+        # closes the connection: that is the scraper's news, not a traceback on the worker's stderr.
+        # Anything else is a bug in a handler: logged once through logging, not printed by socketserver.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            log.debug("metrics http: client %s went away (%s)", client_address, type(exc).__name__)
+        else:
+            log.error("metrics http: request from %s failed", client_address, exc_info=exc)
 
 
 class _Server6(_Server):

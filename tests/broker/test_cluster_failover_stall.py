@@ -39,27 +39,33 @@ MAX_AGE_S = 10.0  # the oldest uncommitted entry of a surviving shard may be thi
 LINE = b'{"type":"message","message":{"id":"m","role":"assistant","content":[{"type":"text","text":"tick"}]}}'
 
 
-class Feeder(threading.Thread):
-    """One line to one run of every shard each 10 ms, from before the kill to the end."""
+class Feeder:
+    """One line to one run of every shard each 10 ms, from before the kill to the end: a thread per
+    shard, so XADDs to the killed primary (each waiting out its connection timeout) never slow the
+    surviving primaries' shards (one thread for all once fed them 96 lines in the whole watch)."""
 
     def __init__(self, settings: Settings, runs: dict[int, str]) -> None:
-        super().__init__(daemon=True)
         self.settings, self.runs = settings, runs
         self.done = threading.Event()
         self.seq = dict.fromkeys(runs, 0)
+        self.threads = [threading.Thread(target=self._feed, args=(shard,), daemon=True) for shard in runs]
 
-    def run(self) -> None:
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def _feed(self, shard: int) -> None:
         client = sync_client(self.settings)
-        layout = self.settings.layout
+        stream = self.settings.layout.raw_stream(shard)
+        run = self.runs[shard].encode()
         while not self.done.is_set():
-            for shard, run in self.runs.items():
-                fields = {b"run": run.encode(), b"seq": str(self.seq[shard]).encode(),
-                          b"ts": str(int(time.time() * 1000)).encode(), b"line": LINE}
-                try:
-                    client.xadd(layout.raw_stream(shard), fields)
-                    self.seq[shard] += 1
-                except (redis.RedisError, redis.exceptions.RedisClusterException):
-                    continue  # the victim's shards while its replica is promoted: sent again next round
+            fields = {b"run": run, b"seq": str(self.seq[shard]).encode(),
+                      b"ts": str(int(time.time() * 1000)).encode(), b"line": LINE}
+            try:
+                client.xadd(stream, fields)
+                self.seq[shard] += 1
+            except (redis.RedisError, redis.exceptions.RedisClusterException):
+                pass  # the victim's shards while its replica is promoted: sent again next round
             time.sleep(0.01)
 
 

@@ -65,8 +65,9 @@ STORM_VOLUME = 2
 SPIKE = "GooseIngestErrorSpike"
 DELIVERED = ("GooseIngestRateLimited", "GooseIngestToolFailing")
 # publish -> worker -> scrape -> Prometheus -> Alertmanager -> webhook, beyond the rules' own
-# timings, on a 2-core machine shared with other tests
-PIPELINE_MARGIN_S = 20.0
+# timings, on a 2-core machine shared with other tests (four pytest-xdist workers: 20 s once left the
+# tool alert pending at the deadline, its scrapes timing out at the scaled 250 ms)
+PIPELINE_MARGIN_S = 40.0
 
 
 def scaled_latency_s(alert: str) -> float:
