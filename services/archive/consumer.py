@@ -162,6 +162,7 @@ class Archiver:
         self._run_ids: frozenset[str] | None = None
         self._last_broker_check = 0.0
         self._check_reason: str | None = None  # a reason to compare the streams with the store now
+        self._lost_reported: dict[str, tuple[int, int]] = {}  # per stream: a loss reported up to this id
         self._last_sweep = 0.0
         self.stopping = threading.Event()
         self._broker_why: str | None = "connecting to the broker"
@@ -409,12 +410,11 @@ class Archiver:
             pos = self.positions.get(src.stream)
             if pos is None:
                 continue
-            try:
-                last = sg.id_parts(_text(self.client.xinfo_stream(src.stream)["last-generated-id"]))
-            except ResponseError:
-                last = (0, 0)  # the stream is gone
+            # A later check (the lease found gone after the same rollback) reports only what is new.
+            last = max(self._held_through(src.stream, pos), self._lost_reported.get(src.stream, (0, 0)))
             if last >= pos:
                 continue
+            self._lost_reported[src.stream] = pos
             count = self._archived_after(src, last, pos)
             if count:
                 self.metrics.broker_lost.labels(src.dataset).inc(count)
@@ -424,11 +424,26 @@ class Archiver:
             log.warning("broker went back in time (%s): Redis lost what the archive holds: %s (kept in the archive; "
                         "what became pending again is acknowledged without being written twice)", why, "; ".join(lost))
         elif why != "at start":
-            log.warning("broker check (%s): Redis holds everything the archive has written", why)
+            log.warning("broker check (%s): Redis holds everything the archive has written%s", why,
+                        " but what was reported lost before" if self._lost_reported else "")
         if why == "at start":
             return  # adopt() ran already
         self.metrics.broker_rollbacks.inc()
         self.adopt()
+
+    def _held_through(self, stream: str, pos: tuple[int, int]) -> tuple[int, int]:
+        """The id through which Redis still accounts for what the archive wrote up to `pos`: the
+        greatest entry at or below `pos` it holds, or its largest deleted id when a trim removed the
+        rest (the workers trim only what the archive has). Not the stream's last-generated id: the
+        writes after a rollback move that past `pos` before a check runs and hide the loss."""
+        try:
+            info = self.client.xinfo_stream(stream)
+            below = self.client.xrevrange(stream, max=f"{pos[0]}-{pos[1]}", count=1)
+        except ResponseError:
+            return (0, 0)  # the stream is gone
+        held = sg.id_parts(_text(below[0][0])) if below else (0, 0)
+        deleted = sg.id_parts(_text(info.get("max-deleted-entry-id") or "0-0"))
+        return max(held, deleted)
 
     def _server_ids(self) -> frozenset[str]:
         """The run_ids of the broker's servers: every primary's on a cluster (redis-py would ask one
