@@ -19,10 +19,8 @@ from tests.consumers.harness import (
     REDIS_FULL_S,
     TARGET_OUTAGE_S,
     Account,
-    ArchiveConsumer,
     Consumer,
     ExporterConsumer,
-    PostgresConsumer,
     Target,
     World,
     background,
@@ -187,7 +185,7 @@ def dead_consumer(c: Consumer, tmp: Path) -> Outcome:
     by default (a restart re-reads its own entries at once): they are given two names here, so the
     successor must take the entries over (the worker and the OTLP exporter are unique per process)."""
     names = ((("--consumer", "contract-first"), ("--consumer", "contract-second"))
-             if isinstance(c, (PostgresConsumer, ArchiveConsumer)) else ((), ()))
+             if c.stable_name else ((), ()))
     return _kill_and_restart(c, tmp, "b", _has_pending, names[1], names[0])
 
 
