@@ -301,7 +301,7 @@ class Settings(BaseSettings):
     def _metric_tools(cls, names: list[str]) -> list[str]:
         if not names:
             return names  # the default: a tap never imports the metrics or the redaction rules
-        from services.metrics.registry import metric_tools_problem
+        from contracts.tool_labels import metric_tools_problem
         from services.redaction import Redactor
 
         # A label value is published in every scrape and alert: a name a redaction rule would hide

@@ -35,6 +35,9 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from pydantic import SecretStr
 
+from contracts.consumers import BY_COMMAND as ROWS
+from contracts.consumers import CONSUMERS as REGISTRY
+from contracts.consumers import deadletter_streams
 from services.archive.reader import RAW, read_raw
 from services.archive.segments import (
     EVENTS_PREFIX,
@@ -47,9 +50,6 @@ from services.archive.segments import (
 )
 from services.archive.store import ArchiveStore, parse_store_url
 from services.archive.window import Window
-from contracts.consumers import BY_COMMAND as ROWS
-from contracts.consumers import CONSUMERS as REGISTRY
-from contracts.consumers import deadletter_streams
 from services.broker.acl import ROLE_NAMES, render, user_name
 from services.broker.embedded import EmbeddedRedis
 from services.export.otlp.mapping import GEN_AI_CONVERSATION_ID, GI_EVENT_ID, OP_INVOKE_AGENT
