@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from contracts.keys import KeyLayout
-from contracts.raw import DEAD_LETTER_REASONS as WORKER_REASONS
-from contracts.raw import INVALID_ENTRY, MAX_DELIVERIES
+from contracts.raw import DEAD_LETTER_REASONS, INVALID_ENTRY, MAX_DELIVERIES
+
+WORKER_REASONS: tuple[str, ...] = DEAD_LETTER_REASONS  # the worker's: they name what happens to a raw entry
 
 # The exporters' dead-letter reasons (besides INVALID_ENTRY and MAX_DELIVERIES); prefixed with the
 # exporter's name where the same word would mean a different check (contracts/deadletters.py).
