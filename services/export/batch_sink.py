@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import ResponseError
@@ -146,3 +146,37 @@ class BatchSink:
     def _refused(self, exc: BaseException, backoff: float) -> None:
         self.why["broker"] = f"broker refuses the acknowledgement ({describe(exc)})"
         self.log.warning("%s; retrying in %.1fs", self.why["broker"], backoff)
+
+
+def serve(row: Consumer, settings: Settings, target: Target, group: str, consumer: str, log: logging.Logger) -> int:
+    """Run a sink of this loop as its command does: /readyz at once (not ready until the broker
+    answers), credentials the broker refuses as one line and exit 2 (a broker that is down is
+    waited for), metrics and readiness, SIGTERM finishing the current batch."""
+    from redis.exceptions import AuthenticationError
+
+    from services.broker.connect import sync_client
+    from services.metrics.server import serve as serve_metrics
+    from services.metrics.server import serve_early
+    from services.metrics.startup import stop_on_signals
+    from services.settings import ConfigError
+
+    s = settings
+    server = serve_early(s.metrics_host, s.metrics_port, "connecting to the broker", port_file=s.metrics_port_file)
+    client = sync_client(s)
+    try:
+        client.ping()
+    except AuthenticationError as exc:
+        raise ConfigError(f"the broker refused the credentials: {exc}") from None
+    except BROKER_ERRORS:
+        pass  # down: the loop waits for it
+    sink = BatchSink(row, s, client, target, group, consumer, log)
+    server = serve_metrics(cast(Any, sink.metrics), s.metrics_host, s.metrics_port, sink.is_ready,
+                           port_file=s.metrics_port_file)
+    log.info("%s: group %s, consumer %s; metrics on %s:%d", row.command, group, consumer, server.host, server.port)
+    stop_on_signals(log, "finishing the current batch", sink.stop)
+    try:
+        sink.run()
+    finally:
+        server.close()
+        target.close()
+    return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any, cast
 
 from contracts.consumers import BY_NAME, JSONL
 from services.settings import ConfigError, Settings
@@ -27,16 +26,10 @@ def register(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def run(args: argparse.Namespace) -> int:
-    from redis.exceptions import AuthenticationError
-
-    from services.broker.connect import sync_client
-    from services.export.batch_sink import BatchSink
+    from services.export.batch_sink import serve
     from services.export.jsonl.sink import target
     from services.logs import configure_logging
-    from services.metrics.server import serve, serve_early
-    from services.metrics.startup import stop_on_signals
     from services.streams.names import stable_consumer
-    from services.streams.reader import BROKER_ERRORS
 
     configure_logging(args.log_level)
     s = Settings().for_command(ROW.command)
@@ -50,22 +43,6 @@ def run(args: argparse.Namespace) -> int:
         Path(directory).mkdir(parents=True, exist_ok=True)  # at start only: later, a missing one is an outage
     except OSError as exc:
         raise ConfigError(f"cannot create {directory}: {exc.strerror or exc}") from None
-    server = serve_early(s.metrics_host, s.metrics_port, "connecting to the broker", port_file=s.metrics_port_file)
-    client = sync_client(s)
-    try:
-        client.ping()
-    except AuthenticationError as exc:
-        raise ConfigError(f"the broker refused the credentials: {exc}") from None
-    except BROKER_ERRORS:
-        pass  # down: the loop waits for it
     files = target(Path(directory), s.layout.events_partitions(), s.layout.runs_partitions())
-    sink = BatchSink(ROW, s, client, files, args.group or s.jsonl_group, args.consumer or stable_consumer(JSONL), log)
-    server = serve(cast(Any, sink.metrics), s.metrics_host, s.metrics_port, sink.is_ready, port_file=s.metrics_port_file)
-    log.info("export jsonl to %s, group %s; metrics on %s:%d", directory, sink.reader.group, server.host, server.port)
-    stop_on_signals(log, "finishing the current batch", sink.stop)
-    try:
-        sink.run()
-    finally:
-        server.close()
-        files.close()
-    return 0
+    log.info("export jsonl to %s", directory)
+    return serve(ROW, s, files, args.group or s.jsonl_group, args.consumer or stable_consumer(JSONL), log)
