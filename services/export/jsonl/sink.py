@@ -21,6 +21,7 @@ import orjson
 
 from contracts.consumers import JSONL_INVALID_ENTRY
 from contracts.deadletters import DeadLetter
+from contracts.stream_ids import StreamId
 from contracts.topics import EVENT, RECORD, TopicEntry, TopicEntryError
 from services.export.batch_sink import TargetDown
 from services.streams.reader import GroupReader, StreamEntry
@@ -29,7 +30,7 @@ MAX_OPEN_FILES = 64  # files whose ids are kept between batches (today's partiti
 
 
 def day_of(entry_id: str) -> str:
-    return datetime.fromtimestamp(int(entry_id.partition("-")[0]) / 1000, UTC).strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(StreamId.parse(entry_id).ms / 1000, UTC).strftime("%Y-%m-%d")
 
 
 class JsonlFiles:
