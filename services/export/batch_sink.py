@@ -98,6 +98,7 @@ class BatchSink:
                 self.why["broker"] = f"broker unreachable ({type(exc).__name__})"
                 self.log.warning("broker unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
             except ResponseError as exc:  # NOGROUP: the broker lost the group; recreated at 0, re-read
+                self.why["broker"] = f"broker refused a read ({describe(exc)})"
                 self.log.warning("%s; reading again from the group's start", "consumer group missing"
                                  if is_nogroup(exc) else f"broker refused a read: {describe(exc)}")
             self.reader.reset()

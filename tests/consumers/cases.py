@@ -224,7 +224,7 @@ def redis_full(c: Consumer, tmp: Path) -> Outcome:
             stop(w.feeder)  # its work is done; it is not under test
         r.config_set("maxmemory-policy", "noeviction")
         used = int(r.info("memory")["used_memory"])
-        r.config_set("maxmemory", str(used + 64 * 1024))
+        r.config_set("maxmemory", str(used + c.full_headroom))
         started = time.monotonic()
         proc, port_file = c.start(w, t, "d")
         ready = []
