@@ -151,3 +151,13 @@ def test_the_consumers_own_modules_name_their_row():
 
     assert postgres_sink.EXPORTER in EXPORTERS
     assert postgres_sink.DEFAULT_GROUP == Settings.model_fields["postgres_group"].default
+
+
+def test_the_docs_role_tables_have_a_row_per_consumer():
+    """What each user may do (docs/architecture.md) and may destroy (docs/operations.md)."""
+    may = (ROOT / "docs" / "architecture.md").read_text()
+    destroy = (ROOT / "docs" / "operations.md").read_text()
+    for row in CONSUMERS:
+        user = acl.user_name(row.role)
+        assert f"| `{user}` | `{row.command}`" in may, user
+        assert f"(`{user}`) |" in destroy, user
