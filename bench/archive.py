@@ -64,7 +64,7 @@ from services.archive.segments import (  # noqa: E402
 from services.archive.store import open_store  # noqa: E402
 from services.archive.window import Window  # noqa: E402
 from services.normalizer import Limits  # noqa: E402
-from services.replay.rebuild import rebuild  # noqa: E402
+from services.sequencer.rebuild import rebuild  # noqa: E402
 from services.settings import Settings  # noqa: E402
 from tests.support.fixtures import TRANSCRIPTS, transcript_lines  # noqa: E402
 

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from contracts.events import EVENT_TYPES, harness_event_adapter
+from contracts.jsonschema import NoNullDefaults as _NoNullDefaults
 from contracts.keys import KeyLayout
 from contracts.raw import DEAD_LETTER_REASONS, RawEntry
 from contracts.runs import RUN_STATES, run_record_adapter
@@ -16,8 +17,6 @@ REF = "#/components/schemas/{model}"
 
 
 def _schemas() -> dict[str, Any]:
-    from contracts.generate import _NoNullDefaults
-
     event = harness_event_adapter.json_schema(ref_template=REF, schema_generator=_NoNullDefaults)
     record = run_record_adapter.json_schema(ref_template=REF, schema_generator=_NoNullDefaults)
     _, raw = models_json_schema([(RawEntry, "validation")], ref_template=REF, schema_generator=_NoNullDefaults)

@@ -31,6 +31,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.consumers import (
+    JSONL_INVALID_ENTRY,
+    OTLP_REJECTED,
+    POSTGRES_INVALID_ENTRY,
+    POSTGRES_REJECTED,
+    REASONS_BY_CONSUMER,
+    WORKER_REASONS,
+)
 from contracts.raw import (
     AFTER_END,
     HOLD_LIMIT,
@@ -40,23 +48,12 @@ from contracts.raw import (
     OVERSIZE,
     PROCESSING_ERROR,
 )
-from contracts.raw import DEAD_LETTER_REASONS as WORKER_REASONS
 
 MAX_DETAIL_CHARS = 1000
 RAW_PREFIX = b"raw."
 
-# The OTLP exporter's reasons (besides INVALID_ENTRY and MAX_DELIVERIES).
-OTLP_REJECTED = "otlp-rejected"  # the collector refused the content (HTTP 400/413): spans kept in `otlp`
-# The PostgreSQL sink's reasons.
-POSTGRES_INVALID_ENTRY = "postgres-invalid-entry"  # not a topic entry the contract describes
-POSTGRES_REJECTED = "postgres-rejected"  # the database refused the row (detail: SQLSTATE and message)
-
-# Which reasons each consumer may write (a test holds every writer to its list).
-REASONS_BY_CONSUMER: dict[str, tuple[str, ...]] = {
-    "worker": WORKER_REASONS,
-    "otlp": (INVALID_ENTRY, MAX_DELIVERIES, OTLP_REJECTED),
-    "postgres": (POSTGRES_INVALID_ENTRY, POSTGRES_REJECTED, MAX_DELIVERIES),
-}
+# The exporters' reasons and which reasons each consumer may write: columns of the consumer
+# registry (contracts/consumers.py), re-exported here beside the record they go in.
 DEAD_LETTER_REASONS: tuple[str, ...] = tuple(dict.fromkeys(r for rs in REASONS_BY_CONSUMER.values() for r in rs))
 
 
@@ -123,7 +120,8 @@ class DeadLetter:
 
 
 __all__ = [
-    "AFTER_END", "DEAD_LETTER_REASONS", "HOLD_LIMIT", "INVALID_ENTRY", "MAX_DELIVERIES", "MAX_DETAIL_CHARS",
+    "AFTER_END", "DEAD_LETTER_REASONS", "HOLD_LIMIT", "INVALID_ENTRY", "JSONL_INVALID_ENTRY", "MAX_DELIVERIES",
+    "MAX_DETAIL_CHARS",
     "OTLP_REJECTED", "OUT_OF_WINDOW", "OVERSIZE", "POSTGRES_INVALID_ENTRY", "POSTGRES_REJECTED", "PROCESSING_ERROR",
     "REASONS_BY_CONSUMER", "DeadLetter", "WORKER_REASONS",
 ]  # fmt: skip

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
+from contracts.jsonschema import NoNullDefaults as _NoNullDefaults
 from contracts.raw import RawEntry
 
 INGEST_PATH = "/v1/raw"
@@ -68,8 +69,6 @@ def _error(description: str, retry_after: bool = False) -> dict[str, Any]:
 
 
 def document() -> dict[str, Any]:
-    from contracts.generate import _NoNullDefaults
-
     _, defs = models_json_schema([(RawEntry, "validation"), (IngestReply, "serialization"), (ErrorReply, "serialization"),
                                   (TokenInfo, "serialization")],
                                  ref_template=REF, schema_generator=_NoNullDefaults)

@@ -8,24 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic.json_schema import GenerateJsonSchema
-
 from contracts.events import harness_event_adapter
+from contracts.jsonschema import NoNullDefaults as _NoNullDefaults
 from contracts.raw import RawEntry
 from contracts.runs import run_record_adapter
 
 HERE = Path(__file__).parent
 SCHEMA_DIR = HERE / "schemas"
-
-
-class _NoNullDefaults(GenerateJsonSchema):
-    """Optional fields are omitted, never null: drop the `default: null` pydantic would print."""
-
-    def default_schema(self, schema: Any) -> Any:
-        result = super().default_schema(schema)
-        if result.get("default", 0) is None:
-            result.pop("default")
-        return result
 
 
 def _schema(adapter_schema: dict[str, Any], title: str) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.consumers import BY_NAME as CONSUMER
+from contracts.consumers import CONSUMERS, WORKER
 from contracts.keys import KeyLayout
 from contracts.raw import DEFAULT_MAX_HELD_BYTES, DEFAULT_MAX_PENDING_TOOL_BYTES
 
@@ -36,9 +38,9 @@ ENV_PREFIX = "GOOSE_INGEST_"
 # Default metrics port of each long-running command when GOOSE_INGEST_METRICS_PORT is not set: distinct, so
 # a worker (or `up`) and the exporters run side by side on one host without a collision. Containers and
 # the chart set the variable explicitly (one process per container, one port for every probe).
-DEFAULT_METRICS_PORT = 9464
-COMMAND_METRICS_PORTS = {"worker": DEFAULT_METRICS_PORT, "up": DEFAULT_METRICS_PORT,
-                         "export otlp": 9465, "export postgres": 9466, "archive": 9467}
+# The consumers' ports are their rows of contracts/consumers.py; `up` runs a worker.
+DEFAULT_METRICS_PORT = CONSUMER[WORKER].metrics_port
+COMMAND_METRICS_PORTS = {**{c.command: c.metrics_port for c in CONSUMERS}, "up": DEFAULT_METRICS_PORT}
 
 
 # GOOSE_INGEST_* variables that are read outside Settings (build, tests, tools): not worth a warning.
@@ -123,7 +125,7 @@ class Settings(BaseSettings):
     control_stream_prefix: str = Field(
         default="goose.control", description="Worker-only control streams (abandon markers) <prefix>.<shard>."
     )
-    group: str = Field(default="goose-ingest", description="Consumer group of the workers on every raw shard.")
+    group: str = Field(default=CONSUMER["worker"].default_group, description="Consumer group of the workers on every raw shard.")
     max_line_bytes: int = Field(default=1_048_576, ge=1024, description="Larger raw entries are dead-lettered.")
 
     # --- worker -------------------------------------------------------------
@@ -255,9 +257,16 @@ class Settings(BaseSettings):
     postgres_retention_days: float = Field(
         default=90.0, gt=0, description="Monthly events partitions wholly older than this are dropped."
     )
+    postgres_group: str = Field(default=CONSUMER["postgres"].default_group,
+                                description="Consumer group of the PostgreSQL sink on every topic partition (--group overrides).")
+
+    # --- export jsonl (docs/consumers.md "Adding a sink") ---------------------
+    jsonl_dir: str | None = Field(default=None, description="Directory `export jsonl` appends its JSON-lines files to (--path overrides).")
+    jsonl_group: str = Field(default=CONSUMER["jsonl"].default_group,
+                             description="Consumer group of the JSON-lines sink on every topic partition.")
 
     # --- OTLP exporter (`export otlp`; the OTLP endpoint itself comes from the standard OTEL_* variables)
-    otlp_group: str = Field(default="goose-ingest-otlp", description="Consumer group of the OTLP exporter on every topic partition.")
+    otlp_group: str = Field(default=CONSUMER["otlp"].default_group, description="Consumer group of the OTLP exporter on every topic partition.")
     otlp_root_timeout_s: float = Field(
         default=3600.0, gt=0, description="A trace whose run never ends is closed (marked) after this long without news of it."
     )
@@ -272,7 +281,7 @@ class Settings(BaseSettings):
         default=None, description="S3 endpoint URL (an S3-compatible store); unset: AWS_ENDPOINT_URL or AWS's own."
     )
     archive_region: str | None = Field(default=None, description="S3 region; unset: AWS_REGION / AWS_DEFAULT_REGION.")
-    archive_group: str = Field(default="goose-ingest-archive", description="Consumer group of the archive on the raw, control and topic streams.")
+    archive_group: str = Field(default=CONSUMER["archive"].default_group, description="Consumer group of the archive on the raw, control and topic streams.")
     archive_segment_max_entries: int = Field(default=100_000, ge=1, description="A segment is cut at this many entries.")
     archive_segment_max_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024,
@@ -292,7 +301,7 @@ class Settings(BaseSettings):
     def _metric_tools(cls, names: list[str]) -> list[str]:
         if not names:
             return names  # the default: a tap never imports the metrics or the redaction rules
-        from services.metrics.registry import metric_tools_problem
+        from contracts.tool_labels import metric_tools_problem
         from services.redaction import Redactor
 
         # A label value is published in every scrape and alert: a name a redaction rule would hide

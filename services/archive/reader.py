@@ -6,7 +6,7 @@ and the raw and control streams (everything Redis has not trimmed yet). The two 
 trims only below the archive's committed position, so the newest archived entries are usually in
 Redis too. An entry is identified by (stream kind, shard, stream id), the same in both places, so
 the merge keeps one copy of each and orders everything by stream id, exactly the order
-`services/replay/rebuild.merge_log` expects.
+`services/sequencer/rebuild.merge_log` expects.
 
 Which segments: a segment's object name carries its stream kind, shard and FIRST stream id only
 (services/archive/segments.py), so for a window [since, until) the reader lists the date
@@ -50,7 +50,7 @@ from services.archive.segments import (
 )
 from services.archive.store import ArchiveStore
 from services.archive.window import DAY_MS, Window
-from services.replay.rebuild import LogEntry, sid_key
+from services.sequencer.rebuild import LogEntry, sid_key
 
 RAW, CONTROL = STREAM_KINDS  # the stream kinds of the format (segments.py): the one spelling
 

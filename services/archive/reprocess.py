@@ -5,7 +5,7 @@ CURRENT normalizer and redaction settings, and publish them for the exporters (d
 Design:
 - The input is the same as `replay`'s: the archive's raw segments merged with what Redis still
   holds (services/archive/reader.py), the runs with a raw entry in the window, each rebuilt whole by
-  the very function replay uses (services/replay/rebuild.py) with this process's settings. So a
+  the very function replay uses (services/sequencer/rebuild.py) with this process's settings. So a
   redaction rule added today, or a better normalizer, reaches yesterday's runs.
 - The output goes to a topic set of its own, `<EVENTS_TOPIC>.reprocessed` and
   `<RUNS_TOPIC>.reprocessed` (partitions and per-type topics as the live ones), never to the live
@@ -33,13 +33,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-import orjson
-
 from contracts.keys import KeyLayout
+from contracts.topics import TopicEntry
 from services.archive import reader
 from services.archive.window import Window
 from services.normalizer import Limits
-from services.replay.rebuild import Rebuilt, rebuild
+from services.sequencer.rebuild import Rebuilt, rebuild
 from services.settings import ConfigError, Settings
 
 SUFFIX = "reprocessed"  # <EVENTS_TOPIC>.reprocessed, <RUNS_TOPIC>.reprocessed
@@ -82,18 +81,14 @@ def outputs(rebuilt: Rebuilt, layout: KeyLayout) -> list[Output]:
     """The topic entries of the rebuilt runs: every event to the events topic and its type's topic,
     every record to the runs topic, in the run's partition, with the worker's fields."""
     out: list[Output] = []
-    dumps = orjson.dumps
     for run in sorted(rebuilt.events):
         shard = layout.shard_of(run)
         for event in rebuilt.events[run]:
-            fields = {b"eventId": event["eventId"].encode(), b"runId": event["runId"].encode(),
-                      b"seq": str(event["seq"]).encode(), b"type": event["type"].encode(), b"data": dumps(event)}
+            fields = TopicEntry.of_event(event).to_fields()  # the one encoder (contracts/topics.py)
             out.append(Output(layout.events_partition(shard), fields))
             out.append(Output(layout.type_partition(event["type"], shard), fields))
         for record in rebuilt.records.get(run, []):
-            out.append(Output(layout.runs_partition(shard), {
-                b"recordId": record["recordId"].encode(), b"runId": record["runId"].encode(),
-                b"seq": str(record["seq"]).encode(), b"state": record["state"].encode(), b"data": dumps(record)}))
+            out.append(Output(layout.runs_partition(shard), TopicEntry.of_record(record).to_fields()))
     return out
 
 

@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from contracts.stream_ids import StreamId
 from services.export.postgres import rows as pg_rows
 
 FORMAT_VERSION = 1  # in each file's key-value metadata (`goose_ingest_archive`); bump only additively
@@ -70,10 +71,7 @@ class SegmentError(ValueError):
 
 def id_parts(entry_id: str) -> tuple[int, int]:
     """`<ms>-<seq>` as two integers (they order like the ids). ValueError if it is not an id."""
-    ms, sep, seq = entry_id.partition("-")
-    if not ms.isdigit() or (sep and not seq.isdigit()):
-        raise ValueError(f"not a stream id: {entry_id[:60]!r}")
-    return int(ms), int(seq or 0)
+    return StreamId.parse(entry_id)
 
 
 def _id_token(entry_id: str) -> str:

@@ -26,6 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from contracts.consumers import BY_NAME as CONSUMER
+from contracts.consumers import EXPORTERS as EXPORTERS
+from contracts.consumers import JSONL, POSTGRES
 from contracts.keys import (
     ACTIVE_RUNS,
     ARCHIVE,
@@ -79,12 +82,13 @@ ZSET_RW = ("+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zcard", "
 # before per-group state, `export_state(<name>, ...)`, `export_open_runs(<name>, ...)`, which it adopts)
 # and dead letters (`<deadletter>.<name>`). Every group of an exporter runs under the exporter's user:
 # Redis ACLs cannot tell groups apart, and a group name is configuration, not known to this file.
-EXPORTERS = ("otlp", "postgres")
+# EXPORTERS: the exporter rows of contracts/consumers.py.
 
 
 def exporter_role(exporter: str) -> str:
-    """The ACL role of an exporter (`otlp` -> `otlp-exporter`; its user `goose-otlp-exporter`)."""
-    return f"{exporter}-exporter"
+    """The ACL role of an exporter (`otlp` -> `otlp-exporter`; its user `goose-otlp-exporter`): its
+    row of contracts/consumers.py."""
+    return CONSUMER[exporter].role
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,24 @@ def _selector(*rules: str) -> str:
     return "(" + " ".join(rules) + ")"
 
 
+def plain_exporter(k: KeyPatterns, exporter: str, purpose: str) -> Role:
+    """The role of an exporter that keeps no state in Redis (`export postgres`, `export jsonl`): its
+    consumer groups on the topics and XADD (only) to its own dead-letter stream, written together with
+    the acknowledgement by deadletter_ack.lua (services/streams/reader.py)."""
+    return Role(
+        exporter_role(exporter),
+        f"{purpose}: its consumer groups on the topics and XADD (only) to its own dead-letter stream; a script "
+        "writes a dead letter and acknowledges its entry together (each command in it checked as if sent alone)",
+        (*CONNECTION, *STREAM_CONSUMER, *_keys("", *k.topics),
+         _selector("+xadd", *_keys("%W", *k.export_deadletter[exporter])),
+         # EVALSHA names its keys (the dead-letter stream and the topics it acknowledges on): this
+         # selector lets the script be called with them; XADD and XACK inside it are checked
+         # against the selectors above, so the script can do nothing the user could not.
+         _selector("+evalsha", "+eval", "+script|load", "+script|exists",
+                   *_keys("", *k.topics, *k.export_deadletter[exporter]))),
+    )
+
+
 def roles(layout: KeyLayout) -> list[Role]:
     k = KeyPatterns.of(layout)
     return [
@@ -213,19 +235,8 @@ def roles(layout: KeyLayout) -> list[Role]:
                        *_keys("", *k.export_state["otlp"], *k.export_open["otlp"])),
              _selector("+xadd", *_keys("%W", *k.export_deadletter["otlp"]))),
         ),
-        Role(
-            exporter_role("postgres"),
-            "`export postgres`: its consumer groups on the topics and XADD (only) to its own dead-letter "
-            "stream (its state lives in PostgreSQL); a script writes a dead letter and acknowledges its "
-            "entry together (each command in it checked as if sent alone)",
-            (*CONNECTION, *STREAM_CONSUMER, *_keys("", *k.topics),
-             _selector("+xadd", *_keys("%W", *k.export_deadletter["postgres"])),
-             # EVALSHA names its keys (the dead-letter stream and the topics it acknowledges on): this
-             # selector lets the script be called with them; XADD and XACK inside it are checked
-             # against the selectors above, so the script can do nothing the user could not.
-             _selector("+evalsha", "+eval", "+script|load", "+script|exists",
-                       *_keys("", *k.topics, *k.export_deadletter["postgres"]))),
-        ),
+        plain_exporter(k, POSTGRES, "`export postgres` (its state lives in PostgreSQL)"),
+        plain_exporter(k, JSONL, "`export jsonl` (its state is its files)"),
         Role(
             "archive",
             "`archive`: its consumer group on the raw shards, control streams and topics (read, acknowledge), "
@@ -246,8 +257,7 @@ def roles(layout: KeyLayout) -> list[Role]:
     ]
 
 
-ROLE_NAMES = ("tap", "gateway", "importer", "worker", "consumer", exporter_role("otlp"), exporter_role("postgres"), "archive",
-              "admin")
+ROLE_NAMES: tuple[str, ...] = tuple(role.name for role in roles(KeyLayout()))
 
 
 def user_name(role: str, namespace: str = "") -> str:
@@ -277,8 +287,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "acl",
         help="print the Redis ACL users (one per role) for the configured namespace and names",
-        description="Print a users.acl for Redis (aclfile) with one user per role -- tap, gateway, importer, worker, "
-        "consumer, otlp-exporter, postgres-exporter, archive, admin -- each limited to the commands and keys it needs (docs/architecture.md). "
+        description="Print a users.acl for Redis (aclfile) with one user per role -- " + ", ".join(ROLE_NAMES) + " -- "
+        "each limited to the commands and keys it needs (docs/architecture.md). "
         "Roles given a password are on; the others are off.",
     )
     p.add_argument("--password-file", action="append", default=[], metavar="ROLE=PATH",

@@ -5,17 +5,18 @@ from __future__ import annotations
 import argparse
 import importlib
 
-# Each module exposes register(subparsers) like the top-level commands.
-_EXPORTER_MODULES = [
-    "services.export.otlp.command",
-    "services.export.postgres.command",
-]
+from contracts.consumers import CONSUMERS
+
+# The `export <target>` rows of contracts/consumers.py; each module exposes register(subparsers)
+# like the top-level commands.
+_EXPORTER_MODULES = [c.module for c in CONSUMERS if c.command.startswith("export ")]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "export",
-        help="export the harness topics to another system (otlp, postgres)",
+        help="export the harness topics to another system ("
+        + ", ".join(c.command.removeprefix("export ") for c in CONSUMERS if c.command.startswith("export ")) + ")",
         description="Consume harness.events and harness.runs (every partition) with a consumer group of "
         "the exporter's own and write them to another system.",
     )

@@ -14,7 +14,6 @@ sees one of them); run N processes with N ports, or N pods.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter as _Tally
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,30 +28,22 @@ from contracts.raw import DEAD_LETTER_REASONS as DEAD_LETTER_REASONS  # one sour
 from contracts.raw import PENDING_TOOL_CAPS as PENDING_TOOL_CAPS
 from contracts.raw import RAW_OUTCOMES as RAW_OUTCOMES
 from contracts.runs import RUN_STATES as RUN_STATES
+from contracts.tool_labels import _BASE_NAMES as _BASE_NAMES
+from contracts.tool_labels import METRIC_TOOL_NAME as METRIC_TOOL_NAME
+from contracts.tool_labels import METRIC_TOOLS_MAX as METRIC_TOOLS_MAX
+from contracts.tool_labels import OTHER as OTHER
+from contracts.tool_labels import TOOL_BASE_NAMES as TOOL_BASE_NAMES
+from contracts.tool_labels import TOOL_LABELS as TOOL_LABELS
+from contracts.tool_labels import metric_tool_problem as metric_tool_problem
+from contracts.tool_labels import metric_tools_problem as metric_tools_problem
+from contracts.tool_labels import tool_label as tool_label
 
-OTHER = "other"
 # `format` label of a run whose input format is not decided yet (only stderr or non-JSON so far).
 UNDECIDED = "undecided"
 FORMAT_LABELS = (*FORMATS, UNDECIDED)
 
 EVENT_TYPES: tuple[str, ...] = _CONTRACT_EVENT_TYPES
 TOOL_EVENT_TYPES: frozenset[str] = frozenset(_CONTRACT_TOOL_EVENT_TYPES)
-# The contract's base tool names (spec §3.5), matched case-insensitively.
-TOOL_BASE_NAMES: tuple[str, ...] = (
-    "read",
-    "read_image",
-    "write",
-    "edit",
-    "text_editor",
-    "shell",
-    "grep",
-    "glob",
-    "list",
-    "tree",
-    "load_skill",
-    "skill",
-)
-TOOL_LABELS: tuple[str, ...] = TOOL_BASE_NAMES + ("mcp", OTHER)
 TOOL_OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown")
 TERMINAL_RUN_STATES: frozenset[str] = frozenset({"ended", "abandoned"})
 # record field -> `kind` label of goose_ingest_tokens_total
@@ -70,66 +61,12 @@ BATCH_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 BATCH_ENTRIES_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-_BASE_NAMES = frozenset(TOOL_BASE_NAMES)
-# GOOSE_INGEST_METRIC_TOOLS: each listed name adds len(TOOL_OUTCOMES) series and three runs/hosts gauges per worker, so the
-# list is capped; names are label values shown on dashboards and in alert notifications, so they are
-# plain identifiers (MCP tool names are: `server__tool`, `mcp__server__tool`), never free text.
-METRIC_TOOLS_MAX = 32
-METRIC_TOOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_RESERVED_TOOL_LABELS = frozenset(("mcp", OTHER))
 _RAW_OUTCOMES = frozenset(RAW_OUTCOMES)
 _DL_REASONS = frozenset(DEAD_LETTER_REASONS)
 _EVENT_TYPES = frozenset(EVENT_TYPES)
 _ERROR_CLASSES = frozenset(ERROR_CLASSES)
 _FORMATS = frozenset(FORMATS)
 _RUN_STATES = frozenset(RUN_STATES)
-
-
-def tool_label(name: object, named: frozenset[str] = frozenset()) -> str:
-    """Bounded `tool` label for a tool name exactly as goose sent it.
-
-    The base name (after the first ``__``, or the whole name) lower-cased when it is one of the
-    contract's base names; else the name itself when the operator listed it (`named`,
-    GOOSE_INGEST_METRIC_TOOLS, matched exactly); else ``"mcp"`` for any other extension tool
-    (``ext__name``); else ``"other"``.
-    """
-    if not isinstance(name, str):
-        return OTHER
-    ext, sep, base = name.partition("__")
-    if not sep:
-        base = ext
-    lowered = base.lower()
-    if lowered in _BASE_NAMES:
-        return lowered
-    if name in named:
-        return name
-    return "mcp" if sep else OTHER
-
-
-def metric_tool_problem(name: str) -> str | None:
-    """Why `name` cannot be a GOOSE_INGEST_METRIC_TOOLS entry (None: it can). The name itself is
-    only quoted once it is known to be a plain identifier."""
-    if not METRIC_TOOL_NAME.fullmatch(name):
-        return ("not a tool name (letters, digits, '_', '.', '-', starting with a letter or digit, "
-                "at most 64 characters)")
-    if name in _RESERVED_TOOL_LABELS:
-        return f"{name!r} is a label of its own already"
-    base = tool_label(name)
-    if base in _BASE_NAMES:
-        return f"{name!r} is the contract tool {base!r}, labelled {base!r} already"
-    return None
-
-
-def metric_tools_problem(names: Iterable[str]) -> str | None:
-    """Why this list cannot be GOOSE_INGEST_METRIC_TOOLS (None: it can): the cap, then each name."""
-    names = list(names)
-    if len(names) > METRIC_TOOLS_MAX:
-        return f"{len(names)} tools, at most {METRIC_TOOLS_MAX} (each one adds series to every worker)"
-    for i, name in enumerate(names):
-        problem = metric_tool_problem(name)
-        if problem is not None:
-            return f"entry {i + 1}: {problem}"
-    return None
 
 
 def tool_outcome(ev: Mapping[str, Any]) -> str:

@@ -295,17 +295,16 @@ def _say_unarchived(left: int, where: str, broker: Broker) -> None:
 
 
 def _wait_for_runs(settings: Settings, runs: set[str], timeout: float, check: Any = None) -> bool:
+    from contracts.topics import RECORD, TopicEntry
+
     client = sync_client(settings)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check is not None:
             check()
-        ended = {
-            f[b"runId"].decode()
-            for stream in settings.layout.runs_partitions()
-            for _, f in client.xrange(stream)
-            if f[b"state"] in (b"ended", b"abandoned")
-        }
+        records = [TopicEntry.from_fields(f, RECORD) for stream in settings.layout.runs_partitions()
+                   for _, f in client.xrange(stream)]
+        ended = {r.run for r in records if r.label in ("ended", "abandoned")}
         if runs <= ended:
             return True
         time.sleep(0.2)

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
+from contracts.topics import EVENT, TopicEntry
 from services.archive.window import Window, window
 from services.broker.connect import sync_client
 from services.normalizer import Limits
-from services.replay.rebuild import LogEntry, merge_log, rebuild
+from services.sequencer.rebuild import LogEntry, merge_log, rebuild
 from services.settings import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -87,9 +88,9 @@ def compare(settings: Settings, run_key: str | None = None, out: TextIO = sys.st
     published: dict[str, list[dict[str, Any]]] = {}
     topic = [item for stream in layout.events_partitions() for item in _read_all(client, stream)] if client else []
     for _sid, fields in topic:  # per-run order holds within a partition; a run lives in one
-        rid = fields[b"runId"].decode()
-        if run_key is None or rid == run_key:
-            published.setdefault(rid, []).append(orjson.loads(fields[b"data"]))
+        entry = TopicEntry.from_fields(fields, EVENT)
+        if entry.run is not None and (run_key is None or entry.run == run_key):
+            published.setdefault(entry.run, []).append(entry.document())
     if lake or not win.everything:
         published = _with_lake(published, lake, set(rebuilt.events) if not win.everything else None)
     if run_key is not None and run_key not in rebuilt.events and run_key not in published:

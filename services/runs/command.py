@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from contracts.stream_ids import StreamId
 from contracts.topics import RECORD, TopicEntry
 from services.settings import ConfigError, Settings
 
@@ -119,9 +120,10 @@ def _find_starts(client: Any, settings: Settings, runs: list[ActiveRun]) -> None
                 break
             scanned += len(chunk)
             for sid, fields in chunk:
-                r = wanted.get((fields.get(b"runId") or b"").decode())
-                if r is not None and fields.get(b"state") == b"started":
-                    r.started_ms = _record_ms(fields) or int(sid.decode().split("-", 1)[0])
+                entry = TopicEntry.from_fields(fields, RECORD)
+                r = wanted.get(entry.run or "")
+                if r is not None and entry.label == "started":
+                    r.started_ms = _record_ms(fields) or StreamId.parse(sid).ms
                     del wanted[r.run]
             last = "(" + chunk[-1][0].decode()
 

@@ -14,7 +14,7 @@ stream" and "a run's sequencer" are written once, here, and both shells call the
   ``lose`` at its stream id's time, into one ``Outcome``.
 
 What is dead-lettered, counted and committed stays in the shells (services/worker/processor.py,
-services/replay/rebuild.py): this module decides, they act.
+services/sequencer/rebuild.py): this module decides, they act.
 """
 
 from __future__ import annotations

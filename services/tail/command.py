@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import orjson
 
 from contracts.events import ERROR_CLASSES, EVENT_TYPES
+from contracts.stream_ids import StreamId
 from contracts.topics import EVENT, RECORD, TopicEntry, TopicEntryError
 from services.broker.connect import sync_client
 from services.broker.url import redact_url
@@ -130,7 +131,7 @@ def follow(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdou
                         continue
                     pending.append(Followed(stream, sid_text, stream in records, doc))
                 if len(entries) == PAGE:
-                    ms = int(last[stream].partition("-")[0])
+                    ms = StreamId.parse(last[stream]).ms
                     horizon = ms if horizon is None else min(horizon, ms)
         if woken and pending:
             continue  # the rest of that commit is on the other streams: read them (without waiting) first

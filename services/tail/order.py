@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.stream_ids import StreamId
+
 RECORD_RANK, EVENT_RANK = 0, 1  # a record written when the run had N events comes before event N
 
 
@@ -25,17 +27,16 @@ class Followed:
 
     @property
     def ms(self) -> int:
-        return int(self.sid.partition("-")[0])
+        return StreamId.parse(self.sid).ms
 
     @property
     def time_order(self) -> tuple[int, int]:
-        ms, _, n = self.sid.partition("-")
-        return int(ms), int(n or 0)
+        return StreamId.parse(self.sid)
 
     @property
     def run_order(self) -> tuple[float, int, int, int]:
         """Position inside its run: by event index, a record before the event it preceded."""
-        ms, _, n = self.sid.partition("-")
+        ms, n = StreamId.parse(self.sid)
         position: float
         if self.is_record:
             counts = self.data.get("counts")
@@ -48,7 +49,7 @@ class Followed:
             seq = self.data.get("seq")
             position = seq if isinstance(seq, int) else float("inf")
             rank = EVENT_RANK
-        return position, rank, int(ms), int(n or 0)
+        return position, rank, ms, n
 
     @property
     def run(self) -> str:

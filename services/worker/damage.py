@@ -23,6 +23,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from contracts.stream_ids import StreamId
+
 DELETED_UNEXPIRED = "deleted-unexpired"
 ID_AHEAD = "id-ahead"
 REASONS = (DELETED_UNEXPIRED, ID_AHEAD)
@@ -38,9 +40,7 @@ class Seen:
 
 
 def _ms(entry_id: Any) -> int | None:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id or "")
-    head = text.split("-", 1)[0]
-    return int(head) if head.isdigit() else None
+    return StreamId.ms_of(entry_id)
 
 
 def judge(info: dict[str, Any], now_ms: int, retention_ms: int, before: Seen | None = None,

@@ -19,6 +19,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from contracts.events import EVENT_TYPES
 from contracts.raw import stream_id_ms
+from contracts.stream_ids import StreamId
 from services.broker.errors import describe, is_outage
 from services.metrics import Metrics
 from services.sequencer import Entry, missing_ranges, plan_abandon
@@ -392,8 +393,7 @@ def _text(value: Any) -> str:
 
 
 def _parse_id(value: Any) -> tuple[int, int]:
-    ms, _, seq = _text(value).partition("-")
-    return int(ms), int(seq or 0)
+    return StreamId.parse(value)
 
 
 def _next_id(sid: tuple[int, int]) -> tuple[int, int]:

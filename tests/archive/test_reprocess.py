@@ -202,7 +202,7 @@ def test_the_sink_replaces_a_reprocessed_event_and_skips_a_redelivered_one(store
 @pytest.mark.parametrize("cluster", [False, True])
 def test_outputs_go_to_the_reprocessed_topics_in_the_runs_partition(cluster):
     from services.archive.reprocess import outputs, reprocessed_layout
-    from services.replay.rebuild import Rebuilt
+    from services.sequencer.rebuild import Rebuilt
     from services.settings import Settings
 
     settings = Settings(namespace="ns", shards=4, redis_cluster=cluster)

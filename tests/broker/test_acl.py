@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from contracts.keys import KeyLayout
-from services.broker.acl import ROLE_NAMES, exporter_role, render, user_name
+from services.broker.acl import EXPORTERS, ROLE_NAMES, exporter_role, render, user_name
 from services.broker.embedded import EmbeddedRedis, start_redis
 from services.settings import Settings
 from tests.support import postgres as pg_support
@@ -377,7 +377,8 @@ def _forbidden(ns: str) -> list[tuple[str, tuple]]:
         ("consumer", ("XRANGE", dead, "-", "+")),  # dead letters hold unredacted lines
         ("consumer", ("HGET", state, "s")),  # run states hold pending text
     ]
-    for exporter, other in (("otlp", "postgres"), ("postgres", "otlp")):
+    for i, exporter in enumerate(EXPORTERS):  # each exporter of contracts/consumers.py against the next
+        other = EXPORTERS[(i + 1) % len(EXPORTERS)]
         role = exporter_role(exporter)
         cases += [
             (role, ("XADD", events, "*", "type", "agent")),
@@ -396,6 +397,7 @@ def _forbidden(ns: str) -> list[tuple[str, tuple]]:
             (role, ("XADD", layout.export_deadletter_partition(other, 0), "*", "reason", "forged")),
         ]
     cases.append((exporter_role("postgres"), ("HSET", export, "x", "1")))  # the sink keeps no state in Redis
+    cases.append((exporter_role("jsonl"), ("HSET", export, "x", "1")))  # its state is its files
     cases.append((exporter_role("postgres"), ("HSET", layout.export_group_state("otlp", "g", "r"), "x", "1")))
     # the OTLP exporter moves states of its own only: not a topic into its state, nor its state over a run's
     # the archive reads the log of record and must not be able to change it (docs/archive.md)
@@ -446,7 +448,9 @@ def test_what_each_role_needs_beyond_the_commands_is_allowed(acl_broker: AclBrok
     assert otlp.xadd(layout.export_deadletter_partition("otlp", 0), {"reason": "rejected"})
     sink = b.client("postgres-exporter")
     assert sink.xadd(layout.export_deadletter_partition("postgres", 1), {"reason": "rejected"})
-    for exporter in (otlp, sink):
+    jsonl = b.client("jsonl-exporter")
+    assert jsonl.xadd(layout.export_deadletter_partition("jsonl", 1), {"reason": "rejected"})
+    for exporter in (otlp, sink, jsonl):
         with pytest.raises(redis.exceptions.NoPermissionError):  # the workers' dead letters are not its to write
             exporter.xadd(layout.deadletter_partition(0), {"reason": "forged"})
     admin = b.client("admin")
@@ -483,7 +487,7 @@ def test_cluster_layout_names_get_the_same_permissions(acl_broker: AclBroker):
             assert allowed("consumer", "XREAD", "STREAMS", topic, "0")
             assert not allowed("consumer", "XREADGROUP", "GROUP", "g", "c", "STREAMS", topic, ">")
             assert not allowed("consumer", "XADD", topic, "*", "f", "v")
-            for role in ("otlp-exporter", "postgres-exporter"):
+            for role in map(exporter_role, EXPORTERS):
                 assert allowed(role, "XREADGROUP", "GROUP", "g", "c", "STREAMS", topic, ">")
         assert not allowed("consumer", "XRANGE", dead, "-", "+")
         assert allowed("otlp-exporter", "HSET", layout.export_state("otlp", f"r{s}"), "k", "v")
@@ -492,8 +496,12 @@ def test_cluster_layout_names_get_the_same_permissions(acl_broker: AclBroker):
         assert allowed("postgres-exporter", "XADD", layout.export_deadletter_partition("postgres", s), "*", "f", "v")
         assert not allowed("postgres-exporter", "XADD", layout.export_deadletter_partition("otlp", s), "*", "f", "v")
         assert not allowed("otlp-exporter", "XADD", layout.export_deadletter_partition("postgres", s), "*", "f", "v")
-        assert not allowed("otlp-exporter", "XADD", dead, "*", "f", "v")
-        assert not allowed("postgres-exporter", "XADD", dead, "*", "f", "v")
+        for exporter in EXPORTERS:  # its own dead letters, nobody else's (contracts/consumers.py)
+            role = exporter_role(exporter)
+            assert not allowed(role, "XADD", dead, "*", "f", "v")
+            for other in EXPORTERS:
+                stream = layout.export_deadletter_partition(other, s)
+                assert allowed(role, "XADD", stream, "*", "f", "v") == (other == exporter), (role, stream)
         assert allowed("otlp-exporter", "ZADD", layout.export_open_runs("otlp", s), "1", "r")
         assert allowed("otlp-exporter", "HSET", layout.export_group_state("otlp", "g", f"r{s}"), "k", "v")
         assert allowed("otlp-exporter", "ZADD", layout.export_group_open_runs("otlp", "g", s), "1", "r")

@@ -19,10 +19,8 @@ from tests.consumers.harness import (
     REDIS_FULL_S,
     TARGET_OUTAGE_S,
     Account,
-    ArchiveConsumer,
     Consumer,
     ExporterConsumer,
-    PostgresConsumer,
     Target,
     World,
     background,
@@ -188,7 +186,7 @@ def dead_consumer(c: Consumer, tmp: Path) -> Outcome:
     by default (a restart re-reads its own entries at once): they are given two names here, so the
     successor must take the entries over (the worker and the OTLP exporter are unique per process)."""
     names = ((("--consumer", "contract-first"), ("--consumer", "contract-second"))
-             if isinstance(c, (PostgresConsumer, ArchiveConsumer)) else ((), ()))
+             if c.stable_name else ((), ()))
     return _kill_and_restart(c, tmp, "b", _has_pending, names[1], names[0])
 
 
@@ -227,7 +225,7 @@ def redis_full(c: Consumer, tmp: Path) -> Outcome:
             stop(w.feeder)  # its work is done; it is not under test
         r.config_set("maxmemory-policy", "noeviction")
         used = int(r.info("memory")["used_memory"])
-        r.config_set("maxmemory", str(used + 64 * 1024))
+        r.config_set("maxmemory", str(used + c.full_headroom))
         started = time.monotonic()
         proc, port_file = c.start(w, t, "d")
         ready = []

@@ -35,6 +35,9 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from pydantic import SecretStr
 
+from contracts.consumers import BY_COMMAND as ROWS
+from contracts.consumers import CONSUMERS as REGISTRY
+from contracts.consumers import deadletter_streams
 from services.archive.reader import RAW, read_raw
 from services.archive.segments import (
     EVENTS_PREFIX,
@@ -47,10 +50,9 @@ from services.archive.segments import (
 )
 from services.archive.store import ArchiveStore, parse_store_url
 from services.archive.window import Window
-from services.broker.acl import render, user_name
+from services.broker.acl import ROLE_NAMES, render, user_name
 from services.broker.embedded import EmbeddedRedis
 from services.export.otlp.mapping import GEN_AI_CONVERSATION_ID, GI_EVENT_ID, OP_INVOKE_AGENT
-from services.export.postgres.sink import DEFAULT_GROUP as POSTGRES_GROUP
 from services.settings import Settings
 from services.tap.publisher import Publisher
 from tests.broker.test_acl import ROOT_LINE, ROOT_PASSWORD, ROOT_USER, load_acl, start_acl_server
@@ -80,7 +82,7 @@ TARGET_OUTAGE_S = 600.0
 # class of outage that turns "retry later" into "lost"; it runs in the same window as case e, so
 # its length costs no wall time as long as it is shorter than TARGET_OUTAGE_S.
 REDIS_FULL_S = REDELIVERY_BUDGET_S + 2 * 5.0 + 10.0
-ROLES = ("tap", "worker", "consumer", "otlp-exporter", "postgres-exporter", "archive", "admin")
+ROLES = ROLE_NAMES  # every role of deploy/redis/users.acl gets a password (those unused stay idle)
 
 
 # ------------------------------------------------------------------------------------ the world
@@ -297,9 +299,14 @@ class Consumer:
     role: str
     args: list[str]
     exporter: str = ""  # its name in key names and ACL roles (services/broker/acl.py EXPORTERS)
+    # A stable consumer name by default (re-reads its own pending entries after a restart): case b
+    # gives its two processes two names, so the second must take the entries over.
+    stable_name: ClassVar[bool] = False
     # Cases that cannot apply to this consumer, each with the reason (the contract does not collect
     # their tests: tests/consumers/test_contract.py ConsumerContract.applies).
     not_applicable: ClassVar[dict[str, str]] = {}
+    # Case d: Redis's limit is what it uses with the input loaded plus this many bytes.
+    full_headroom: int = 64 * 1024
     # Case e: /readyz must say "not ready" from this many seconds into the target's outage (a first
     # attempt has to meet the outage and fail; the backoff may take a few seconds).
     outage_noticed_s: float = 20.0
@@ -308,7 +315,8 @@ class Consumer:
     broker_lost_metric: str = ""
 
     def group(self, s: Settings) -> str:
-        raise NotImplementedError
+        """Its group: the setting its row of contracts/consumers.py names."""
+        return str(getattr(s, ROWS[self.name].group_setting))
 
     def group_streams(self, w: World) -> list[str]:
         """The streams this consumer's group reads."""
@@ -316,13 +324,11 @@ class Consumer:
         return layout.events_partitions() + layout.runs_partitions()
 
     def deadletter_streams(self, w: World) -> list[str]:
-        return w.settings.layout.export_deadletter_partitions(self.exporter)
+        return deadletter_streams(ROWS[self.name], w.settings.layout)
 
     def foreign_deadletter_streams(self, w: World) -> list[str]:
-        layout = w.settings.layout
         own = set(self.deadletter_streams(w))
-        every = layout.deadletter_partitions() + [s for e in ("otlp", "postgres") for s in layout.export_deadletter_partitions(e)]
-        return [s for s in every if s not in own]
+        return [s for row in REGISTRY for s in deadletter_streams(row, w.settings.layout) if s not in own]
 
     @contextmanager
     def target(self, w: World) -> Iterator[Target]:
@@ -399,14 +405,8 @@ class WorkerConsumer(Consumer):
     not_applicable: ClassVar[dict[str, str]] = {"target_down": "no external target: the worker writes into Redis (its outage is redis_full)",
                       "slow_target": "no external target: the worker writes into Redis"}
 
-    def group(self, s: Settings) -> str:
-        return s.group
-
     def group_streams(self, w: World) -> list[str]:
         return w.settings.layout.raw_streams()
-
-    def deadletter_streams(self, w: World) -> list[str]:
-        return w.settings.layout.deadletter_partitions()
 
     def feed(self, w: World, runs: dict[str, list[str]]) -> None:
         publish(w, runs)
@@ -469,9 +469,6 @@ class OtlpConsumer(ExporterConsumer):
     role = "otlp-exporter"
     exporter = "otlp"
     args = ["export", "otlp"]
-
-    def group(self, s: Settings) -> str:
-        return s.otlp_group
 
     @contextmanager
     def target(self, w: World) -> Iterator[Target]:
@@ -579,10 +576,8 @@ class PostgresConsumer(ExporterConsumer):
     name = "export postgres"
     role = "postgres-exporter"
     exporter = "postgres"
+    stable_name = True
     args = ["export", "postgres"]
-
-    def group(self, s: Settings) -> str:
-        return POSTGRES_GROUP
 
     @contextmanager
     def target(self, w: World) -> Iterator[Target]:
@@ -644,6 +639,7 @@ class ArchiveConsumer(ExporterConsumer):
     name = "archive"
     role = "archive"
     args = ["archive"]
+    stable_name = True
     not_applicable: ClassVar[dict[str, str]] = {"poison": (
         "no entry is poison for the archive: a raw or control entry is stored byte-exact whatever its fields "
         "(services/archive/segments.py: every field kept as bytes, the convenience columns null when not "
@@ -661,19 +657,9 @@ class ArchiveConsumer(ExporterConsumer):
     # the consumer name stay at their defaults.
     SEGMENT_MAX_AGE_S = "2"
 
-    def group(self, s: Settings) -> str:
-        return s.archive_group
-
     def group_streams(self, w: World) -> list[str]:
         layout = w.settings.layout
         return [*layout.raw_streams(), *layout.control_streams(), *layout.events_partitions(), *layout.runs_partitions()]
-
-    def deadletter_streams(self, w: World) -> list[str]:
-        return []  # it has none (see not_applicable)
-
-    def foreign_deadletter_streams(self, w: World) -> list[str]:
-        layout = w.settings.layout
-        return layout.deadletter_partitions() + [s for e in ("otlp", "postgres") for s in layout.export_deadletter_partitions(e)]
 
     @contextmanager
     def target(self, w: World) -> Iterator[Target]:
@@ -767,7 +753,62 @@ class ArchiveConsumer(ExporterConsumer):
                 "archived_before_count": len(archived_before)}
 
 
-CONSUMERS: dict[str, Consumer] = {c.name: c for c in (WorkerConsumer(), OtlpConsumer(), PostgresConsumer(), ArchiveConsumer())}
+class JsonlConsumer(ExporterConsumer):
+    """`export jsonl` -> a directory of JSON-lines files (docs/consumers.md "Adding a sink"). Units:
+    event lines by eventId, run-record lines by recordId. Its target down: the directory gone
+    (renamed away, as an unmounted volume) for the outage, then back."""
+
+    name = "export jsonl"
+    role = "jsonl-exporter"
+    exporter = "jsonl"
+    args = ["export", "jsonl"]
+    stable_name = True
+    not_applicable: ClassVar[dict[str, str]] = {"slow_target": (
+        "a local directory answers no requests: there is no request latency to add (a slow disk delays the "
+        "fsync of a batch that is held, which case e's outage covers at its extreme)")}
+    # Case d: it reads and acknowledges, which Redis allows at maxmemory; its one refusable write
+    # besides its dead letters is its group's creation (XGROUP CREATE, denyoom), and one process with
+    # one connection stays within 64 KiB: it starts into a Redis already at its limit, so the
+    # creation is refused for the whole case and retried, never counted as a delivery.
+    full_headroom = 0
+
+    @contextmanager
+    def target(self, w: World) -> Iterator[Target]:
+        yield Target(extra={"dir": w.tmp / f"jsonl-{uuid.uuid4().hex[:6]}"})
+
+    def env(self, w: World, t: Target, port_file: Path) -> dict[str, str]:
+        return {**super().env(w, t, port_file), "GOOSE_INGEST_JSONL_DIR": str(t.extra["dir"])}
+
+    def poison(self, w: World, t: Target, tag: str) -> str:
+        layout = w.settings.layout  # an event entry whose data is no JSON: nothing to write a line of
+        w.root().xadd(layout.events_partition(layout.shard_of("poison/jsonl")),
+                      {"eventId": "poison/jsonl:0", "runId": "poison/jsonl", "seq": "0", "type": "agent", "data": "{nope"})
+        return "poison/jsonl:0"
+
+    def lines(self, t: Target) -> list[dict]:
+        out = []
+        for path in sorted(Path(t.extra["dir"]).glob("*/*.jsonl")):
+            out += [orjson.loads(line) for line in path.read_bytes().splitlines() if line.endswith(b"}")]
+        return out
+
+    def sent_some(self, t: Target) -> bool:
+        return any(p.stat().st_size for p in Path(t.extra["dir"]).glob("*/*.jsonl"))
+
+    def account(self, w: World, t: Target, runs: set[str]) -> Account:
+        events, records = topic_entries(w)
+        expected: Counter[str] = Counter()
+        expected.update(e["eventId"] for e in events if e["runId"] in runs)
+        expected.update(f"record:{r['recordId']}" for r in records if r["runId"] in runs)
+        observed: Counter[str] = Counter()
+        for line in self.lines(t):
+            doc = line["data"]
+            if doc.get("runId") in runs:
+                observed[doc["eventId"] if line["topic"] == "events" else f"record:{doc['recordId']}"] += 1
+        return account(expected, observed)
+
+
+CONSUMERS: dict[str, Consumer] = {c.name: c for c in (WorkerConsumer(), OtlpConsumer(), PostgresConsumer(),
+                                                      ArchiveConsumer(), JsonlConsumer())}
 
 
 def log_problems(path: Path) -> list[str]:

@@ -9,7 +9,15 @@ from contextlib import AbstractContextManager, contextmanager
 
 from psycopg.conninfo import make_conninfo
 
-from tests.consumers.harness import ArchiveConsumer, Consumer, OtlpConsumer, PostgresConsumer, Target, World
+from tests.consumers.harness import (
+    ArchiveConsumer,
+    Consumer,
+    JsonlConsumer,
+    OtlpConsumer,
+    PostgresConsumer,
+    Target,
+    World,
+)
 from tests.support import postgres as postgres_support
 from tests.support.otlp_receiver import RunningReceiver
 from tests.support.postgres import PrivateCluster
@@ -76,6 +84,16 @@ def outage(c: Consumer, w: World) -> Iterator[tuple[Target, Down, Callable[[], N
                 return []
 
             yield t, s3_down, s3.resume
+        return
+    if isinstance(c, JsonlConsumer):
+        with c.target(w) as t:
+            where, away = t.extra["dir"], t.extra["dir"].with_name(t.extra["dir"].name + ".away")
+
+            def dir_down(length_s: float) -> list[Phase]:
+                where.rename(away)  # the volume gone: nothing can be written, what was written is kept
+                return []
+
+            yield t, dir_down, lambda: away.rename(where)
         return
     raise ValueError(f"{c.name} has no external target")
 

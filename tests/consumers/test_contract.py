@@ -30,6 +30,7 @@ from tests.consumers.harness import (
     TARGET_OUTAGE_S,
     ArchiveConsumer,
     Consumer,
+    JsonlConsumer,
     OtlpConsumer,
     PostgresConsumer,
     WorkerConsumer,
@@ -246,6 +247,10 @@ class TestExportOtlp(ConsumerContract):
 
 class TestExportPostgres(ConsumerContract):
     consumer = PostgresConsumer()
+
+
+class TestExportJsonl(ConsumerContract):
+    consumer = JsonlConsumer()  # slow_target is not collected: JsonlConsumer.not_applicable says why
 
 
 

@@ -55,7 +55,7 @@ def test_the_commit_list_names_both_halves_and_the_shared_feed():
     commit_part = _section().split("**Change the commit**", 1)[1]
     named = _paths(commit_part)
     for needed in ("services/worker/commit.py", "services/worker/commit.lua", "services/worker/processor.py",
-                   "services/sequencer/feed.py", "services/replay/rebuild.py", "tests/worker/test_commit_lua_names.py"):
+                   "services/sequencer/feed.py", "services/sequencer/rebuild.py", "tests/worker/test_commit_lua_names.py"):
         assert needed in named, needed
     lua = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "services" / "worker").glob("*.lua"))
     assert set(lua) <= named, "a worker script the guide does not name"

@@ -14,9 +14,9 @@ import orjson
 
 from contracts.raw import INVALID_ENTRY, OVERSIZE
 from services.normalizer import Limits
-from services.replay.rebuild import LogEntry, rebuild
 from services.sequencer import Entry, Rejected, RunSequencer, parse_batch
 from services.sequencer.feed import Lost, feed, lost_of, rejected_loss, wrong_shard
+from services.sequencer.rebuild import LogEntry, rebuild
 from services.settings import Settings
 from tests.support.fixtures import TRANSCRIPTS, transcript_lines
 
@@ -116,7 +116,7 @@ def test_a_forged_abandon_marker_on_a_raw_stream_is_invalid_and_one_on_a_control
 
 
 def test_the_worker_and_replay_feed_through_the_one_module():
-    for path in ("services/worker/processor.py", "services/replay/rebuild.py"):
+    for path in ("services/worker/processor.py", "services/sequencer/rebuild.py"):
         tree = ast.parse((ROOT / path).read_text())
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                     and node.module == "services.sequencer.feed" for alias in node.names}

@@ -167,7 +167,8 @@ def test_each_command_has_its_own_default_metrics_port_unless_one_is_set():
     from services.settings import COMMAND_METRICS_PORTS, Settings
 
     ports = {command: Settings().for_command(command).metrics_port for command in COMMAND_METRICS_PORTS}
-    assert ports == {"worker": 9464, "up": 9464, "export otlp": 9465, "export postgres": 9466, "archive": 9467}
+    assert ports == {"worker": 9464, "up": 9464, "export otlp": 9465, "export postgres": 9466, "archive": 9467,
+                     "export jsonl": 9468}
     assert len(set(ports.values())) == len(ports) - 1  # only `up` shares (it runs the worker)
     assert Settings(metrics_port=0).for_command("export postgres").metrics_port == 0  # a set value wins
 

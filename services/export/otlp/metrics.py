@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from contracts.consumers import BY_NAME, OTLP
+
 SPAN_KINDS = ("root", "tool")
 TOPICS = ("events", "runs")
-DEAD_LETTER_REASONS = ("otlp-rejected", "invalid-entry", "max-deliveries")
+DEAD_LETTER_REASONS = BY_NAME[OTLP].reasons  # contracts/consumers.py
 ROOT_CLOSE_REASONS = ("ended", "abandoned", "timeout")
 EXPORT_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

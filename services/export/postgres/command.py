@@ -25,7 +25,7 @@ def register(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--dsn", help="libpq DSN or postgresql:// URL (default: GOOSE_INGEST_POSTGRES_DSN; prefer the "
                    "environment, a command line is visible to every local user)")
     p.add_argument("--migrate", action="store_true", help="apply pending schema migrations, print them, and exit")
-    p.add_argument("--group", default=None, help="consumer group on the topics (default: goose-ingest-postgres)")
+    p.add_argument("--group", default=None, help="consumer group on the topics (default: GOOSE_INGEST_POSTGRES_GROUP, goose-ingest-postgres)")
     p.add_argument("--consumer", default=None,
                    help="consumer name (default: postgres-<hostname>; keep it stable across restarts so a restarted "
                    "sink re-reads what it had not acknowledged at once)")
@@ -132,14 +132,14 @@ def check_broker(client: Any) -> None:
 def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None) -> int:
     from services.broker.connect import sync_client
     from services.export.postgres.metrics import SinkMetrics
-    from services.export.postgres.sink import DEFAULT_GROUP, EXIT_THREAD_FAILED, Sink, SinkOptions, redact_dsn
+    from services.export.postgres.sink import EXIT_THREAD_FAILED, Sink, SinkOptions, redact_dsn
     from services.export.postgres.store import Store
     from services.metrics.server import serve as serve_metrics
     from services.metrics.startup import stop_on_signals
     from services.streams.names import stable_consumer
 
     options = SinkOptions(
-        group=group or DEFAULT_GROUP,
+        group=group or settings.postgres_group,  # the flag overrides the setting
         consumer=consumer or stable_consumer("postgres"),
         retention=timedelta(days=settings.postgres_retention_days),
         batch_size=settings.batch_size,

@@ -18,6 +18,7 @@ import orjson
 from contracts.deadletters import POSTGRES_INVALID_ENTRY, POSTGRES_REJECTED
 from contracts.events import EVENT_TYPES
 from contracts.runs import RUN_STATES
+from contracts.stream_ids import StreamId
 from contracts.topics import EVENT, RECORD, TopicEntry, TopicEntryError
 
 # Dead-letter reasons of the sink (the `reason` field of its dead-letter entries): contracts/deadletters.py.
@@ -301,8 +302,7 @@ def _str_keys(fields: Mapping[bytes, bytes]) -> dict[str, bytes]:
 
 def entry_id_parts(entry_id: str) -> tuple[int, int]:
     """`<ms>-<seq>` of a stream entry id as two integers (they order like the ids)."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+    return StreamId.parse(entry_id)
 
 
 def positions(refs: list[EntryRef]) -> dict[str, tuple[int, int, int]]:

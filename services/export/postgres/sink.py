@@ -33,6 +33,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from redis.exceptions import ResponseError
 
+from contracts.consumers import BY_NAME, POSTGRES
 from contracts.deadletters import DeadLetter
 from services.broker.errors import describe
 from services.broker.url import BrokerTLSError
@@ -54,8 +55,8 @@ from services.streams.readiness import READY, Readiness, not_ready
 
 log = logging.getLogger("goose_ingest.export.postgres")
 
-DEFAULT_GROUP = "goose-ingest-postgres"
-EXPORTER = "postgres"  # its key names (contracts/keys.py) and ACL role (services/broker/acl.py)
+EXPORTER = POSTGRES  # its row of contracts/consumers.py: key names, ACL role, dead-letter reasons
+DEFAULT_GROUP = BY_NAME[POSTGRES].default_group  # GOOSE_INGEST_POSTGRES_GROUP's default
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 MAINTENANCE_INTERVAL_S = 3600.0  # partitions ahead and retention

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from contracts.raw import ABANDON
+from contracts.stream_ids import StreamId
 from services.normalizer import Limits
 from services.sequencer import Entry, Rejected, RunSequencer, parse_batch
 from services.sequencer.feed import RunItem, feed, rejected_loss, wrong_shard
@@ -50,8 +51,7 @@ class Rebuilt:
 
 def sid_key(sid: str) -> tuple[int, int]:
     """Sort key of a stream id: ids of different streams interleave by (ms, n)."""
-    ms, _, n = sid.partition("-")
-    return int(ms), int(n or 0)
+    return StreamId.parse(sid)
 
 
 def merge_log(*streams: list[LogEntry]) -> list[LogEntry]:

@@ -1,0 +1,1 @@
+"""`goose-ingest export jsonl`: the topics as JSON-lines files (docs/consumers.md "Adding a sink")."""
