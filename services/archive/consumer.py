@@ -410,16 +410,18 @@ class Archiver:
             pos = self.positions.get(src.stream)
             if pos is None:
                 continue
-            # A later check (the lease found gone after the same rollback) reports only what is new.
-            last = max(self._held_through(src.stream, pos), self._lost_reported.get(src.stream, (0, 0)))
-            if last >= pos:
+            if src.dataset in sg.STREAM_KINDS:
+                missing = self._missing_from_redis(src, pos)
+                if missing:
+                    self.metrics.broker_lost.labels(src.dataset).inc(len(missing))
+                    lost.append(f"{src.stream} from {missing[0][0]}-{missing[0][1]} to {missing[-1][0]}-{missing[-1][1]} "
+                                f"({len(missing)} entries)")
                 continue
-            self._lost_reported[src.stream] = pos
-            count = self._archived_after(src, last, pos)
-            if count:
-                self.metrics.broker_lost.labels(src.dataset).inc(count)
-            lost.append(f"{src.stream} after {last[0]}-{last[1]} up to {pos[0]}-{pos[1]}"
-                        + (f" ({count} entries)" if count is not None else ""))
+            # The event lake's rows carry no stream id: the line names the range.
+            last = max(self._held_through(src.stream, pos), self._lost_reported.get(src.stream, (0, 0)))
+            if last < pos:
+                self._lost_reported[src.stream] = pos
+                lost.append(f"{src.stream} after {last[0]}-{last[1]} up to {pos[0]}-{pos[1]}")
         if lost:
             log.warning("broker went back in time (%s): Redis lost what the archive holds: %s (kept in the archive; "
                         "what became pending again is acknowledged without being written twice)", why, "; ".join(lost))
@@ -430,6 +432,53 @@ class Archiver:
             return  # adopt() ran already
         self.metrics.broker_rollbacks.inc()
         self.adopt()
+
+    def _missing_from_redis(self, src: Source, pos: tuple[int, int]) -> list[tuple[int, int]]:
+        """The ids the archive wrote up to `pos` that Redis lost, not reported before: archived, not
+        in Redis, and above its first entry or its last-generated id. A trim removes only a stream's
+        head (and leaves no `max-deleted-entry-id`): what it took lies below the first entry, and a
+        restart that lost nothing keeps the last-generated id at or above `pos`. Compared id by id,
+        not by a tail position: the writes after a rollback, and the archive's own reading of them,
+        move any tail past the loss before a check runs."""
+        try:
+            info = self.client.xinfo_stream(src.stream)
+        except ResponseError:
+            info = {}  # the stream is gone: whatever the archive holds above nothing is lost
+        floor = self._lost_reported.get(src.stream, (0, 0))
+        archived = [i for i in self._archived_ids(src, floor) if i <= pos]
+        if not archived:
+            return []
+        first = info.get("first-entry")
+        first_id = sg.id_parts(_text(first[0])) if first else None
+        generated = sg.id_parts(_text(info.get("last-generated-id") or "0-0"))
+        held: set[tuple[int, int]] = set()
+        cursor = f"{archived[0][0]}-{archived[0][1]}"
+        while first_id is not None:
+            page = self.client.xrange(src.stream, min=cursor, max=f"{pos[0]}-{pos[1]}", count=10_000)
+            held.update(sg.id_parts(_text(entry_id)) for entry_id, _ in page)
+            if len(page) < 10_000:
+                break
+            cursor = "(" + _text(page[-1][0])
+        missing = sorted(i for i in set(archived) - held
+                         if i > generated or (first_id is not None and i > first_id))
+        if missing:
+            self._lost_reported[src.stream] = missing[-1]
+        return missing
+
+    def _archived_ids(self, src: Source, after: tuple[int, int]) -> list[tuple[int, int]]:
+        """The stream ids the store holds for `src` above `after` (objects wholly at or below it are not read)."""
+        ids: list[tuple[int, int]] = []
+        for key in self.store.list_after(sg.RAW_PREFIX + "/", sg.date_of_ms(after[0])):
+            try:
+                ref = sg.parse_raw_segment_key(key)
+            except ValueError:
+                continue
+            if ref.stream != src.dataset or ref.shard != src.shard:
+                continue
+            if ref.last_id is not None and sg.id_parts(ref.last_id) <= after:
+                continue
+            ids.extend(i for i in sg.segment_ids(self.store.get(key)) if i > after)
+        return sorted(ids)
 
     def _held_through(self, stream: str, pos: tuple[int, int]) -> tuple[int, int]:
         """The id through which Redis still accounts for what the archive wrote up to `pos`: the
@@ -464,25 +513,6 @@ class Archiver:
                 else:
                     stack.extend(item.values())
         return frozenset(found)
-
-    def _archived_after(self, src: Source, after: tuple[int, int], upto: tuple[int, int]) -> int | None:
-        """How many archived entries of `src` lie in (after, upto]; None for the event lake (its rows
-        carry no stream id: the log line names the range)."""
-        if src.dataset not in sg.STREAM_KINDS:
-            return None
-        count = 0
-        for key in self.store.list_after(sg.RAW_PREFIX + "/", sg.date_of_ms(after[0])):
-            try:
-                ref = sg.parse_raw_segment_key(key)
-            except ValueError:
-                continue
-            if ref.stream != src.dataset or ref.shard != src.shard:
-                continue
-            if ref.last_id is not None and sg.id_parts(ref.last_id) <= after:
-                continue
-            ids = sg.segment_ids(self.store.get(key))
-            count += sum(1 for i in ids if after < i <= upto)
-        return count
 
     def _new(self, src: Source) -> bool:
         """Its own pending entries all read (they make one segment): new entries now."""

@@ -159,6 +159,35 @@ def test_redis_back_from_an_older_snapshot_loses_and_doubles_nothing(acl_broker:
     assert sorted(ids, key=sg.id_parts) == want  # 25 entries, each once
 
 
+def test_a_restart_that_lost_nothing_after_a_trim_reports_no_loss(acl_broker: AclBroker, tmp_path: Path):  # noqa: F811
+    """The other side of the rollback check: 20 entries archived, the workers' trim takes the first 15
+    (XTRIM leaves no max-deleted-entry-id), Redis restarted from a snapshot taken after that trim
+    (nothing lost). The archive notices the restart and reports no loss: no "went back in time"
+    line, the lost-entries counter at 0, although 15 archived ids are no longer in Redis."""
+    b = acl_broker
+    r = b.root()
+    raw0 = b.settings.layout.raw_stream(0)
+    root = tmp_path / "archive"
+    log = tmp_path / "archive.log"
+    proc, port_file = start_archive(b, tmp_path, root.as_uri(), GOOSE_INGEST_ARCHIVE_SEGMENT_MAX_AGE_S="8")
+    try:
+        wait_until(lambda: http(port_file, "/readyz")[0] == 200, timeout=90)
+        ids = [r.xadd(raw0, raw_line(i, "trim")) for i in range(20)]
+        wait_until(lambda: all_archived(r, b), timeout=60)
+        assert r.xtrim(raw0, minid=ids[15].decode(), approximate=False) == 15
+        r.save()  # the snapshot holds everything Redis holds: the restart loses nothing
+        restart_from_its_snapshot(b)
+        wait_until(lambda: "broker check (" in log.read_text(), timeout=60)
+        later = [r.xadd(raw0, raw_line(i, "trim")) for i in range(20, 25)]
+        wait_until(lambda: all_archived(r, b), timeout=60)
+        assert metric(port_file, 'goose_ingest_archive_broker_lost_entries_total{dataset="raw"}') == 0
+    finally:
+        assert stop(proc) == 0, log.read_text()[-3000:]
+    assert "went back in time" not in log.read_text(), log.read_text()[-3000:]
+    read = [e.id for e in read_back(root) if e.stream == "raw"]
+    assert sorted(read, key=sg.id_parts) == [i.decode() for i in ids + later]
+
+
 def test_a_second_archive_is_refused_and_kills_lose_and_double_nothing(acl_broker: AclBroker, tmp_path: Path):  # noqa: F811
     """Issue 32 finding 2: a second archive on the same group exits 2 with one line while the first
     runs; each is SIGKILLed and restarted in turn while entries arrive (per-process consumer names,
