@@ -573,7 +573,11 @@ def test_readme_names_the_install_cost_the_phoenix_environment_and_the_new_comma
     assert "about 30 s" not in readme  # the old install estimate: the mypyc build takes minutes
     assert "850 MB" in readme and ".venv-phoenix" in readme
     # the suite's size and wall time are stated (their figures change; that they are stated does not)
-    assert re.search(r"about [\d,]+ tests\) runs on two pytest-xdist workers", readme), "README states the suite's size"
+    workers = re.search(r"about [\d,]+ tests\) runs on (\w+) pytest-xdist workers", readme)
+    assert workers, "README states the suite's size and its workers"
+    command = re.search(r"pytest -q -n (\d+)", readme)  # the README's test command, second of its two
+    assert command and {"2": "two", "3": "three", "4": "four"}.get(command.group(1)) == workers.group(1), (
+        "the README's prose and its test command name different numbers of workers")
     assert re.search(r"about \d+\s+minutes of pytest and \d+ of `\.ci/run`", readme), "README states the suite's time"
     for needle in ("`up [--port PORT]`", "6379 when it is free", "`runs [--limit N] [--json]`",
                    "9466 for `export postgres`", "GOOSE_INGEST_REDIS_ULR", "75 when it succeeded", "`spool [--drain]`"):
