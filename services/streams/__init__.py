@@ -18,7 +18,7 @@ every later one) keeps only its handler and its target; the jobs below are writt
 - `readiness`: one `Readiness` (ok + one line of reason) that /readyz shows;
 - `names`: consumer names.
 - `reader`: `GroupReader`, the one synchronous group-read loop (own pending entries first, the
-  sweep, held entries, poison, acknowledgement with dead letters in one MULTI, in-place retry of a
+  sweep, held entries, poison, acknowledgement with dead letters in one script, in-place retry of a
   refused acknowledgement) of the plain-loop consumers, `export postgres` and `archive`.
 
 Dead letters are a contract (contracts/deadletters.py: one record, one reason vocabulary, one

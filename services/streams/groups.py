@@ -21,6 +21,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from services.broker.errors import describe, is_outage
 from services.settings import Settings
+from services.streams.backoff import Backoff
 
 log = logging.getLogger("goose_ingest")
 
@@ -64,7 +65,7 @@ async def create_groups(
 ) -> None:
     """`create_group` on every stream, waiting (backoff up to `retry_max_s`) while the broker is in
     an outage. `stopping` set meanwhile: raise `on_stop()` (the consumer's own stop exception)."""
-    delay = RETRY_INITIAL_S
+    backoff = Backoff(RETRY_INITIAL_S, retry_max_s)
     warned = False
     for stream in streams:
         while True:
@@ -81,8 +82,7 @@ async def create_groups(
                     warned = True
             if stopping is not None and stopping.is_set():
                 raise (on_stop() if on_stop is not None else asyncio.CancelledError())
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, retry_max_s)
+            await asyncio.sleep(backoff.next())
     if warned:
         log.info("consumer groups created; the broker accepts writes again")
 
@@ -115,6 +115,7 @@ def guard_missing_group(sub: Any, stream: str, group: str, client: Callable[[], 
     sub._xreadgroup = guarded
 
 
+START_RETRY_S = 0.5  # the first wait before a subscriber or a consumer's start is tried again
 START_RETRY_MAX_S = 5.0  # the longest wait between two tries of a subscriber start the broker refused
 FASTSTREAM_START_S = 3.0  # FastStream 0.7.8's limit on a Redis subscriber's start (fail_after in its `start`)
 
@@ -153,7 +154,7 @@ def start_through_refusals(sub: Any, stream: str) -> None:
     start = sub.start
 
     async def patient(*args: Any, **kwargs: Any) -> Any:
-        delay, warned, late = 0.5, False, False
+        backoff, warned, late = Backoff(START_RETRY_S, START_RETRY_MAX_S), False, False
         while True:
             try:
                 return await start(*args, **kwargs)
@@ -171,7 +172,6 @@ def start_through_refusals(sub: Any, stream: str) -> None:
                         "subscriber of %s: not started within FastStream's %.0f s (starved CPU or slow broker); "
                         "starting it again", stream, FASTSTREAM_START_S)
                     late = True
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, START_RETRY_MAX_S)
+            await asyncio.sleep(backoff.next())
 
     sub.start = patient

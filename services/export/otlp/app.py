@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from faststream import Context, FastStream
@@ -32,6 +32,7 @@ from services.settings import Settings
 from services.streams.groups import guard_missing_group, hold_reads_until, start_through_refusals
 from services.streams.names import unique_consumer
 from services.streams.readiness import READY, Readiness, fresh, not_ready
+from services.streams.watch import ReaderWatch
 
 log = logging.getLogger("goose_ingest.export.otlp")
 
@@ -42,17 +43,18 @@ def consumer_name() -> str:
 
 class ExporterHealth:
     """What the exporter's readiness is made of: subscribers running, housekeeping reaching the
-    broker, collector and broker not failing. Called, it answers with the one `Readiness` type."""
+    broker, collector and broker not failing; `readiness()` answers with the one `Readiness` type."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, watch: ReaderWatch | None = None) -> None:
         self.settings = settings
-        self.subscribers_running = False
+        self.watch = watch if watch is not None else ReaderWatch()  # the subscribers: a dead one is not ready
         self.last_ok = 0.0
         self.exporter: TraceExporter | None = None
 
-    def __call__(self) -> Readiness:
-        if not self.subscribers_running:
-            return not_ready("subscribers not running")
+    def readiness(self) -> Readiness:
+        subscribers = self.watch.readiness()
+        if not subscribers:
+            return subscribers
         if not fresh(self.last_ok, time.monotonic(), self.settings.sweep_interval_s):
             return not_ready("housekeeping has not reached the broker recently")
         if self.exporter is None or not self.exporter.broker_ok:
@@ -85,7 +87,7 @@ async def housekeeping(exporter: TraceExporter, readiness: ExporterHealth, setti
             log.warning("housekeeping: broker unavailable: %s", type(exc).__name__)
         except Exception:  # a bug here must not stop the exporter's main job
             log.exception("housekeeping failed")
-        exporter.metrics.ready.set(1 if readiness() else 0)
+        exporter.metrics.ready.set(1 if readiness.readiness() else 0)
         await asyncio.sleep(settings.sweep_interval_s)
 
 
@@ -99,7 +101,16 @@ class ExporterRuntime:
     client: Any = None
     exporter: TraceExporter | None = None
     server: MetricsServer | None = None
-    task: asyncio.Task[None] | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def watch(self) -> ReaderWatch:
+        return self.readiness.watch
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a requested shutdown; 1 when a subscriber stopped on its own (a supervisor restarts us)."""
+        return self.watch.exit_code
 
 
 def build_app(
@@ -148,6 +159,7 @@ def build_app(
         guard_missing_group(sub, stream, settings.otlp_group, lambda: runtime.client)
         start_through_refusals(sub, stream)  # Redis full at start, or a start over 3 s: again, not a traceback exit
         hold_reads_until(sub, all_started)
+        runtime.watch.add(stream, sub)
 
     @app.on_startup
     async def _startup() -> None:
@@ -156,22 +168,23 @@ def build_app(
         await exporter.ensure_groups()
         readiness.exporter = exporter
         readiness.last_ok = time.monotonic()
-        runtime.server = serve(metrics, settings.metrics_host, settings.metrics_port, readiness)  # type: ignore[arg-type]
+        runtime.server = serve(metrics, settings.metrics_host, settings.metrics_port, readiness.readiness)  # type: ignore[arg-type]
 
     @app.after_startup
     async def _after() -> None:
         assert runtime.exporter is not None
-        readiness.subscribers_running = True
+        runtime.watch.consuming = True
         all_started.set()
-        runtime.task = asyncio.create_task(housekeeping(runtime.exporter, readiness, settings))
+        runtime.tasks.append(asyncio.create_task(housekeeping(runtime.exporter, readiness, settings)))
+        # a subscriber that dies on its own: /readyz says so and the exporter exits 1 (services/streams/watch.py)
+        runtime.tasks.append(asyncio.create_task(runtime.watch.run(app.exit)))
 
     @app.on_shutdown
     async def _shutdown() -> None:
-        readiness.subscribers_running = False
+        runtime.watch.shutdown()  # subscribers already stopped here died on their own: exit 1
         if runtime.exporter is not None:
             runtime.exporter.stopping.set()  # a batch waiting for the collector gives up, unacked
-        task = runtime.task
-        if task is not None:
+        for task in runtime.tasks:
             task.cancel()
             try:
                 await task

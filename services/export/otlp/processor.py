@@ -64,6 +64,8 @@ from services.export.otlp.mapping import (
 from services.export.otlp.metrics import OtlpMetrics
 from services.export.otlp.sink import SendOutcome, SpanSink, encode_request
 from services.settings import Settings
+from services.streams.backoff import Backoff
+from services.streams.deadletter import DeadLetterWriter
 from services.streams.groups import create_groups
 from services.streams.lag import read_backlog
 from services.streams.pending import max_deliveries_detail, pending_entries, plan_reclaim
@@ -120,6 +122,12 @@ class RunWork:
     exp: int | None = None
     span_events: int = 0
     unmappable: int = 0
+    raw: dict[Any, Any] | None = None  # the fields of its first entry: a dead letter's raw.* (a resend after a fix)
+
+    def note_entry(self, entry_id: str, fields: dict[Any, Any]) -> None:
+        self.entry_ids.append(entry_id)
+        if self.raw is None:
+            self.raw = fields
 
     def saw(self, ns: int) -> None:
         self.min_ns = ns if self.min_ns is None else min(self.min_ns, ns)
@@ -199,6 +207,8 @@ class TraceExporter:
         self._note = client.register_script(_NOTE_LUA)
         self._close = client.register_script(_CLOSE_LUA)
         self._adopt = client.register_script(_ADOPT_LUA)
+        # Dead letters and the acknowledgement of their entries in one step, trimmed by age (deadletter.py).
+        self._letters = DeadLetterWriter(client, self.group, settings.deadletter_keep_hours)
 
     # ------------------------------------------------------------------ names
     def state_key(self, run: str) -> str:
@@ -211,10 +221,13 @@ class TraceExporter:
         return self.layout.export_group_open_run_sets(EXPORTER, self.group)
 
     def deadletter_key(self, run: str | None, stream: str) -> str:
-        if run is not None:
-            return self.layout.export_deadletter_partition(EXPORTER, self.layout.shard_of(run))
+        """The dead-letter partition of the shard of `stream` (the entry's: on a cluster the dead letter
+        and the acknowledgement of its entry share a hash slot, one script), else of the run's."""
         partitions = self.layout.events_partitions() + self.layout.runs_partitions()
-        shard = partitions.index(stream) % len(self.layout.events_partitions()) if stream in partitions else 0
+        if stream in partitions:
+            shard = partitions.index(stream) % len(self.layout.events_partitions())
+        else:  # no entry (a root closed by the timeout)
+            shard = self.layout.shard_of(run) if run is not None else 0
         return self.layout.export_deadletter_partition(EXPORTER, shard)
 
     def streams(self) -> list[str]:
@@ -266,7 +279,7 @@ class TraceExporter:
         pending = {run: spans for run, spans in spans_by_run.items() if spans}
         rejected: dict[str, str] = {}
         split = False
-        delay = RETRY_INITIAL_S
+        backoff = Backoff(RETRY_INITIAL_S, self.settings.otlp_retry_max_s)
         attempts: dict[str, int] = {}
         while pending:
             groups = [[run] for run in pending] if split else [list(pending)]
@@ -316,7 +329,7 @@ class TraceExporter:
                 # outage, and the spans sent by both once the collector is back).
                 beat = heartbeat or _HEARTBEAT.get()
                 most = max(0.05, self.settings.claim_idle_ms / 3000)
-                left = delay
+                left = backoff.next()
                 while left > 0:
                     if beat is not None:
                         await beat()
@@ -328,7 +341,6 @@ class TraceExporter:
                     if self.stopping.is_set():
                         raise Stopping()
                     left -= step
-                delay = min(delay * 2, self.settings.otlp_retry_max_s)
         return rejected
 
     def _collector_back(self) -> None:
@@ -363,7 +375,7 @@ class TraceExporter:
         (the scripts count each event once; XACK; a dead letter's XADD refused was not written)."""
         # the claim must be refreshed well within CLAIM_IDLE_MS, or another replica takes it over
         most = max(0.05, min(self.settings.otlp_retry_max_s, self.settings.claim_idle_ms / 3000))
-        delay = min(RETRY_INITIAL_S, most)
+        backoff = Backoff(min(RETRY_INITIAL_S, most), most)
         refused = False
         while True:
             try:
@@ -389,29 +401,33 @@ class TraceExporter:
             if beat is not None:
                 await beat()
             try:
-                await asyncio.wait_for(self.stopping.wait(), timeout=delay)
+                await asyncio.wait_for(self.stopping.wait(), timeout=backoff.next())
             except TimeoutError:
                 pass
             if self.stopping.is_set():
                 raise Stopping()
-            delay = min(delay * 2, most)
 
     async def dead_letter(self, stream: str, run: str | None, entry_id: str, reason: str, detail: str,
-                          payload: bytes | None = None) -> None:
-        # The refused spans travel as the OTLP/HTTP protobuf request body (`payload`): resent as-is
-        # after a fix (docs/otel.md "Resending dead-lettered spans").
-        fields = DeadLetter(reason, detail, stream, entry_id, exporter=EXPORTER, group=self.group, run=run,
-                            payload=payload, content_type="application/x-protobuf" if payload is not None else None
-                            ).to_fields()
-        minid = f"{int((time.time() - self.settings.topic_retention_hours * 3600) * 1000)}-0"
-        await self._broker(partial(self.client.xadd, self.deadletter_key(run, stream), fields, minid=minid, approximate=True))
+                          payload: bytes | None = None, raw: dict[Any, Any] | None = None,
+                          acks: Sequence[str] = ()) -> None:
+        """Dead-letter an entry and acknowledge `acks` (ids of `stream`) in the same step (the one
+        writer: services/streams/deadletter.py); `raw`: the entry's own fields (raw.*, for a resend
+        after a fix). The refused spans travel as the OTLP/HTTP protobuf request body (`payload`):
+        resent as-is after a fix (docs/otel.md "Resending dead-lettered spans")."""
+        letter = DeadLetter(reason, detail, stream, entry_id, exporter=EXPORTER, group=self.group, run=run,
+                            raw=raw or {}, payload=payload,
+                            content_type="application/x-protobuf" if payload is not None else None)
+        await self._broker(partial(self._letters.write, self.deadletter_key(run, stream), [letter],
+                                   {stream: list(acks)} if acks else None))
         self.metrics.dead_letters.labels(reason=reason).inc()
 
-    async def kill_run(self, stream: str, run: str, entry_id: str, detail: str) -> None:
-        """Dead-letter a run's export: nothing more of it is sent, its later entries are acked."""
+    async def kill_run(self, stream: str, run: str, entry_id: str, detail: str, raw: dict[Any, Any] | None = None,
+                       acks: Sequence[str] = ()) -> None:
+        """Dead-letter a run's export: nothing more of it is sent, its later entries are acked (`acks`,
+        this batch's entries of the run: with the dead letter, in one step)."""
         spans = self.rejected_spans.pop(run, None)
         payload = encode_request(spans) if spans else None
-        await self.dead_letter(stream, run, entry_id, OTLP_REJECTED, detail, payload)
+        await self.dead_letter(stream, run, entry_id, OTLP_REJECTED, detail, payload, raw=raw, acks=acks)
         await self._broker(partial(self._close, keys=[self.state_key(run), self.open_key(run)],
                                    args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s]))
 
@@ -485,10 +501,11 @@ class TraceExporter:
             d = decode_entry(entry_id, fmap)
             acks.append(d.entry_id)
             if d.run is None or d.seq is None:
-                await self.dead_letter(stream, d.run, d.entry_id, INVALID_ENTRY, d.error or "no runId or seq")
+                await self.dead_letter(stream, d.run, d.entry_id, INVALID_ENTRY, d.error or "no runId or seq",
+                                       raw=fmap, acks=[d.entry_id])
                 continue
             w = work.setdefault(d.run, RunWork())
-            w.entry_ids.append(d.entry_id)
+            w.note_entry(d.entry_id, fmap)
             self._map_event(d, w)
         await self._finish_batch(stream, ids=acks, work=work)
 
@@ -537,10 +554,11 @@ class TraceExporter:
                     raise ValueError(d.error or "no runId")
                 facts = fold_records(d.run, [body])  # validates recordId, timestamp
             except (KeyError, ValueError, TypeError, IndexError) as exc:
-                await self.dead_letter(stream, d.run, d.entry_id, INVALID_ENTRY, d.error or f"{type(exc).__name__}: {exc}")
+                await self.dead_letter(stream, d.run, d.entry_id, INVALID_ENTRY, d.error or f"{type(exc).__name__}: {exc}",
+                                       raw=fmap, acks=[d.entry_id])
                 continue
             w = work.setdefault(d.run, RunWork())
-            w.entry_ids.append(d.entry_id)
+            w.note_entry(d.entry_id, fmap)
             w.records[facts.last_k] = orjson.dumps(body)
             if facts.expected_events is not None:
                 w.exp = facts.expected_events
@@ -564,7 +582,8 @@ class TraceExporter:
                 spans[run] = [("tool", span) for seq, span in w.tool_spans if seq not in f.sent]
             rejected = await self.deliver(spans, self._heartbeat(stream, ids))
             for run, detail in rejected.items():
-                await self.kill_run(stream, run, work[run].entry_ids[0], detail)
+                w = work[run]
+                await self.kill_run(stream, run, w.entry_ids[0], detail, raw=w.raw, acks=w.entry_ids)
             ready: list[str] = []
             now_ms = int(time.time() * 1000)
             for run, w in work.items():
@@ -589,7 +608,8 @@ class TraceExporter:
                 if not closed and exp >= 0 and n >= exp:
                     ready.append(run)
             for run in ready:
-                await self.finish_root(run, stream, work[run].entry_ids[0])
+                w = work[run]
+                await self.finish_root(run, stream, w.entry_ids[0], raw=w.raw, acks=w.entry_ids)
         await self._ack(stream, ids)
 
     # ------------------------------------------------------------------ roots
@@ -609,8 +629,10 @@ class TraceExporter:
         state.update((name, v) for name, v in zip(names, values, strict=True) if v is not None)
         return state
 
-    async def finish_root(self, run: str, stream: str, entry_id: str, timeout: bool = False) -> bool:
-        """Export the run's root span from its state; False when it is closed already."""
+    async def finish_root(self, run: str, stream: str, entry_id: str, timeout: bool = False,
+                          raw: dict[Any, Any] | None = None, acks: Sequence[str] = ()) -> bool:
+        """Export the run's root span from its state; False when it is closed already. `raw`, `acks`:
+        the entry that completed the run and this batch's entries of it, for a dead letter."""
         state = await self._broker(partial(self._read_state, run))
         if not state or "done" in state or "dead" in state:
             await self._broker(partial(self.client.zrem, self.open_key(run), run))
@@ -637,7 +659,7 @@ class TraceExporter:
         self._tally(tally)
         rejected = await self.deliver({run: [("root", span)]})
         if run in rejected:
-            await self.kill_run(stream, run, entry_id, rejected[run])
+            await self.kill_run(stream, run, entry_id, rejected[run], raw=raw, acks=acks)
             return False
         reason = "timeout" if timeout else (facts.state or "timeout")
         await self._broker(partial(self._close, keys=[self.state_key(run), self.open_key(run)],
@@ -686,8 +708,10 @@ class TraceExporter:
         rows = await self.client.xpending_range(stream, self.group, min="-", max="+", count=self.settings.batch_size, idle=idle)
         plan = plan_reclaim(pending_entries(rows), self.settings.max_deliveries, self.in_flight.get(stream, set()))
         for row in plan.poison:
-            await self.dead_letter(stream, None, row.entry_id, MAX_DELIVERIES, max_deliveries_detail(row))
-            await self._ack(stream, [row.entry_id])
+            found = await self.client.xrange(stream, min=row.entry_id, max=row.entry_id)
+            fields = found[0][1] if found else {}
+            await self.dead_letter(stream, None, row.entry_id, MAX_DELIVERIES, max_deliveries_detail(row), raw=fields,
+                                   acks=[row.entry_id])
         ids = [row.entry_id for row in plan.claim]
         if not ids:
             return len(plan.poison)
