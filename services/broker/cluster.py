@@ -34,8 +34,8 @@ from services.broker.facts import META_SHARDS as META_SHARDS
 from services.broker.facts import ShardCountMismatch as ShardCountMismatch
 from services.broker.facts import check_deployment_facts, judge_meta
 from services.broker.facts import layout_name as _layout_name
+from services.readiness import READY, Readiness, not_ready
 from services.settings import Settings
-from services.streams.readiness import READY, Readiness, not_ready
 
 log = logging.getLogger("goose_ingest.broker")
 

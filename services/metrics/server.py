@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
+from services.readiness import not_ready
 from services.settings import ConfigError
-from services.streams.readiness import not_ready
 
 if TYPE_CHECKING:
     from services.metrics.registry import Metrics
