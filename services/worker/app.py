@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faststream import Context, FastStream
-from faststream.middlewares import AckPolicy
-from faststream.redis import StreamSub
-from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
+from faststream.redis.message import RedisBatchStreamMessage  # the class (faststream.redis exports an Annotated alias)
 from redis.exceptions import RedisError
 
 from services.broker.cluster import BrokerGate, make_broker
@@ -30,20 +28,14 @@ from services.metrics import Metrics, serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
 from services.streams.backoff import Backoff
-from services.streams.groups import (
-    START_RETRY_MAX_S,
-    START_RETRY_S,
-    ensure_groups,
-    guard_missing_group,
-    hold_reads_until,
-    start_through_refusals,
-)
+from services.streams.faststream_adapter import batch_subscriber, gate_reads
+from services.streams.groups import START_RETRY_MAX_S, START_RETRY_S, ensure_groups
 from services.streams.names import unique_consumer
 from services.streams.readiness import Readiness, not_ready
 from services.streams.watch import ReaderWatch
 from services.worker.commit import LeaseLost
 from services.worker.housekeeping import Housekeeper
-from services.worker.leases import ShardLeases, gate_reads
+from services.worker.leases import ShardLeases
 from services.worker.processor import BatchProcessor
 from services.worker.reporting import record_result
 from services.worker.spread import Spread
@@ -120,17 +112,8 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
     app = FastStream(broker, logger=log)
     runtime = WorkerRuntime(settings, consumer_name())
     layout = settings.layout
-    all_started = asyncio.Event()  # no batch before every subscriber has started (hold_reads_until)
+    all_started = asyncio.Event()  # no batch before every subscriber has started (faststream_adapter)
     shard_of_stream = {stream: shard for shard, stream in enumerate(layout.raw_streams())}
-
-    async def parse(raw: Any) -> RedisBatchStreamMessage:
-        # The raw entries are plain fields, not FastStream envelopes: hand them over untouched
-        # instead of letting FastStream JSON-decode and re-encode every entry.
-        # FAKE_CONSUMER: the message's own ack must be a no-op, commit.lua acknowledges atomically.
-        return RedisBatchStreamMessage(raw_message=raw, body=b"", consumer=FAKE_CONSUMER, group=settings.group)
-
-    async def decode(msg: Any) -> None:
-        return None
 
     async def handle(message: RedisBatchStreamMessage = Context("message")) -> None:  # noqa: B008 (FastStream DI)
         raw = message.raw_message
@@ -148,23 +131,10 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         record_result(metrics, result, time.perf_counter() - started, len(raw["message_ids"]))
 
     for stream in layout.raw_streams():
-        sub = broker.subscriber(
-            stream=StreamSub(
-                stream,
-                group=settings.group,
-                consumer=runtime.consumer,
-                batch=True,
-                max_records=settings.batch_size,
-                polling_interval=settings.block_ms,
-            ),
-            parser=parse,
-            decoder=decode,
-            ack_policy=AckPolicy.MANUAL,  # the commit script acknowledges, atomically with its outputs
-        )
-        sub(handle)
-        guard_missing_group(sub, stream, settings.group, lambda: runtime.client)
-        start_through_refusals(sub, stream)
-        hold_reads_until(sub, all_started)
+        # plain fields handed over untouched; commit.lua acknowledges, atomically with the outputs
+        sub = batch_subscriber(broker, stream, group=settings.group, consumer=runtime.consumer,
+                               batch_size=settings.batch_size, block_ms=settings.block_ms, handle=handle,
+                               client=lambda: runtime.client, started=all_started)
         gate_reads(sub, functools.partial(runtime.may_read, shard_of_stream[stream]), settings.block_ms / 1000)
         runtime.watch.add(stream, sub)
 

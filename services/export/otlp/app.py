@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faststream import Context, FastStream
-from faststream.middlewares import AckPolicy
-from faststream.redis import StreamSub
-from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
+from faststream.redis.message import RedisBatchStreamMessage  # the class (faststream.redis exports an Annotated alias)
 from redis.exceptions import RedisError
 
 from services.broker.cluster import make_broker
@@ -29,7 +27,7 @@ from services.export.otlp.sink import SpanSink
 from services.metrics import serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
-from services.streams.groups import guard_missing_group, hold_reads_until, start_through_refusals
+from services.streams.faststream_adapter import batch_subscriber
 from services.streams.names import unique_consumer
 from services.streams.readiness import READY, Readiness, fresh, not_ready
 from services.streams.watch import ReaderWatch
@@ -120,15 +118,7 @@ def build_app(
     app = FastStream(broker, logger=log)
     runtime = ExporterRuntime(consumer_name(), ExporterHealth(settings), metrics if metrics is not None else OtlpMetrics())
     consumer, readiness, metrics = runtime.consumer, runtime.readiness, runtime.metrics
-    all_started = asyncio.Event()  # no batch before every subscriber has started (hold_reads_until)
-
-    async def parse(raw: Any) -> RedisBatchStreamMessage:
-        # Topic entries are plain fields, not FastStream envelopes: hand them over untouched. The
-        # message's own ack is a no-op (FAKE_CONSUMER): the exporter acks once the spans are accepted.
-        return RedisBatchStreamMessage(raw_message=raw, body=b"", consumer=FAKE_CONSUMER, group=settings.otlp_group)
-
-    async def decode(msg: Any) -> None:
-        return None
+    all_started = asyncio.Event()  # no batch before every subscriber has started (faststream_adapter)
 
     async def handle(message: RedisBatchStreamMessage = Context("message")) -> None:  # noqa: B008 (FastStream DI)
         raw = message.raw_message
@@ -142,23 +132,10 @@ def build_app(
             log.info("shutting down with a batch of %s unexported: left pending for any replica", stream)
 
     for stream in settings.layout.events_partitions() + settings.layout.runs_partitions():
-        sub = broker.subscriber(
-            stream=StreamSub(
-                stream,
-                group=settings.otlp_group,
-                consumer=consumer,
-                batch=True,
-                max_records=settings.batch_size,
-                polling_interval=settings.block_ms,
-            ),
-            parser=parse,
-            decoder=decode,
-            ack_policy=AckPolicy.MANUAL,  # acked by the exporter once the spans are accepted
-        )
-        sub(handle)
-        guard_missing_group(sub, stream, settings.otlp_group, lambda: runtime.client)
-        start_through_refusals(sub, stream)  # Redis full at start, or a start over 3 s: again, not a traceback exit
-        hold_reads_until(sub, all_started)
+        # plain fields handed over untouched; acked by the exporter once the spans are accepted
+        sub = batch_subscriber(broker, stream, group=settings.otlp_group, consumer=consumer,
+                               batch_size=settings.batch_size, block_ms=settings.block_ms, handle=handle,
+                               client=lambda: runtime.client, started=all_started)
         runtime.watch.add(stream, sub)
 
     @app.on_startup
