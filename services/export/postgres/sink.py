@@ -9,10 +9,11 @@ A plain reader thread and writer loop (not FastStream; see docs/analytics.md "Wh
 2. writer: write it with the consumer positions in one transaction (store.py); while the
    database is unreachable, retry the same batch with backoff and report not ready: nothing is
    acknowledged, the topic keeps the data;
-3. after the commit, in one MULTI per shard (`GroupReader.ack`): dead letters (invalid entries, rows the database
-   refused) to the sink's own dead-letter stream (`<deadletter>.postgres`, the only stream its
-   `postgres-exporter` ACL user may write; never the workers' `goose.deadletter`), then XACK of
-   the whole batch.
+3. after the commit, in one step per shard (`GroupReader.ack`: the one dead-letter writer,
+   services/streams/deadletter.py): dead letters (invalid entries, rows the database refused) to
+   the sink's own dead-letter stream (`<deadletter>.postgres`, the only stream its
+   `postgres-exporter` ACL user may write; never the workers' `goose.deadletter`), trimmed by age,
+   and XACK of the whole batch.
 
 A crash between 2 and 3 re-delivers the batch; every write is idempotent, so that doubles nothing.
 """
