@@ -21,6 +21,10 @@ from scratch) each export every root. Its size is bounded whatever the run's len
 A root is exported when the terminal record is in and ``n >= exp`` (events and records come from
 different streams, in any order), or by the timeout sweep. Nothing is acknowledged before the
 spans it carries are accepted by the collector (or dead-lettered).
+
+What a batch brings per run (entries decoded, `RunWork`, `RunFlags`) is services/export/otlp/batch.py;
+the span mapping is mapping.py; the consumer plumbing (dead letters, readiness, the watch, backoff)
+is services/streams/.
 """
 
 from __future__ import annotations
@@ -30,10 +34,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from opentelemetry.sdk.trace import ReadableSpan
@@ -42,8 +45,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts.deadletters import INVALID_ENTRY, MAX_DELIVERIES, OTLP_REJECTED, DeadLetter
-from contracts.topics import TopicEntry, TopicEntryError
 from services.broker.errors import TRANSIENT_CODES, describe, reply_code
+from services.export.otlp.batch import Decoded, RunFlags, RunWork, as_text, decode_entry
 from services.export.otlp.mapping import (
     GI_EVENT_ID,
     GI_EVENT_TYPE,
@@ -98,77 +101,6 @@ _CLOSE_LUA = resources.files("services.export.otlp").joinpath("close.lua").read_
 
 class Stopping(Exception):
     """The process is shutting down while a batch waits for the collector: leave it unacked."""
-
-
-@dataclass
-class Decoded:
-    entry_id: str
-    run: str | None
-    seq: int | None
-    body: dict[str, Any] | None
-    error: str | None = None
-
-
-@dataclass
-class RunWork:
-    """What one batch brings for one run."""
-
-    entry_ids: list[str] = field(default_factory=list)
-    records: dict[int, bytes] = field(default_factory=dict)  # k -> record JSON
-    events: dict[int, bytes | None] = field(default_factory=dict)  # seq -> its ring value; None: a tool span
-    tool_spans: list[tuple[int, ReadableSpan]] = field(default_factory=list)
-    min_ns: int | None = None
-    max_ns: int | None = None
-    exp: int | None = None
-    span_events: int = 0
-    unmappable: int = 0
-    raw: dict[Any, Any] | None = None  # the fields of its first entry: a dead letter's raw.* (a resend after a fix)
-
-    def note_entry(self, entry_id: str, fields: dict[Any, Any]) -> None:
-        self.entry_ids.append(entry_id)
-        if self.raw is None:
-            self.raw = fields
-
-    def saw(self, ns: int) -> None:
-        self.min_ns = ns if self.min_ns is None else min(self.min_ns, ns)
-        self.max_ns = ns if self.max_ns is None else max(self.max_ns, ns)
-
-
-def _text(value: Any) -> str | None:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return value if isinstance(value, str) else None
-
-
-def decode_entry(entry_id: Any, fmap: dict[Any, Any]) -> Decoded:
-    """A topic entry (event or run record), decoded by the one topic codec (contracts/topics.py):
-    the envelope says whose it is, `data` is the JSON body; the body's runId and seq win over the
-    envelope's when they are there (they are what the spans are built from)."""
-    sid = _text(entry_id) or str(entry_id)
-    entry = TopicEntry.from_fields(fmap)
-    run, seq = entry.run, entry.seq
-    try:
-        body = entry.document()
-    except TopicEntryError as exc:
-        return Decoded(sid, run or None, seq, None, str(exc).split(" (", 1)[0])
-    body_run = body.get("runId")
-    if isinstance(body_run, str) and body_run:
-        run = body_run
-    if isinstance(body.get("seq"), int) and not isinstance(body.get("seq"), bool):
-        seq = body["seq"]
-    return Decoded(sid, run or None, seq, body)
-
-
-class RunFlags(NamedTuple):
-    """What a run's export state says before a batch is finished (`TraceExporter._flags`)."""
-
-    done: bool  # its root went out
-    dead: bool  # it was dead-lettered
-    complete: bool  # done, and not by timeout: every event its terminal record counts was seen
-    sent: set[int]  # seqs of this batch's tool events already seen (their spans are out)
 
 
 class TraceExporter:
@@ -253,7 +185,7 @@ class TraceExporter:
                 if not members:
                     break
                 for member in members:
-                    run = _text(member) or ""
+                    run = as_text(member) or ""
                     keys = [self.layout.export_state(EXPORTER, run), old_open, self.state_key(run), self.open_key(run)]
                     adopted += int(await self._adopt(keys=keys, args=[member]))
         if adopted:
@@ -474,9 +406,9 @@ class TraceExporter:
 
     async def handle_events(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         held = self.in_flight.setdefault(stream, set())
-        mine = {_text(i) or str(i) for i in ids} - held
+        mine = {as_text(i) or str(i) for i in ids} - held
         held |= mine
-        token = _HEARTBEAT.set(self._heartbeat(stream, [_text(i) or str(i) for i in ids]))
+        token = _HEARTBEAT.set(self._heartbeat(stream, [as_text(i) or str(i) for i in ids]))
         try:
             await self._handle_events(stream, ids, fields)
         finally:
@@ -485,9 +417,9 @@ class TraceExporter:
 
     async def handle_runs(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         held = self.in_flight.setdefault(stream, set())
-        mine = {_text(i) or str(i) for i in ids} - held
+        mine = {as_text(i) or str(i) for i in ids} - held
         held |= mine
-        token = _HEARTBEAT.set(self._heartbeat(stream, [_text(i) or str(i) for i in ids]))
+        token = _HEARTBEAT.set(self._heartbeat(stream, [as_text(i) or str(i) for i in ids]))
         try:
             await self._handle_runs(stream, ids, fields)
         finally:
@@ -621,7 +553,7 @@ class TraceExporter:
         values = await self.client.hmget(key, head)
         state = {name: v for name, v in zip(head, values, strict=True) if v is not None}
         if "legacy" in state:
-            return {(_text(k) or ""): v for k, v in (await self.client.hgetall(key)).items()}
+            return {(as_text(k) or ""): v for k, v in (await self.client.hgetall(key)).items()}
         if not state or "done" in state or "dead" in state:
             return state
         names = [f"r:{k}" for k in range(int(state.get("rn") or 0))] + [f"v:{i}" for i in range(self.ring)]
@@ -674,7 +606,7 @@ class TraceExporter:
         closed = 0
         for key in self.open_sets():
             for member in await self.client.zrangebyscore(key, "-inf", cutoff, start=0, num=limit):
-                run = _text(member)
+                run = as_text(member)
                 if run is None:
                     continue
                 if await self.finish_root(run, "timeout", "-", timeout=True):
@@ -717,7 +649,7 @@ class TraceExporter:
             return len(plan.poison)
         claimed = await self.client.xclaim(stream, self.group, self.consumer, idle, ids)
         entries = [(eid, fmap) for eid, fmap in claimed if fmap is not None]
-        gone = [i for i in ids if i not in {(_text(e) or "") for e, _ in entries}]
+        gone = [i for i in ids if i not in {(as_text(e) or "") for e, _ in entries}]
         if gone:  # trimmed away while pending: nothing left to export
             await self._ack(stream, gone)
         if entries:
