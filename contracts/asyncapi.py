@@ -197,6 +197,9 @@ def document() -> dict[str, Any]:
                             "contentType": {"type": "string", "const": "application/x-protobuf",
                                             "description": "the media type of `otlp` (present with it)"},
                         },
+                        "additionalProperties": {"description": "`raw.<field>`: the entry's original fields, "
+                                                                "unchanged, to resend it after a fix (absent only for "
+                                                                "a root closed by the timeout: no entry)"},
                     },
                 },
                 "RawEntry": {

@@ -215,6 +215,11 @@ class Settings(BaseSettings):
         description="Hard cap: topic entries older than this are trimmed even if a registered group has not read them "
         "(counted per group in goose_ingest_topic_trimmed_unread_total).",
     )
+    deadletter_retention_hours: float | None = Field(
+        default=None, gt=0,
+        description="Dead letters older than this are trimmed by the script that writes them (every consumer's: "
+        "services/streams/deadletter.py, the worker's housekeeping). Unset: TOPIC_RETENTION_HOURS.",
+    )
     run_state_ttl_hours: float = Field(default=168.0, gt=0, description="How long an ended run's state is kept to recognise late duplicates.")
 
     # --- tap ----------------------------------------------------------------
@@ -344,6 +349,11 @@ class Settings(BaseSettings):
             self.runs_topic,
             self.deadletter_stream,
         )
+
+    @property
+    def deadletter_keep_hours(self) -> float:
+        """How long dead letters are kept (the one retention rule of every consumer's dead letters)."""
+        return self.topic_retention_hours if self.deadletter_retention_hours is None else self.deadletter_retention_hours
 
     def redactor(self) -> Redactor | None:
         """The configured Redactor, or None when redaction is off (raises ValueError on a bad rule)."""

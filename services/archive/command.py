@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             log.info("stopped before the broker and the store answered")
             lease.release()  # only ours, if it was taken; a broker still away is no error here
             return 0
-        server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, archiver.is_ready,
+        server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, archiver.readiness,
                                port_file=settings.metrics_port_file)
         log.info("archive to %s, group %s, consumer %s; metrics on %s:%d", store.describe(), archiver.group,
                  archiver.consumer, server.host, server.port)

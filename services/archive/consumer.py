@@ -57,10 +57,11 @@ from services.archive.fence import Lease, restore_deployment
 from services.archive.metrics import ArchiveMetrics
 from services.archive.store import ArchiveStore, StoreError
 from services.broker.errors import describe
-from services.metrics.server import NotReady
 from services.settings import Settings
+from services.streams.backoff import Backoff
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, by_stream
+from services.streams.readiness import READY, Readiness, not_ready
 
 
 def _text(value: Any) -> str:
@@ -174,24 +175,24 @@ class Archiver:
         self._hold_before_ack = float(os.environ.get(_HOLD_BEFORE_ACK) or 0)
 
     # ------------------------------------------------------------------ state
-    def is_ready(self) -> bool | NotReady:
-        """True, or a falsy NotReady whose reason /readyz shows (never a credential)."""
+    def readiness(self) -> Readiness:
+        """Ready, or not with the reason /readyz shows (never a credential)."""
         if self.stopping.is_set():
-            return NotReady("stopping")
+            return not_ready("stopping")
         for why in (self._broker_why, self._store_why, self._behind_why):
             if why:
-                return NotReady(why)
-        return True
+                return not_ready(why)
+        return READY
 
     def _update_ready(self) -> None:
-        self.metrics.ready.set(1 if self.is_ready() else 0)
+        self.metrics.ready.set(1 if self.readiness() else 0)
 
     def stop(self) -> None:
         self.stopping.set()
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
-        backoff = BACKOFF_START_S
+        backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
         while not self.stopping.is_set():
             try:
                 busy = self.step()
@@ -200,7 +201,7 @@ class Archiver:
                 self._broker_why = None
                 self._gauge()
                 self._update_ready()
-                backoff = BACKOFF_START_S
+                backoff.reset()
                 if not busy:
                     self.stopping.wait(IDLE_SLEEP_S)
                 continue
@@ -209,23 +210,22 @@ class Archiver:
                 self.stopping.set()
                 break
             except StoreError as exc:
-                self._store_failed(exc, backoff)
+                self._store_failed(exc, backoff.delay)
             except BROKER_ERRORS as exc:
-                self._broker_failed(f"broker unreachable ({describe(exc)})", backoff)
+                self._broker_failed(f"broker unreachable ({describe(exc)})", backoff.delay)
             except ResponseError as exc:
                 if is_nogroup(exc):
                     # The broker lost a stream or the group (restart without persistence): recreate
                     # at 0 and start over from this consumer's pending entries.
                     self._broker_failed("consumer group missing on a stream (Redis restarted empty?): recreating it "
-                                        "after what the archive holds", backoff)
+                                        "after what the archive holds", backoff.delay)
                     self._check_reason = "a consumer group was missing (Redis restarted empty, flushed, or DESTROY)"
                 else:
-                    self._broker_failed(f"broker refused a command ({describe(exc)})", backoff)
+                    self._broker_failed(f"broker refused a command ({describe(exc)})", backoff.delay)
             self._gauge_while_failing()
             self._update_ready()
-            if self.stopping.wait(backoff):
+            if self.stopping.wait(backoff.next()):
                 break
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
         if not self.fenced:
             self.flush_on_stop()
         if self.lease is not None:

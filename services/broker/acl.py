@@ -229,11 +229,15 @@ def roles(layout: KeyLayout) -> list[Role]:
         Role(
             exporter_role("otlp"),
             "`export otlp`: its consumer groups on the topics, its per-run export state and open-run sets, "
-            "and XADD (only) to its own dead-letter stream",
+            "and XADD (only) to its own dead-letter stream; a script writes a dead letter and acknowledges "
+            "its entry together (each command in it checked as if sent alone)",
             (*CONNECTION, *STREAM_CONSUMER, *_keys("", *k.topics),
              _selector(*HASH_RW, *STRING_RW, *ZSET_RW, *KEY_LIFECYCLE, *SCRIPTS, "+setbit", "+getbit", "+rename",
                        *_keys("", *k.export_state["otlp"], *k.export_open["otlp"])),
-             _selector("+xadd", *_keys("%W", *k.export_deadletter["otlp"]))),
+             _selector("+xadd", *_keys("%W", *k.export_deadletter["otlp"])),
+             # the one dead-letter writer (services/streams/deadletter.py): as for `export postgres`
+             _selector("+evalsha", "+eval", "+script|load", "+script|exists",
+                       *_keys("", *k.topics, *k.export_deadletter["otlp"]))),
         ),
         plain_exporter(k, POSTGRES, "`export postgres` (its state lives in PostgreSQL)"),
         plain_exporter(k, JSONL, "`export jsonl` (its state is its files)"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from redis.cluster import RedisCluster
@@ -35,6 +34,7 @@ from services.broker.facts import META_SHARDS as META_SHARDS
 from services.broker.facts import ShardCountMismatch as ShardCountMismatch
 from services.broker.facts import check_deployment_facts, judge_meta
 from services.broker.facts import layout_name as _layout_name
+from services.readiness import READY, Readiness, not_ready
 from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.broker")
@@ -70,15 +70,6 @@ def make_broker(settings: Settings, **options: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------- readiness
-@dataclass(frozen=True)
-class ClusterHealth:
-    ok: bool
-    reason: str  # "" when ok; one line otherwise (shown by /readyz and logged)
-
-    def __bool__(self) -> bool:  # /readyz takes any object whose truth is "ready" and that has a reason
-        return self.ok
-
-
 def parse_cluster_info(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for line in text.splitlines():
@@ -88,17 +79,17 @@ def parse_cluster_info(text: str) -> dict[str, str]:
     return out
 
 
-def judge_cluster_info(info: dict[str, str]) -> ClusterHealth:
+def judge_cluster_info(info: dict[str, str]) -> Readiness:
     """Pure: is a node's CLUSTER INFO a cluster that can serve every shard?"""
     if info.get("cluster_state") != "ok":
-        return ClusterHealth(False, f"cluster_state={info.get('cluster_state', 'unknown')}")
+        return not_ready(f"cluster_state={info.get('cluster_state', 'unknown')}")
     served = int(info.get("cluster_slots_ok", "0") or 0)
     if served < CLUSTER_SLOTS:
-        return ClusterHealth(False, f"{CLUSTER_SLOTS - served} of {CLUSTER_SLOTS} slots not served")
-    return ClusterHealth(True, "")
+        return not_ready(f"{CLUSTER_SLOTS - served} of {CLUSTER_SLOTS} slots not served")
+    return READY
 
 
-async def cluster_health(client: Any) -> ClusterHealth:
+async def cluster_health(client: Any) -> Readiness:
     """Readiness of the broker: on a cluster, the primaries' view must be ok with every slot served.
 
     Each primary is asked on its own: one that does not answer (killed, failover in progress) is
@@ -107,12 +98,12 @@ async def cluster_health(client: Any) -> ClusterHealth:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
     if not isinstance(client, AsyncRedisCluster):
-        return ClusterHealth(True, "")
+        return READY
     try:
         await client.initialize()
         nodes = client.get_primaries()
     except (RedisError, RedisClusterException) as exc:
-        return ClusterHealth(False, f"cluster discovery failed ({type(exc).__name__})")
+        return not_ready(f"cluster discovery failed ({type(exc).__name__})")
     answered = 0
     for node in nodes:
         try:
@@ -126,8 +117,8 @@ async def cluster_health(client: Any) -> ClusterHealth:
         if not health.ok:
             return health
     if not answered:
-        return ClusterHealth(False, "no primary answered CLUSTER INFO")
-    return ClusterHealth(True, "")
+        return not_ready("no primary answered CLUSTER INFO")
+    return READY
 
 
 class BrokerGate:
@@ -142,22 +133,22 @@ class BrokerGate:
     def __init__(self, settings: Settings, poll_s: float = 1.0) -> None:
         self.settings = settings
         self.poll_s = poll_s
-        self.health = ClusterHealth(False, "starting: connecting to the broker")
+        self.health = not_ready("starting: connecting to the broker")
         self._after: Any = None  # the running worker's own readiness, once it exists
 
-    def readiness(self) -> Any:
+    def readiness(self) -> Readiness:
         if not self.health.ok or self._after is None:
-            return self.health if not self.health.ok else ClusterHealth(False, "starting")
+            return self.health if not self.health.ok else not_ready("starting")
         return self._after()
 
     def then(self, readiness: Any) -> None:
         self._after = readiness
 
-    async def _check(self, client: Any) -> ClusterHealth:
+    async def _check(self, client: Any) -> Readiness:
         health = await cluster_health(client)
         if health.ok:
             return health
-        return ClusterHealth(False, f"Redis Cluster not serving: {health.reason}")
+        return not_ready(f"Redis Cluster not serving: {health.reason}")
 
     async def open(self, client: Any, prepare: Callable[[], Awaitable[None]] | None = None) -> None:
         """Wait until the cluster serves every slot (at once on a single node), check the shard count,
@@ -172,12 +163,12 @@ class BrokerGate:
                         await prepare()
                     break
             except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError) as exc:
-                health = ClusterHealth(False, f"broker unavailable ({type(exc).__name__})")
+                health = not_ready(f"broker unavailable ({type(exc).__name__})")
             if health != self.health:
                 log.warning("%s; waiting (readiness fails meanwhile)", health.reason)
             self.health = health
             await asyncio.sleep(self.poll_s)
-        self.health = ClusterHealth(True, "")
+        self.health = READY
 
     async def watch(self, client: Any, interval_s: float) -> None:
         while True:
@@ -276,7 +267,6 @@ async def ensure_shard_count_async(client: Any, layout: KeyLayout) -> None:
 
 __all__ = [
     "BrokerGate",
-    "ClusterHealth",
     "ShardCountMismatch",
     "cluster_health",
     "ensure_shard_count",

@@ -25,12 +25,12 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
+from services.readiness import not_ready
 from services.settings import ConfigError
 
 if TYPE_CHECKING:
@@ -40,16 +40,6 @@ log = logging.getLogger(__name__)
 # Every command that serves /metrics imports this module: no `_created` series beside each counter
 # and histogram (they doubled /metrics; rate() and increase() need no creation time to handle resets).
 disable_created_metrics()
-
-
-@dataclass(frozen=True)
-class NotReady:
-    """A /readyz answer that is "not ready" with a reason (any falsy object with ``reason`` is one)."""
-
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
 
 
 class _Server(ThreadingHTTPServer):
@@ -156,7 +146,7 @@ class MetricsServer:
 
     def not_ready(self, reason: str) -> None:
         """/readyz says ``reason`` from now on (an early server, while its command waits)."""
-        self._httpd.ready = lambda: NotReady(reason)
+        self._httpd.ready = lambda: not_ready(reason)
 
     def close(self) -> None:
         """Stop serving and release the port (idempotent)."""
@@ -245,7 +235,7 @@ def serve_early(host: str, port: int, reason: str, port_file: str = "", role: st
 
     empty = type("NoMetricsYet", (), {"registry": CollectorRegistry(auto_describe=True)})()
     _early = None  # a second early server of the process binds its own address
-    server = _early = serve(cast("Metrics", empty), host, port, lambda: NotReady(reason), port_file=port_file,
+    server = _early = serve(cast("Metrics", empty), host, port, lambda: not_ready(reason), port_file=port_file,
                             role=role)
     return server
 

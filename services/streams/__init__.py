@@ -15,7 +15,14 @@ every later one) keeps only its handler and its target; the jobs below are writt
   window or a group set at an arbitrary id; the skeleton then counts what is left after the group's position, so the lag
   never reads 0 for a backlog it cannot see, and a backlog the trim deleted is 0 plus a count in
   goose_ingest_topic_trimmed_unread_total);
-- `readiness`: one `Readiness` (ok + one line of reason) that /readyz shows;
+- `readiness`: one `Readiness` (ok + one line of reason) that /readyz shows, answered by every
+  consumer from one method, `readiness()`;
+- `backoff`: one `Backoff` (start, cap, jitter, reset on success) for every retry loop;
+- `deadletter`: the one dead-letter writer (dead letters + acknowledgement in one script,
+  `raw.*` kept, trimmed by age: DEADLETTER_RETENTION_HOURS);
+- `watch`: one `ReaderWatch`: a reader that died turns readiness false and exits 1;
+- `faststream_adapter`: every FastStream internal touched (subscriber read call, start, message),
+  with `check_faststream()` for an upgrade;
 - `names`: consumer names.
 - `reader`: `GroupReader`, the one synchronous group-read loop (own pending entries first, the
   sweep, held entries, poison, acknowledgement with dead letters in one script, in-place retry of a

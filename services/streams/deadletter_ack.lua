@@ -3,16 +3,24 @@
 -- transaction back), acknowledging an entry whose dead letter was never written. Here the first
 -- XADD is tried before anything is acknowledged: when it fails (WRONGTYPE; OOM at maxmemory, before
 -- any write) nothing is written and the error is the reply. The later XADDs go to the same key.
+-- The retention of dead letters is written here too, the one rule for every consumer's: each XADD
+-- trims its stream to the letters newer than MINID (approximately: whole radix-tree nodes, cheap),
+-- DEADLETTER_RETENTION_HOURS before now, so no dead-letter stream grows until an operator trims it.
 -- KEYS: the dead-letter stream, then the streams acknowledged (one shard: one hash slot).
--- ARGV: group, letter count, then per letter its field count (names and values) and the fields,
--- then per acknowledged stream (in KEYS order) its id count and the ids.
--- Python half: services/streams/reader.py (GroupReader.ack).
+-- ARGV: group, MINID ("": no trim), letter count, then per letter its field count (names and
+-- values) and the fields, then per acknowledged stream (in KEYS order) its id count and the ids.
+-- Python half: services/streams/deadletter.py (DeadLetterWriter).
 
-local dead, group = KEYS[1], ARGV[1]
-local i = 3
-for _ = 1, tonumber(ARGV[2]) do
+local dead, group, minid = KEYS[1], ARGV[1], ARGV[2]
+local i = 4
+for _ = 1, tonumber(ARGV[3]) do
   local n = tonumber(ARGV[i])
-  local reply = redis.pcall('XADD', dead, '*', unpack(ARGV, i + 1, i + n))
+  local reply
+  if minid ~= '' then
+    reply = redis.pcall('XADD', dead, 'MINID', '~', minid, '*', unpack(ARGV, i + 1, i + n))
+  else
+    reply = redis.pcall('XADD', dead, '*', unpack(ARGV, i + 1, i + n))
+  end
   if type(reply) == 'table' and reply.err then
     return redis.error_reply(reply.err .. ' (dead-letter stream ' .. dead .. ': nothing acknowledged)')
   end

@@ -17,8 +17,9 @@ and one MULTI or script per shard work there) and one group/consumer, a `GroupRe
   dead-lettered (or handed to the caller when the consumer has no dead-letter stream); the group's
   backlog per stream (`lag.read_backlog_sync`: unknown lag counted);
 - acknowledgement: XACK in one MULTI per shard; with dead letters (contracts/deadletters.py, into the
-  consumer's OWN dead-letter stream), XADD and XACK in one script per shard (deadletter_ack.lua),
-  so a dead letter exists iff its entry is acked, even when the XADD fails;
+  consumer's OWN dead-letter stream), XADD and XACK in one script per shard (the one dead-letter
+  writer, services/streams/deadletter.py), so a dead letter exists iff its entry is acked, even when
+  the XADD fails, and the dead-letter stream is trimmed by age in the same step;
 - the outage rule that keeps the delivery count honest: an acknowledgement the broker refused for
   its own state (`is_refusal`) is retried in place (`ack_in_place`) with the entries still held, so
   no sweep takes them back and Redis counts no delivery for it (services/streams/pending.py);
@@ -34,7 +35,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from importlib import resources
 from typing import Any, NamedTuple
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -43,13 +43,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts.deadletters import MAX_DELIVERIES, DeadLetter
 from services.broker.errors import TRANSIENT_CODES, reply_code
+from services.streams.backoff import Backoff
+from services.streams.deadletter import DeadLetterWriter
 from services.streams.groups import create_group_sync
 from services.streams.lag import GroupBacklog, read_backlog_sync
 from services.streams.pending import PendingEntry, max_deliveries_detail, pending_entries, plan_reclaim
 
 log = logging.getLogger("goose_ingest.streams")
-
-_DEADLETTER_ACK_LUA = resources.files("services.streams").joinpath("deadletter_ack.lua").read_text()
 
 NEW = ">"  # the position of a stream whose own pending entries have all been read
 PENDING_START = "0"
@@ -101,7 +101,8 @@ class GroupReader:
     def __init__(self, client: Any, shards: Sequence[Sequence[str]], group: str, consumer: str, *,
                  max_deliveries: int = 0, claim_idle_ms: int = 0,
                  deadletter_stream: Callable[[int], str] | None = None, exporter: str | None = None,
-                 logger: logging.Logger | None = None, start_id: Callable[[str], str] | None = None) -> None:
+                 logger: logging.Logger | None = None, start_id: Callable[[str], str] | None = None,
+                 deadletter_retention_hours: float | None = None) -> None:
         self.client = client
         self.shards = [list(streams) for streams in shards]
         self.group = group
@@ -122,7 +123,7 @@ class GroupReader:
         # otherwise be claimed again, each claim a delivery, pushing good entries toward MAX_DELIVERIES.
         self._held: dict[str, set[str]] = {s: set() for s in self.streams}
         self._held_lock = threading.Lock()
-        self._ack_script: Any = None  # registered on first use (deadletter_ack.lua)
+        self._letters = DeadLetterWriter(client, group, deadletter_retention_hours)
 
     # ------------------------------------------------------------------ state
     def ensure_groups(self) -> None:
@@ -275,7 +276,7 @@ class GroupReader:
         return best
 
     def _dead_letter_poison(self, stream: str, poison: list[PendingEntry]) -> list[StreamEntry]:
-        """Poison with its fields; dead-lettered and acked in one script when the consumer has a
+        """Poison with its fields; dead-lettered and acked in one step when the consumer has a
         dead-letter stream, else held and handed to the caller."""
         if not poison:
             return []
@@ -302,8 +303,8 @@ class GroupReader:
 
     def ack(self, pending: Mapping[str, Sequence[str]], dead: Sequence[DeadLetter] = ()) -> None:
         """XACK `pending` ({stream: ids}) and XADD `dead` to this consumer's own dead-letter stream:
-        per shard one MULTI of XACKs, or with dead letters one script (deadletter_ack.lua), so a dead
-        letter is written iff its entry is acknowledged."""
+        per shard, one MULTI, or with dead letters one script (services/streams/deadletter.py), so a
+        dead letter is written iff its entry is acknowledged."""
         by_shard: dict[int, tuple[dict[str, Sequence[str]], list[DeadLetter]]] = {}
         for stream, ids in pending.items():
             if ids:
@@ -315,7 +316,8 @@ class GroupReader:
         for shard, (acks, letters) in sorted(by_shard.items()):
             if letters:
                 assert self.deadletter_stream is not None
-                self._ack_with_letters(self.deadletter_stream(shard), acks, letters)
+                # one script: nothing acknowledged unless the dead letters are written (deadletter.py)
+                self._letters.write(self.deadletter_stream(shard), letters, acks)
                 continue
             pipe = self.client.pipeline(transaction=True)
             for stream, ids in acks.items():
@@ -327,29 +329,12 @@ class GroupReader:
             self.log.warning("dead-lettered %s %s: %s (%s)", letter.source, letter.source_id, letter.reason,
                              letter.detail)
 
-    def _ack_with_letters(self, dead: str, acks: Mapping[str, Sequence[str]], letters: Sequence[DeadLetter]) -> None:
-        """XADD `letters` to `dead` and XACK `acks` in one script (deadletter_ack.lua): nothing is
-        acknowledged unless the dead letters are written. A MULTI is not enough: Redis runs its
-        XACKs even when its XADD fails (`dead` holding another type), and the entry would be gone
-        without its dead letter."""
-        args: list[Any] = [self.group, len(letters)]
-        for letter in letters:
-            fields = [part for pair in letter.to_fields().items() for part in pair]
-            args += [len(fields), *fields]
-        for ids in acks.values():
-            args += [len(ids), *ids]
-        if self._ack_script is None:
-            self._ack_script = self.client.register_script(_DEADLETTER_ACK_LUA)
-        self._ack_script(keys=[dead, *acks], args=args)
-
     def ack_in_place(self, pending: Mapping[str, Sequence[str]], dead: Sequence[DeadLetter],
                      stopping: threading.Event, refused: Callable[[BaseException, float], None],
-                     backoff_start_s: float, backoff_max_s: float) -> bool:
+                     backoff: Backoff) -> bool:
         """`ack`, retried in place while the broker refuses it for its own state (`is_refusal`):
         the entries stay held meanwhile, so the refusal costs no delivery. `refused(exc, backoff)`
-        reports each refusal. False when stopping first (nothing acknowledged: a refused MULTI or
-        script writes nothing)."""
-        backoff = backoff_start_s
+        reports each refusal. False when stopping first (nothing acknowledged; nothing was written)."""
         while True:
             try:
                 self.ack(pending, dead)
@@ -357,10 +342,9 @@ class GroupReader:
             except (RedisConnectionError, RedisTimeoutError, OSError, ResponseError) as exc:
                 if not is_refusal(exc):
                     raise
-                refused(exc, backoff)
-            if stopping.wait(backoff):
+                refused(exc, backoff.delay)
+            if stopping.wait(backoff.next()):
                 return False
-            backoff = min(backoff * 2, backoff_max_s)
 
     # ------------------------------------------------------------------ lag
     def backlog(self, stream: str) -> GroupBacklog:

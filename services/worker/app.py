@@ -18,29 +18,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faststream import Context, FastStream
-from faststream.middlewares import AckPolicy
-from faststream.redis import StreamSub
-from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
+from faststream.redis.message import RedisBatchStreamMessage  # the class (faststream.redis exports an Annotated alias)
 from redis.exceptions import RedisError
 
-from services.broker.cluster import BrokerGate, ClusterHealth, make_broker
+from services.broker.cluster import BrokerGate, make_broker
 from services.broker.connect import async_client
 from services.broker.errors import describe, is_outage
 from services.metrics import Metrics, serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
-from services.streams.groups import ensure_groups, guard_missing_group, hold_reads_until, start_through_refusals
+from services.streams.backoff import Backoff
+from services.streams.faststream_adapter import batch_subscriber, gate_reads
+from services.streams.groups import START_RETRY_MAX_S, START_RETRY_S, ensure_groups
 from services.streams.names import unique_consumer
-from services.streams.readiness import READY, Readiness, not_ready
+from services.streams.readiness import Readiness, not_ready
+from services.streams.watch import ReaderWatch
 from services.worker.commit import LeaseLost
 from services.worker.housekeeping import Housekeeper
-from services.worker.leases import ShardLeases, gate_reads
+from services.worker.leases import ShardLeases
 from services.worker.processor import BatchProcessor
 from services.worker.reporting import record_result
 from services.worker.spread import Spread
 
 log = logging.getLogger("goose_ingest.worker")
-START_RETRY_MAX_S = 5.0
 
 
 async def open_through_refusals(gate: BrokerGate, client: Any, prepare: Any) -> None:
@@ -48,7 +48,7 @@ async def open_through_refusals(gate: BrokerGate, client: Any, prepare: Any) -> 
     own state (OOM at maxmemory, LOADING, BUSY: `services.broker.errors.is_outage`) instead of
     exiting with a traceback: a worker started into a full Redis starts once memory is freed
     (issue 20 finding 3; found by tests/consumers). /readyz says why meanwhile."""
-    delay = 0.5
+    backoff = Backoff(START_RETRY_S, START_RETRY_MAX_S)
     while True:
         try:
             await gate.open(client, prepare=prepare)
@@ -59,12 +59,8 @@ async def open_through_refusals(gate: BrokerGate, client: Any, prepare: Any) -> 
             reason = f"broker refuses start-up writes ({describe(exc)}); waiting"
             if gate.health.reason != reason:
                 log.warning("%s", reason)
-            gate.health = ClusterHealth(False, reason)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, START_RETRY_MAX_S)
-
-
-WATCH_INTERVAL_S = 0.5  # how often the subscribers' liveness is checked
+            gate.health = not_ready(reason)
+        await asyncio.sleep(backoff.next())
 
 
 def consumer_name() -> str:
@@ -78,7 +74,7 @@ class WorkerRuntime:
 
     settings: Settings
     consumer: str
-    subscribers: list[Any] = field(default_factory=list)  # (stream, FastStream subscriber)
+    watch: ReaderWatch = field(default_factory=ReaderWatch)  # the subscribers, by stream: a death exits 1
     client: Any = None
     processor: BatchProcessor | None = None
     housekeeper: Housekeeper | None = None
@@ -86,14 +82,15 @@ class WorkerRuntime:
     leases: ShardLeases | None = None  # None: shard leases are off (every worker reads every shard)
     server: MetricsServer | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    stopped: dict[str, str] = field(default_factory=dict)  # stream -> why its subscriber stopped
-    shutting_down: bool = False
-    consuming: bool = False  # the subscribers were started (a stop before that was requested, not a death)
+
+    @property
+    def subscribers(self) -> list[tuple[str, Any]]:
+        return self.watch.readers
 
     @property
     def exit_code(self) -> int:
         """0 after a requested shutdown; 1 when a subscriber stopped on its own (a supervisor restarts us)."""
-        return 1 if self.stopped else 0
+        return self.watch.exit_code
 
     def may_read(self, shard: int) -> bool:
         """Leases on: only the shards this worker holds (none before startup took them)."""
@@ -105,13 +102,7 @@ class WorkerRuntime:
         return self.leases.batch(shard) if self.leases is not None else contextlib.nullcontext()
 
     def subscriber_health(self) -> Readiness:
-        dead = [stream for stream, sub in self.subscribers if not sub.running]
-        if self.stopped or (dead and not self.shutting_down):
-            names = sorted(set(self.stopped) | set(dead))
-            return not_ready(f"subscriber stopped on {', '.join(names)}: exiting with status 1 for a restart")
-        if not self.subscribers or dead:
-            return not_ready("subscribers not running")
-        return READY
+        return self.watch.readiness()
 
 
 def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastStream, WorkerRuntime]:
@@ -121,17 +112,8 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
     app = FastStream(broker, logger=log)
     runtime = WorkerRuntime(settings, consumer_name())
     layout = settings.layout
-    all_started = asyncio.Event()  # no batch before every subscriber has started (hold_reads_until)
+    all_started = asyncio.Event()  # no batch before every subscriber has started (faststream_adapter)
     shard_of_stream = {stream: shard for shard, stream in enumerate(layout.raw_streams())}
-
-    async def parse(raw: Any) -> RedisBatchStreamMessage:
-        # The raw entries are plain fields, not FastStream envelopes: hand them over untouched
-        # instead of letting FastStream JSON-decode and re-encode every entry.
-        # FAKE_CONSUMER: the message's own ack must be a no-op, commit.lua acknowledges atomically.
-        return RedisBatchStreamMessage(raw_message=raw, body=b"", consumer=FAKE_CONSUMER, group=settings.group)
-
-    async def decode(msg: Any) -> None:
-        return None
 
     async def handle(message: RedisBatchStreamMessage = Context("message")) -> None:  # noqa: B008 (FastStream DI)
         raw = message.raw_message
@@ -149,39 +131,12 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         record_result(metrics, result, time.perf_counter() - started, len(raw["message_ids"]))
 
     for stream in layout.raw_streams():
-        sub = broker.subscriber(
-            stream=StreamSub(
-                stream,
-                group=settings.group,
-                consumer=runtime.consumer,
-                batch=True,
-                max_records=settings.batch_size,
-                polling_interval=settings.block_ms,
-            ),
-            parser=parse,
-            decoder=decode,
-            ack_policy=AckPolicy.MANUAL,  # the commit script acknowledges, atomically with its outputs
-        )
-        sub(handle)
-        guard_missing_group(sub, stream, settings.group, lambda: runtime.client)
-        start_through_refusals(sub, stream)
-        hold_reads_until(sub, all_started)
+        # plain fields handed over untouched; commit.lua acknowledges, atomically with the outputs
+        sub = batch_subscriber(broker, stream, group=settings.group, consumer=runtime.consumer,
+                               batch_size=settings.batch_size, block_ms=settings.block_ms, handle=handle,
+                               client=lambda: runtime.client, started=all_started)
         gate_reads(sub, functools.partial(runtime.may_read, shard_of_stream[stream]), settings.block_ms / 1000)
-        runtime.subscribers.append((stream, sub))
-
-    async def watch() -> None:
-        """A subscriber that stopped on its own (not at shutdown) ends the worker with status 1."""
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL_S)
-            if runtime.shutting_down:
-                return
-            dead = [stream for stream, sub in runtime.subscribers if not sub.running]
-            if dead:
-                for stream in dead:
-                    runtime.stopped[stream] = "stopped"
-                log.error("subscriber stopped on %s: exiting with status 1", ", ".join(dead))
-                app.exit()
-                return
+        runtime.watch.add(stream, sub)
 
     gate = BrokerGate(settings)  # readiness while a cluster cannot serve every slot (services/broker/cluster.py)
 
@@ -215,12 +170,12 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
     @app.after_startup
     async def _after() -> None:
         assert runtime.housekeeper is not None
-        runtime.consuming = True
+        runtime.watch.consuming = True
         all_started.set()
         runtime.tasks.append(asyncio.create_task(runtime.housekeeper.run()))
         if runtime.leases is not None:
             runtime.tasks.append(asyncio.create_task(runtime.leases.run()))
-        runtime.tasks.append(asyncio.create_task(watch()))
+        runtime.tasks.append(asyncio.create_task(runtime.watch.run(app.exit)))
         if runtime.spread is not None:
             runtime.tasks.append(asyncio.create_task(runtime.spread.run()))
         if settings.redis_cluster:
@@ -230,10 +185,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
     async def _shutdown() -> None:
         # Subscribers still running here: a requested shutdown. Stopped already: they died on their own
         # (unless they never started: a SIGTERM while waiting for the broker is a requested stop too).
-        for stream, sub in runtime.subscribers:
-            if runtime.consuming and not sub.running and stream not in runtime.stopped:
-                runtime.stopped[stream] = "stopped before shutdown"
-        runtime.shutting_down = True
+        runtime.watch.shutdown()
         for task in runtime.tasks:
             task.cancel()
             try:

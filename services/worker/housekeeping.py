@@ -24,6 +24,7 @@ from services.broker.errors import describe, is_outage
 from services.metrics import Metrics
 from services.sequencer import Entry, missing_ranges, plan_abandon
 from services.settings import Settings
+from services.streams.backoff import Backoff
 from services.streams.groups import ensure_groups
 from services.streams.lag import read_backlog
 from services.streams.readiness import READY, Readiness, fresh, not_ready
@@ -82,9 +83,6 @@ class Housekeeper:
                              "explicit id): it refuses new entries until recreated (GooseIngestRawShardDamaged)")
         return READY
 
-    def is_ready(self) -> bool:
-        return self.readiness().ok
-
     async def run(self) -> None:
         while True:
             try:
@@ -97,7 +95,7 @@ class Housekeeper:
             except Exception:  # a bug here must not stop the worker's main job
                 log.exception("housekeeping failed")
             if self.metrics is not None:
-                self.metrics.set_ready(self.is_ready())
+                self.metrics.set_ready(self.readiness().ok)
             await asyncio.sleep(self.settings.sweep_interval_s)
 
     async def tick(self) -> None:
@@ -190,18 +188,17 @@ class Housekeeper:
         and while the shard is still ours; then the error. Only for commands that claim or read
         (XAUTOCLAIM, XPENDING): a refused one took nothing."""
         deadline = time.monotonic() + patience_s
-        delay = OUTAGE_RETRY_S
+        backoff = Backoff(OUTAGE_RETRY_S, OUTAGE_RETRY_MAX_S)
         while True:
             try:
                 return await call()
             except RedisError as exc:
-                if not is_outage(exc) or time.monotonic() + delay > deadline or not self.owns(shard):
+                if not is_outage(exc) or time.monotonic() + backoff.delay > deadline or not self.owns(shard):
                     raise
-                if delay == OUTAGE_RETRY_S:  # one line per takeover, not one per attempt
+                if backoff.first:  # one line per takeover, not one per attempt
                     log.info("taking over shard %d: broker unavailable (%s); trying again for up to %.0f s",
                              shard, describe(exc), patience_s)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, OUTAGE_RETRY_MAX_S)
+            await asyncio.sleep(backoff.next())
 
     async def reclaim(self, shard: int, min_idle_ms: int | None = None, outage_patience_s: float = 0.0) -> int:
         """Take over entries another consumer read but never committed (e.g. it was killed).
@@ -303,10 +300,16 @@ class Housekeeper:
                 # The shard's control entries (abandon markers) are part of the same log: same cutoff,
                 # so replay never meets a run's raw entries without the marker that ended it.
                 await self.client.xtrim(layout.control_stream(shard), minid=f"{cutoff}-0", approximate=True)
-        topics = [*layout.events_partitions(), *layout.runs_partitions(), *layout.deadletter_partitions(),
+        topics = [*layout.events_partitions(), *layout.runs_partitions(),
                   *(p for t in EVENT_TYPES for p in layout.type_partitions(t))]
         for stream in topics:
             await self.trim_topic(stream, now_ms)
+        # The workers' dead letters: the one retention rule of every consumer's dead letters (by age,
+        # DEADLETTER_RETENTION_HOURS; services/streams/deadletter.py), here because commit.lua writes them.
+        dead_cut = now_ms - int(s.deadletter_keep_hours * 3_600_000)
+        if dead_cut > 0:
+            for stream in layout.deadletter_partitions():
+                await self.client.xtrim(stream, minid=f"{dead_cut}-0", approximate=True)
 
     async def _committed_ms(self, stream: str, group: str, now_ms: int | None = None) -> int | None:
         """The ms below which `group` has committed everything on `stream` (its oldest pending

@@ -460,18 +460,3 @@ def _close_quietly(client: Any) -> None:
         client.close()
     except Exception:  # closing a connection of a broker that is gone: nothing to do
         pass
-
-
-def gate_reads(sub: Any, may_read: Callable[[], bool], idle_s: float) -> None:
-    """Wrap a FastStream stream subscriber's XREADGROUP so it reads only while `may_read()`;
-    otherwise it waits as long as an idle read would and returns nothing (like
-    services/streams/groups.guard_missing_group, the wrapped method is FastStream's read call)."""
-    read: Callable[..., Awaitable[Any]] = sub._xreadgroup
-
-    async def gated(**kwargs: Any) -> Any:
-        if not may_read():
-            await asyncio.sleep(idle_s)
-            return ()
-        return await read(**kwargs)
-
-    sub._xreadgroup = gated

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -72,6 +71,7 @@ from services.sequencer import (
 )
 from services.sequencer.feed import Lost, RunItem, feed, lost_of, rejected_loss, wrong_shard
 from services.settings import Settings
+from services.streams.backoff import Backoff
 from services.worker.commit import (
     STATE_FIELD,
     VERSION_FIELD,
@@ -295,10 +295,12 @@ class BatchProcessor:
     async def _commit_batch(self, batch: _Batch) -> BatchResult:
         computed: dict[str, RunResult] = {}
         todo = list(batch.by_run)
+        # from the third attempt on: a random wait up to CONFLICT_BACKOFF_S * 2**attempt (capped)
+        conflict_backoff = Backoff(CONFLICT_BACKOFF_S * 4, MAX_CONFLICT_BACKOFF_S, jitter=True)
         try:
             for attempt in range(MAX_ATTEMPTS):
                 if attempt >= 2:
-                    await asyncio.sleep(random.uniform(0, min(CONFLICT_BACKOFF_S * 2**attempt, MAX_CONFLICT_BACKOFF_S)))
+                    await asyncio.sleep(conflict_backoff.next())
                 await self._compute(todo, batch, computed)
                 commit = self._commit(batch, computed)
                 conflicts = await self.through_outage(functools.partial(self.committer.commit, commit))
@@ -388,20 +390,19 @@ class BatchProcessor:
         """`call()`, sent again while the broker has an outage (see the module's docstring), for up to
         CLAIM_IDLE_MS; then the outage's error is raised."""
         deadline = time.monotonic() + self.settings.claim_idle_ms / 1000
-        delay = 0.0
+        backoff = Backoff(OUTAGE_BACKOFF_S, MAX_OUTAGE_BACKOFF_S, immediate=True)  # a blip: sent again at once
         retries = 0
         while True:
             try:
                 result = await call()
             except Exception as exc:
-                if not is_outage(exc) or time.monotonic() + delay > deadline:
+                if not is_outage(exc) or time.monotonic() + backoff.delay > deadline:
                     raise
                 if retries == 0:
                     log.warning("broker outage during a batch (%s): sending it again", describe(exc))
                 retries += 1
                 self.outage_retries += 1
-                await asyncio.sleep(delay)
-                delay = min(max(delay * 2, OUTAGE_BACKOFF_S), MAX_OUTAGE_BACKOFF_S)
+                await asyncio.sleep(backoff.next())
                 continue
             if retries:
                 log.info("broker back after %d retries: batch sent", retries)

@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from services.streams.groups import guard_missing_group
+from services.streams.faststream_adapter import guard_missing_group
 
 
 class _Sub:

@@ -297,14 +297,16 @@ def test_a_rejected_run_is_dead_lettered_without_taking_the_others_down(settings
     assert dl[b"detail"].startswith(b"HTTP 400")
     # the refused spans are kept, as the OTLP/HTTP request body, for a resend after a fix
     assert dl[b"contentType"] == b"application/x-protobuf"
+    assert dl[b"raw.runId"] == RUN_B.encode()  # the entry that completed the run, as it was
     kept = decode_request(dl[b"otlp"])
     assert kept and {s.attributes["gen_ai.conversation.id"] for s in kept} == {RUN_B}
     assert r.hget(settings.layout.export_group_state(EXPORTER, settings.otlp_group, RUN_B), "dead").startswith(b"HTTP 400")
     # the dead letter is what contracts/asyncapi.json says it is: every required field, no other
     spec = orjson.loads((Path(__file__).resolve().parents[2] / "contracts" / "asyncapi.json").read_bytes())
     payload = spec["components"]["messages"]["OtlpDeadLetter"]["payload"]
-    names = {k.decode() for k in dl}
+    names = {k.decode() for k in dl if not k.startswith(b"raw.")}  # raw.*: the additional properties
     assert set(payload["required"]) <= names <= set(payload["properties"]), names
+    assert "raw.<field>" in payload["additionalProperties"]["description"]
     assert dl[b"reason"].decode() in payload["properties"]["reason"]["enum"] and dl[b"group"] == settings.otlp_group.encode()
     for stream in exporter.streams():
         assert pending(r, settings, stream) == 0
@@ -335,8 +337,64 @@ def test_bad_entries_become_root_span_events_or_dead_letters_never_a_crash(setti
     assert root.status_code == 1  # OK: exit 0
     (dl,) = [f for _, f in r.xrange(settings.layout.export_deadletter_partition(EXPORTER, 0))]
     assert dl[b"reason"] == b"invalid-entry"
+    assert dl[b"raw.junk"] == b"no run at all"  # the entry as it was: resent after a fix
     assert pending(r, settings, stream) == 0
     assert metric(exporter, "goose_ingest_otlp_unmappable_events_total") == 2
+
+
+def test_a_dead_letter_and_its_acknowledgement_are_one_step(settings, r, receiver):
+    """Through the one writer (services/streams/deadletter.py): a dead letter that cannot be written
+    (its stream holds another type) acknowledges nothing; written, it carries the entry's raw.* and
+    the entry is acknowledged; the step trims dead letters older than DEADLETTER_RETENTION_HOURS."""
+    s = settings.model_copy(update={"deadletter_retention_hours": 1.0})
+    stream = s.layout.events_partition(0)
+    dead = s.layout.export_deadletter_partition(EXPORTER, 0)
+
+    async def go():
+        exporter = make_exporter(s, receiver.endpoint)
+        await exporter.ensure_groups()
+        junk = r.xadd(stream, {"junk": "no run at all"}).decode()
+        r.set(dead, "not a stream")
+        with pytest.raises(Exception, match="WRONGTYPE"):
+            await drain(exporter, [stream], rounds=1)
+        assert pending(r, s, stream) == 1  # no dead letter, no acknowledgement
+        r.delete(dead)
+        old_ms = int((time.time() - 3 * 3600) * 1000)
+        for i in range(250):
+            r.xadd(dead, {"reason": "old"}, id=f"{old_ms}-{i}")
+        got = await exporter.client.xreadgroup(exporter.group, exporter.consumer, {stream: "0"}, count=10)
+        [(_, entries)] = got
+        await exporter.handle_events(stream, [e for e, _ in entries], [f for _, f in entries])
+        await exporter.client.aclose()
+        return junk
+
+    junk = asyncio.run(go())
+    assert pending(r, s, stream) == 0
+    letters = r.xrange(dead)
+    assert len(letters) < 251  # the old ones' full nodes trimmed by the same step
+    dl = letters[-1][1]
+    assert dl[b"sourceId"] == junk.encode() and dl[b"raw.junk"] == b"no run at all"
+
+
+def test_a_poison_entry_is_dead_lettered_with_its_fields_and_acknowledged(settings, r, receiver):
+    s = settings.model_copy(update={"claim_idle_ms": 100, "max_deliveries": 1})
+    stream = s.layout.events_partition(0)
+
+    async def go():
+        exporter = make_exporter(s, receiver.endpoint)
+        await exporter.ensure_groups()
+        publish_events(r, s, [event(RUN_A, 0, "agent", message="hi")])
+        for start in (">", "0"):  # delivered twice to a consumer that died: past MAX_DELIVERIES=1
+            await exporter.client.xreadgroup(s.otlp_group, "dead-replica", {stream: start}, count=10)
+        await asyncio.sleep(0.3)
+        assert await exporter.reclaim(stream, exporter.handler_for(stream)) == 1
+        await exporter.client.aclose()
+
+    asyncio.run(go())
+    assert pending(r, s, stream) == 0
+    (dl,) = [f for _, f in r.xrange(s.layout.export_deadletter_partition(EXPORTER, 0))]
+    assert dl[b"reason"] == b"max-deliveries" and dl[b"raw.runId"] == RUN_A.encode()
+    assert orjson.loads(dl[b"raw.data"])["message"] == "hi"
 
 
 def test_a_run_that_never_ends_is_closed_by_the_timeout_and_marked(settings, r, receiver):
@@ -690,3 +748,56 @@ def test_a_collector_outage_longer_than_the_claim_idle_is_no_delivery_either(set
     assert len(ids) == len(set(ids)) == 3 * len(runs)
     assert all(r.xlen(dl) == 0 for dl in s.layout.export_deadletter_partitions(EXPORTER))
     assert all(pending(r, s, stream) == 0 for stream in a.streams())
+
+
+def _readyz(port: int) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize("how", ["stopped", "terminal-error"])
+def test_an_exporter_whose_subscriber_died_says_so_and_exits_non_zero(settings, receiver, how):
+    """The one watch (services/streams/watch.py), as the worker's: a subscriber that stops on its own
+    (stopped; or FastStream's terminal read error, which stops it and ends the app as if asked)
+    turns /readyz false with the stream in the reason, and the exporter's exit status is 1."""
+    from faststream.redis import StreamClaimUnsupportedError
+
+    from services.export.otlp.app import build_app
+    from services.export.otlp.metrics import OtlpMetrics
+
+    s = settings.model_copy(update={"metrics_port": 0})
+    sink = HttpSink(OTLPSpanExporter(endpoint=receiver.endpoint))
+
+    async def go():
+        app, runtime = build_app(s, sink, MappingConfig(), OtlpMetrics())
+        task = asyncio.create_task(app.run())
+        deadline = time.monotonic() + 30
+        while not (runtime.watch.consuming and runtime.server is not None and runtime.readiness.readiness()):
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(_readyz, runtime.server.port) == (200, "ready\n")
+        stream, sub = runtime.watch.readers[0]
+        if how == "stopped":
+            await sub.stop()  # a subscriber that stops for any reason but a shutdown
+            status = await asyncio.to_thread(_readyz, runtime.server.port)
+        else:
+            async def terminal(**_kwargs):
+                raise StreamClaimUnsupportedError("the broker cannot claim")
+
+            sub._xreadgroup = terminal  # FastStream stops the subscriber and exits the app (exit 0 before)
+            status = None
+        await asyncio.wait_for(task, timeout=30)
+        return stream, status, runtime
+
+    stream, status, runtime = asyncio.run(go())
+    if status is not None:
+        assert status[0] == 503 and stream in status[1] and "status 1" in status[1], status
+    assert runtime.exit_code == 1
+    ready = runtime.readiness.readiness()
+    assert not ready and stream in ready.reason

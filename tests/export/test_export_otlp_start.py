@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from services.broker.connect import sync_client
-from services.streams.groups import FASTSTREAM_START_S
+from services.streams.faststream_adapter import FASTSTREAM_START_S
 from tests.export.test_export_otlp import publish_events, publish_records, run_events, run_records
 from tests.support.otlp_receiver import RunningReceiver
 from tests.support.pipeline import REPO, stop, wait_until

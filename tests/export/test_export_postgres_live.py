@@ -665,7 +665,7 @@ def test_a_writer_thread_failure_stops_the_reader_and_says_why(settings, pg_dsn,
         runner.join(timeout=30)
         store.close()
     assert sink.failure == ThreadFailure("writer", "KeyError: 'partition 2026-13'")
-    assert not sink.is_ready() and sink.is_ready().reason == "the writer thread failed: KeyError: 'partition 2026-13'"
+    assert not sink.readiness() and sink.readiness().reason == "the writer thread failed: KeyError: 'partition 2026-13'"
     assert not any(t.name == "postgres-sink-reader" for t in threading.enumerate())  # the reader stopped too
     failed = [r for r in caplog.records if "thread failed" in r.getMessage()]
     assert len(failed) == 1 and failed[0].levelname == "ERROR" and failed[0].exc_info is None, failed

@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 
 from contracts.deadletters import MAX_DELIVERIES, DeadLetter
 from services.settings import Settings
+from services.streams.backoff import Backoff
 from services.streams.reader import GroupReader, StreamEntry, by_stream, is_refusal
 
 GROUP = "g"
@@ -229,7 +230,7 @@ def test_an_acknowledgement_refused_at_maxmemory_is_retried_in_place_and_costs_n
     stopping = threading.Event()
     acker = threading.Thread(target=lambda: done.append(reader.ack_in_place(
         by_stream(got.entries), [reader.dead_letter(bad, "postgres-rejected", "refused by the target")], stopping,
-        lambda exc, _backoff: refusals.append(exc), 0.05, 0.2)))
+        lambda exc, _backoff: refusals.append(exc), Backoff(0.05, 0.2))))
     acker.start()
     try:
         deadline = time.monotonic() + IDLE_MS / 1000 * (settings.max_deliveries + 2) * 3
@@ -262,20 +263,20 @@ def test_ack_in_place_gives_up_when_stopping_and_raises_what_is_not_a_refusal(pr
     stopping = threading.Event()
     stopping.set()
     try:
-        assert reader.ack_in_place(by_stream([entry]), [letter], stopping, lambda *_: None, 0.05, 0.1) is False
+        assert reader.ack_in_place(by_stream([entry]), [letter], stopping, lambda *_: None, Backoff(0.05, 0.1)) is False
         assert _pending(r, s0) == {entry.entry_id: ("live", 1)} and reader.held(s0) == {entry.entry_id}
     finally:
         r.config_set("maxmemory", "0")
     r.set(_dead_stream(settings)(0), "not a stream")  # WRONGTYPE: the request itself is wrong
     with pytest.raises(ResponseError) as exc:
-        reader.ack_in_place(by_stream([entry]), [letter], threading.Event(), lambda *_: None, 0.05, 0.1)
+        reader.ack_in_place(by_stream([entry]), [letter], threading.Event(), lambda *_: None, Backoff(0.05, 0.1))
     assert not is_refusal(exc.value)  # raised to the caller at once, not retried
     # ... and nothing acknowledged: a MULTI would have run the XACK after its XADD failed, leaving
     # the entry acknowledged without its dead letter
     assert "WRONGTYPE" in str(exc.value) and _dead_stream(settings)(0) in str(exc.value)
     assert _pending(r, s0) == {entry.entry_id: ("live", 1)}
     r.delete(_dead_stream(settings)(0))
-    reader.ack_in_place(by_stream([entry]), [letter], threading.Event(), lambda *_: None, 0.05, 0.1)
+    reader.ack_in_place(by_stream([entry]), [letter], threading.Event(), lambda *_: None, Backoff(0.05, 0.1))
     assert _pending(r, s0) == {} and r.xlen(_dead_stream(settings)(0)) == 1
 
 
@@ -345,3 +346,24 @@ def test_dead_letters_and_their_acks_on_a_cluster_stay_in_the_shards_slot(redis_
         assert client.xpending(events, GROUP)["pending"] == 0 and client.xpending(runs, GROUP)["pending"] == 0
         [(_, fields)] = client.xrange(layout.export_deadletter_partition("postgres", shard))
         assert DeadLetter.from_fields(fields).source_id == got.entries[0].entry_id
+
+
+def test_the_reader_trims_its_dead_letters_by_age_in_the_step_that_writes_them(settings):
+    """DEADLETTER_RETENTION_HOURS (the one retention rule, services/streams/deadletter.py): the sink's
+    dead-letter stream no longer grows until an operator trims it."""
+    r = _client(settings)
+    [s0], _ = _streams(settings)
+    dead = _dead_stream(settings)(0)
+    old_ms = int((time.time() - 3 * 3600) * 1000)
+    for i in range(250):  # three hours old, past a retention of one (whole stream nodes: 100 entries each)
+        r.xadd(dead, {"reason": "old"}, id=f"{old_ms}-{i}")
+    reader = GroupReader(r, _streams(settings), GROUP, "live", max_deliveries=settings.max_deliveries,
+                         claim_idle_ms=IDLE_MS, deadletter_stream=_dead_stream(settings), exporter="test",
+                         deadletter_retention_hours=1.0)
+    _add(r, s0, 1)
+    _fresh(reader, s0)
+    [entry] = reader.read([s0], count=10).entries
+    reader.ack(by_stream([entry]), [reader.dead_letter(entry, "postgres-rejected", "refused")])
+    left = r.xrange(dead)
+    assert len(left) < 250 and left[-1][1][b"reason"] == b"postgres-rejected"  # old nodes gone, the new letter kept
+    assert left[-1][1][b"raw.body"] == b"entry 0" and _pending(r, s0) == {}

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from services.settings import SINGLE_NODE_SHARDS
-from services.streams.groups import FASTSTREAM_START_S
+from services.streams.faststream_adapter import FASTSTREAM_START_S
 from services.tap.publisher import Publisher
 from tests.support.fixtures import FIXTURES
 from tests.support.heavy_lines import line_costing, runs_on_shard

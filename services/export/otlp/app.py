@@ -11,13 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from faststream import Context, FastStream
-from faststream.middlewares import AckPolicy
-from faststream.redis import StreamSub
-from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
+from faststream.redis.message import RedisBatchStreamMessage  # the class (faststream.redis exports an Annotated alias)
 from redis.exceptions import RedisError
 
 from services.broker.cluster import make_broker
@@ -29,9 +27,10 @@ from services.export.otlp.sink import SpanSink
 from services.metrics import serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
-from services.streams.groups import guard_missing_group, hold_reads_until, start_through_refusals
+from services.streams.faststream_adapter import batch_subscriber
 from services.streams.names import unique_consumer
 from services.streams.readiness import READY, Readiness, fresh, not_ready
+from services.streams.watch import ReaderWatch
 
 log = logging.getLogger("goose_ingest.export.otlp")
 
@@ -42,17 +41,18 @@ def consumer_name() -> str:
 
 class ExporterHealth:
     """What the exporter's readiness is made of: subscribers running, housekeeping reaching the
-    broker, collector and broker not failing. Called, it answers with the one `Readiness` type."""
+    broker, collector and broker not failing; `readiness()` answers with the one `Readiness` type."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, watch: ReaderWatch | None = None) -> None:
         self.settings = settings
-        self.subscribers_running = False
+        self.watch = watch if watch is not None else ReaderWatch()  # the subscribers: a dead one is not ready
         self.last_ok = 0.0
         self.exporter: TraceExporter | None = None
 
-    def __call__(self) -> Readiness:
-        if not self.subscribers_running:
-            return not_ready("subscribers not running")
+    def readiness(self) -> Readiness:
+        subscribers = self.watch.readiness()
+        if not subscribers:
+            return subscribers
         if not fresh(self.last_ok, time.monotonic(), self.settings.sweep_interval_s):
             return not_ready("housekeeping has not reached the broker recently")
         if self.exporter is None or not self.exporter.broker_ok:
@@ -85,7 +85,7 @@ async def housekeeping(exporter: TraceExporter, readiness: ExporterHealth, setti
             log.warning("housekeeping: broker unavailable: %s", type(exc).__name__)
         except Exception:  # a bug here must not stop the exporter's main job
             log.exception("housekeeping failed")
-        exporter.metrics.ready.set(1 if readiness() else 0)
+        exporter.metrics.ready.set(1 if readiness.readiness() else 0)
         await asyncio.sleep(settings.sweep_interval_s)
 
 
@@ -99,7 +99,16 @@ class ExporterRuntime:
     client: Any = None
     exporter: TraceExporter | None = None
     server: MetricsServer | None = None
-    task: asyncio.Task[None] | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def watch(self) -> ReaderWatch:
+        return self.readiness.watch
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a requested shutdown; 1 when a subscriber stopped on its own (a supervisor restarts us)."""
+        return self.watch.exit_code
 
 
 def build_app(
@@ -109,15 +118,7 @@ def build_app(
     app = FastStream(broker, logger=log)
     runtime = ExporterRuntime(consumer_name(), ExporterHealth(settings), metrics if metrics is not None else OtlpMetrics())
     consumer, readiness, metrics = runtime.consumer, runtime.readiness, runtime.metrics
-    all_started = asyncio.Event()  # no batch before every subscriber has started (hold_reads_until)
-
-    async def parse(raw: Any) -> RedisBatchStreamMessage:
-        # Topic entries are plain fields, not FastStream envelopes: hand them over untouched. The
-        # message's own ack is a no-op (FAKE_CONSUMER): the exporter acks once the spans are accepted.
-        return RedisBatchStreamMessage(raw_message=raw, body=b"", consumer=FAKE_CONSUMER, group=settings.otlp_group)
-
-    async def decode(msg: Any) -> None:
-        return None
+    all_started = asyncio.Event()  # no batch before every subscriber has started (faststream_adapter)
 
     async def handle(message: RedisBatchStreamMessage = Context("message")) -> None:  # noqa: B008 (FastStream DI)
         raw = message.raw_message
@@ -131,23 +132,11 @@ def build_app(
             log.info("shutting down with a batch of %s unexported: left pending for any replica", stream)
 
     for stream in settings.layout.events_partitions() + settings.layout.runs_partitions():
-        sub = broker.subscriber(
-            stream=StreamSub(
-                stream,
-                group=settings.otlp_group,
-                consumer=consumer,
-                batch=True,
-                max_records=settings.batch_size,
-                polling_interval=settings.block_ms,
-            ),
-            parser=parse,
-            decoder=decode,
-            ack_policy=AckPolicy.MANUAL,  # acked by the exporter once the spans are accepted
-        )
-        sub(handle)
-        guard_missing_group(sub, stream, settings.otlp_group, lambda: runtime.client)
-        start_through_refusals(sub, stream)  # Redis full at start, or a start over 3 s: again, not a traceback exit
-        hold_reads_until(sub, all_started)
+        # plain fields handed over untouched; acked by the exporter once the spans are accepted
+        sub = batch_subscriber(broker, stream, group=settings.otlp_group, consumer=consumer,
+                               batch_size=settings.batch_size, block_ms=settings.block_ms, handle=handle,
+                               client=lambda: runtime.client, started=all_started)
+        runtime.watch.add(stream, sub)
 
     @app.on_startup
     async def _startup() -> None:
@@ -156,22 +145,23 @@ def build_app(
         await exporter.ensure_groups()
         readiness.exporter = exporter
         readiness.last_ok = time.monotonic()
-        runtime.server = serve(metrics, settings.metrics_host, settings.metrics_port, readiness)  # type: ignore[arg-type]
+        runtime.server = serve(metrics, settings.metrics_host, settings.metrics_port, readiness.readiness)  # type: ignore[arg-type]
 
     @app.after_startup
     async def _after() -> None:
         assert runtime.exporter is not None
-        readiness.subscribers_running = True
+        runtime.watch.consuming = True
         all_started.set()
-        runtime.task = asyncio.create_task(housekeeping(runtime.exporter, readiness, settings))
+        runtime.tasks.append(asyncio.create_task(housekeeping(runtime.exporter, readiness, settings)))
+        # a subscriber that dies on its own: /readyz says so and the exporter exits 1 (services/streams/watch.py)
+        runtime.tasks.append(asyncio.create_task(runtime.watch.run(app.exit)))
 
     @app.on_shutdown
     async def _shutdown() -> None:
-        readiness.subscribers_running = False
+        runtime.watch.shutdown()  # subscribers already stopped here died on their own: exit 1
         if runtime.exporter is not None:
             runtime.exporter.stopping.set()  # a batch waiting for the collector gives up, unacked
-        task = runtime.task
-        if task is not None:
+        for task in runtime.tasks:
             task.cancel()
             try:
                 await task

@@ -79,7 +79,7 @@ async def serve_exporter(settings: Settings, sink, cfg) -> int:
         await _run(app, runtime, sink, log)
     finally:
         early.close()  # when adopted, the app closed it already (idempotent)
-    return 0
+    return runtime.exit_code  # 1 when a subscriber stopped on its own (services/streams/watch.py)
 
 
 async def _run(app, runtime, sink, log) -> None:

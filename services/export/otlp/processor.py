@@ -21,6 +21,10 @@ from scratch) each export every root. Its size is bounded whatever the run's len
 A root is exported when the terminal record is in and ``n >= exp`` (events and records come from
 different streams, in any order), or by the timeout sweep. Nothing is acknowledged before the
 spans it carries are accepted by the collector (or dead-lettered).
+
+What a batch brings per run (entries decoded, `RunWork`, `RunFlags`) is services/export/otlp/batch.py;
+the span mapping is mapping.py; the consumer plumbing (dead letters, readiness, the watch, backoff)
+is services/streams/.
 """
 
 from __future__ import annotations
@@ -30,10 +34,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from opentelemetry.sdk.trace import ReadableSpan
@@ -42,8 +45,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts.deadletters import INVALID_ENTRY, MAX_DELIVERIES, OTLP_REJECTED, DeadLetter
-from contracts.topics import TopicEntry, TopicEntryError
 from services.broker.errors import TRANSIENT_CODES, describe, reply_code
+from services.export.otlp.batch import Decoded, RunFlags, RunWork, as_text, decode_entry
 from services.export.otlp.mapping import (
     GI_EVENT_ID,
     GI_EVENT_TYPE,
@@ -64,6 +67,8 @@ from services.export.otlp.mapping import (
 from services.export.otlp.metrics import OtlpMetrics
 from services.export.otlp.sink import SendOutcome, SpanSink, encode_request
 from services.settings import Settings
+from services.streams.backoff import Backoff
+from services.streams.deadletter import DeadLetterWriter
 from services.streams.groups import create_groups
 from services.streams.lag import read_backlog
 from services.streams.pending import max_deliveries_detail, pending_entries, plan_reclaim
@@ -96,71 +101,6 @@ _CLOSE_LUA = resources.files("services.export.otlp").joinpath("close.lua").read_
 
 class Stopping(Exception):
     """The process is shutting down while a batch waits for the collector: leave it unacked."""
-
-
-@dataclass
-class Decoded:
-    entry_id: str
-    run: str | None
-    seq: int | None
-    body: dict[str, Any] | None
-    error: str | None = None
-
-
-@dataclass
-class RunWork:
-    """What one batch brings for one run."""
-
-    entry_ids: list[str] = field(default_factory=list)
-    records: dict[int, bytes] = field(default_factory=dict)  # k -> record JSON
-    events: dict[int, bytes | None] = field(default_factory=dict)  # seq -> its ring value; None: a tool span
-    tool_spans: list[tuple[int, ReadableSpan]] = field(default_factory=list)
-    min_ns: int | None = None
-    max_ns: int | None = None
-    exp: int | None = None
-    span_events: int = 0
-    unmappable: int = 0
-
-    def saw(self, ns: int) -> None:
-        self.min_ns = ns if self.min_ns is None else min(self.min_ns, ns)
-        self.max_ns = ns if self.max_ns is None else max(self.max_ns, ns)
-
-
-def _text(value: Any) -> str | None:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return value if isinstance(value, str) else None
-
-
-def decode_entry(entry_id: Any, fmap: dict[Any, Any]) -> Decoded:
-    """A topic entry (event or run record), decoded by the one topic codec (contracts/topics.py):
-    the envelope says whose it is, `data` is the JSON body; the body's runId and seq win over the
-    envelope's when they are there (they are what the spans are built from)."""
-    sid = _text(entry_id) or str(entry_id)
-    entry = TopicEntry.from_fields(fmap)
-    run, seq = entry.run, entry.seq
-    try:
-        body = entry.document()
-    except TopicEntryError as exc:
-        return Decoded(sid, run or None, seq, None, str(exc).split(" (", 1)[0])
-    body_run = body.get("runId")
-    if isinstance(body_run, str) and body_run:
-        run = body_run
-    if isinstance(body.get("seq"), int) and not isinstance(body.get("seq"), bool):
-        seq = body["seq"]
-    return Decoded(sid, run or None, seq, body)
-
-
-class RunFlags(NamedTuple):
-    """What a run's export state says before a batch is finished (`TraceExporter._flags`)."""
-
-    done: bool  # its root went out
-    dead: bool  # it was dead-lettered
-    complete: bool  # done, and not by timeout: every event its terminal record counts was seen
-    sent: set[int]  # seqs of this batch's tool events already seen (their spans are out)
 
 
 class TraceExporter:
@@ -199,6 +139,8 @@ class TraceExporter:
         self._note = client.register_script(_NOTE_LUA)
         self._close = client.register_script(_CLOSE_LUA)
         self._adopt = client.register_script(_ADOPT_LUA)
+        # Dead letters and the acknowledgement of their entries in one step, trimmed by age (deadletter.py).
+        self._letters = DeadLetterWriter(client, self.group, settings.deadletter_keep_hours)
 
     # ------------------------------------------------------------------ names
     def state_key(self, run: str) -> str:
@@ -211,10 +153,13 @@ class TraceExporter:
         return self.layout.export_group_open_run_sets(EXPORTER, self.group)
 
     def deadletter_key(self, run: str | None, stream: str) -> str:
-        if run is not None:
-            return self.layout.export_deadletter_partition(EXPORTER, self.layout.shard_of(run))
+        """The dead-letter partition of the shard of `stream` (the entry's: on a cluster the dead letter
+        and the acknowledgement of its entry share a hash slot, one script), else of the run's."""
         partitions = self.layout.events_partitions() + self.layout.runs_partitions()
-        shard = partitions.index(stream) % len(self.layout.events_partitions()) if stream in partitions else 0
+        if stream in partitions:
+            shard = partitions.index(stream) % len(self.layout.events_partitions())
+        else:  # no entry (a root closed by the timeout)
+            shard = self.layout.shard_of(run) if run is not None else 0
         return self.layout.export_deadletter_partition(EXPORTER, shard)
 
     def streams(self) -> list[str]:
@@ -240,7 +185,7 @@ class TraceExporter:
                 if not members:
                     break
                 for member in members:
-                    run = _text(member) or ""
+                    run = as_text(member) or ""
                     keys = [self.layout.export_state(EXPORTER, run), old_open, self.state_key(run), self.open_key(run)]
                     adopted += int(await self._adopt(keys=keys, args=[member]))
         if adopted:
@@ -266,7 +211,7 @@ class TraceExporter:
         pending = {run: spans for run, spans in spans_by_run.items() if spans}
         rejected: dict[str, str] = {}
         split = False
-        delay = RETRY_INITIAL_S
+        backoff = Backoff(RETRY_INITIAL_S, self.settings.otlp_retry_max_s)
         attempts: dict[str, int] = {}
         while pending:
             groups = [[run] for run in pending] if split else [list(pending)]
@@ -316,7 +261,7 @@ class TraceExporter:
                 # outage, and the spans sent by both once the collector is back).
                 beat = heartbeat or _HEARTBEAT.get()
                 most = max(0.05, self.settings.claim_idle_ms / 3000)
-                left = delay
+                left = backoff.next()
                 while left > 0:
                     if beat is not None:
                         await beat()
@@ -328,7 +273,6 @@ class TraceExporter:
                     if self.stopping.is_set():
                         raise Stopping()
                     left -= step
-                delay = min(delay * 2, self.settings.otlp_retry_max_s)
         return rejected
 
     def _collector_back(self) -> None:
@@ -363,7 +307,7 @@ class TraceExporter:
         (the scripts count each event once; XACK; a dead letter's XADD refused was not written)."""
         # the claim must be refreshed well within CLAIM_IDLE_MS, or another replica takes it over
         most = max(0.05, min(self.settings.otlp_retry_max_s, self.settings.claim_idle_ms / 3000))
-        delay = min(RETRY_INITIAL_S, most)
+        backoff = Backoff(min(RETRY_INITIAL_S, most), most)
         refused = False
         while True:
             try:
@@ -389,29 +333,33 @@ class TraceExporter:
             if beat is not None:
                 await beat()
             try:
-                await asyncio.wait_for(self.stopping.wait(), timeout=delay)
+                await asyncio.wait_for(self.stopping.wait(), timeout=backoff.next())
             except TimeoutError:
                 pass
             if self.stopping.is_set():
                 raise Stopping()
-            delay = min(delay * 2, most)
 
     async def dead_letter(self, stream: str, run: str | None, entry_id: str, reason: str, detail: str,
-                          payload: bytes | None = None) -> None:
-        # The refused spans travel as the OTLP/HTTP protobuf request body (`payload`): resent as-is
-        # after a fix (docs/otel.md "Resending dead-lettered spans").
-        fields = DeadLetter(reason, detail, stream, entry_id, exporter=EXPORTER, group=self.group, run=run,
-                            payload=payload, content_type="application/x-protobuf" if payload is not None else None
-                            ).to_fields()
-        minid = f"{int((time.time() - self.settings.topic_retention_hours * 3600) * 1000)}-0"
-        await self._broker(partial(self.client.xadd, self.deadletter_key(run, stream), fields, minid=minid, approximate=True))
+                          payload: bytes | None = None, raw: dict[Any, Any] | None = None,
+                          acks: Sequence[str] = ()) -> None:
+        """Dead-letter an entry and acknowledge `acks` (ids of `stream`) in the same step (the one
+        writer: services/streams/deadletter.py); `raw`: the entry's own fields (raw.*, for a resend
+        after a fix). The refused spans travel as the OTLP/HTTP protobuf request body (`payload`):
+        resent as-is after a fix (docs/otel.md "Resending dead-lettered spans")."""
+        letter = DeadLetter(reason, detail, stream, entry_id, exporter=EXPORTER, group=self.group, run=run,
+                            raw=raw or {}, payload=payload,
+                            content_type="application/x-protobuf" if payload is not None else None)
+        await self._broker(partial(self._letters.write, self.deadletter_key(run, stream), [letter],
+                                   {stream: list(acks)} if acks else None))
         self.metrics.dead_letters.labels(reason=reason).inc()
 
-    async def kill_run(self, stream: str, run: str, entry_id: str, detail: str) -> None:
-        """Dead-letter a run's export: nothing more of it is sent, its later entries are acked."""
+    async def kill_run(self, stream: str, run: str, entry_id: str, detail: str, raw: dict[Any, Any] | None = None,
+                       acks: Sequence[str] = ()) -> None:
+        """Dead-letter a run's export: nothing more of it is sent, its later entries are acked (`acks`,
+        this batch's entries of the run: with the dead letter, in one step)."""
         spans = self.rejected_spans.pop(run, None)
         payload = encode_request(spans) if spans else None
-        await self.dead_letter(stream, run, entry_id, OTLP_REJECTED, detail, payload)
+        await self.dead_letter(stream, run, entry_id, OTLP_REJECTED, detail, payload, raw=raw, acks=acks)
         await self._broker(partial(self._close, keys=[self.state_key(run), self.open_key(run)],
                                    args=[run, "dead", detail[:DETAIL_CHARS], self.state_ttl_s]))
 
@@ -458,9 +406,9 @@ class TraceExporter:
 
     async def handle_events(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         held = self.in_flight.setdefault(stream, set())
-        mine = {_text(i) or str(i) for i in ids} - held
+        mine = {as_text(i) or str(i) for i in ids} - held
         held |= mine
-        token = _HEARTBEAT.set(self._heartbeat(stream, [_text(i) or str(i) for i in ids]))
+        token = _HEARTBEAT.set(self._heartbeat(stream, [as_text(i) or str(i) for i in ids]))
         try:
             await self._handle_events(stream, ids, fields)
         finally:
@@ -469,9 +417,9 @@ class TraceExporter:
 
     async def handle_runs(self, stream: str, ids: Sequence[Any], fields: Sequence[dict[Any, Any]]) -> None:
         held = self.in_flight.setdefault(stream, set())
-        mine = {_text(i) or str(i) for i in ids} - held
+        mine = {as_text(i) or str(i) for i in ids} - held
         held |= mine
-        token = _HEARTBEAT.set(self._heartbeat(stream, [_text(i) or str(i) for i in ids]))
+        token = _HEARTBEAT.set(self._heartbeat(stream, [as_text(i) or str(i) for i in ids]))
         try:
             await self._handle_runs(stream, ids, fields)
         finally:
@@ -485,10 +433,11 @@ class TraceExporter:
             d = decode_entry(entry_id, fmap)
             acks.append(d.entry_id)
             if d.run is None or d.seq is None:
-                await self.dead_letter(stream, d.run, d.entry_id, INVALID_ENTRY, d.error or "no runId or seq")
+                await self.dead_letter(stream, d.run, d.entry_id, INVALID_ENTRY, d.error or "no runId or seq",
+                                       raw=fmap, acks=[d.entry_id])
                 continue
             w = work.setdefault(d.run, RunWork())
-            w.entry_ids.append(d.entry_id)
+            w.note_entry(d.entry_id, fmap)
             self._map_event(d, w)
         await self._finish_batch(stream, ids=acks, work=work)
 
@@ -537,10 +486,11 @@ class TraceExporter:
                     raise ValueError(d.error or "no runId")
                 facts = fold_records(d.run, [body])  # validates recordId, timestamp
             except (KeyError, ValueError, TypeError, IndexError) as exc:
-                await self.dead_letter(stream, d.run, d.entry_id, INVALID_ENTRY, d.error or f"{type(exc).__name__}: {exc}")
+                await self.dead_letter(stream, d.run, d.entry_id, INVALID_ENTRY, d.error or f"{type(exc).__name__}: {exc}",
+                                       raw=fmap, acks=[d.entry_id])
                 continue
             w = work.setdefault(d.run, RunWork())
-            w.entry_ids.append(d.entry_id)
+            w.note_entry(d.entry_id, fmap)
             w.records[facts.last_k] = orjson.dumps(body)
             if facts.expected_events is not None:
                 w.exp = facts.expected_events
@@ -564,7 +514,8 @@ class TraceExporter:
                 spans[run] = [("tool", span) for seq, span in w.tool_spans if seq not in f.sent]
             rejected = await self.deliver(spans, self._heartbeat(stream, ids))
             for run, detail in rejected.items():
-                await self.kill_run(stream, run, work[run].entry_ids[0], detail)
+                w = work[run]
+                await self.kill_run(stream, run, w.entry_ids[0], detail, raw=w.raw, acks=w.entry_ids)
             ready: list[str] = []
             now_ms = int(time.time() * 1000)
             for run, w in work.items():
@@ -589,7 +540,8 @@ class TraceExporter:
                 if not closed and exp >= 0 and n >= exp:
                     ready.append(run)
             for run in ready:
-                await self.finish_root(run, stream, work[run].entry_ids[0])
+                w = work[run]
+                await self.finish_root(run, stream, w.entry_ids[0], raw=w.raw, acks=w.entry_ids)
         await self._ack(stream, ids)
 
     # ------------------------------------------------------------------ roots
@@ -601,7 +553,7 @@ class TraceExporter:
         values = await self.client.hmget(key, head)
         state = {name: v for name, v in zip(head, values, strict=True) if v is not None}
         if "legacy" in state:
-            return {(_text(k) or ""): v for k, v in (await self.client.hgetall(key)).items()}
+            return {(as_text(k) or ""): v for k, v in (await self.client.hgetall(key)).items()}
         if not state or "done" in state or "dead" in state:
             return state
         names = [f"r:{k}" for k in range(int(state.get("rn") or 0))] + [f"v:{i}" for i in range(self.ring)]
@@ -609,8 +561,10 @@ class TraceExporter:
         state.update((name, v) for name, v in zip(names, values, strict=True) if v is not None)
         return state
 
-    async def finish_root(self, run: str, stream: str, entry_id: str, timeout: bool = False) -> bool:
-        """Export the run's root span from its state; False when it is closed already."""
+    async def finish_root(self, run: str, stream: str, entry_id: str, timeout: bool = False,
+                          raw: dict[Any, Any] | None = None, acks: Sequence[str] = ()) -> bool:
+        """Export the run's root span from its state; False when it is closed already. `raw`, `acks`:
+        the entry that completed the run and this batch's entries of it, for a dead letter."""
         state = await self._broker(partial(self._read_state, run))
         if not state or "done" in state or "dead" in state:
             await self._broker(partial(self.client.zrem, self.open_key(run), run))
@@ -637,7 +591,7 @@ class TraceExporter:
         self._tally(tally)
         rejected = await self.deliver({run: [("root", span)]})
         if run in rejected:
-            await self.kill_run(stream, run, entry_id, rejected[run])
+            await self.kill_run(stream, run, entry_id, rejected[run], raw=raw, acks=acks)
             return False
         reason = "timeout" if timeout else (facts.state or "timeout")
         await self._broker(partial(self._close, keys=[self.state_key(run), self.open_key(run)],
@@ -652,7 +606,7 @@ class TraceExporter:
         closed = 0
         for key in self.open_sets():
             for member in await self.client.zrangebyscore(key, "-inf", cutoff, start=0, num=limit):
-                run = _text(member)
+                run = as_text(member)
                 if run is None:
                     continue
                 if await self.finish_root(run, "timeout", "-", timeout=True):
@@ -686,14 +640,16 @@ class TraceExporter:
         rows = await self.client.xpending_range(stream, self.group, min="-", max="+", count=self.settings.batch_size, idle=idle)
         plan = plan_reclaim(pending_entries(rows), self.settings.max_deliveries, self.in_flight.get(stream, set()))
         for row in plan.poison:
-            await self.dead_letter(stream, None, row.entry_id, MAX_DELIVERIES, max_deliveries_detail(row))
-            await self._ack(stream, [row.entry_id])
+            found = await self.client.xrange(stream, min=row.entry_id, max=row.entry_id)
+            fields = found[0][1] if found else {}
+            await self.dead_letter(stream, None, row.entry_id, MAX_DELIVERIES, max_deliveries_detail(row), raw=fields,
+                                   acks=[row.entry_id])
         ids = [row.entry_id for row in plan.claim]
         if not ids:
             return len(plan.poison)
         claimed = await self.client.xclaim(stream, self.group, self.consumer, idle, ids)
         entries = [(eid, fmap) for eid, fmap in claimed if fmap is not None]
-        gone = [i for i in ids if i not in {(_text(e) or "") for e, _ in entries}]
+        gone = [i for i in ids if i not in {(as_text(e) or "") for e, _ in entries}]
         if gone:  # trimmed away while pending: nothing left to export
             await self._ack(stream, gone)
         if entries:

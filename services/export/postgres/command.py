@@ -154,7 +154,7 @@ def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None)
     sink = Sink(settings, client, store, options, metrics)
     # The server reads `.registry` only; SinkMetrics has its own families, not the worker's.
     try:
-        server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, sink.is_ready,
+        server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, sink.readiness,
                                port_file=settings.metrics_port_file)
     except ConfigError:  # the port is taken (MetricsPortUnavailable): one line, exit 2
         store.close()

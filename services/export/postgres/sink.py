@@ -9,11 +9,11 @@ A plain reader thread and writer loop (not FastStream; see docs/analytics.md "Wh
 2. writer: write it with the consumer positions in one transaction (store.py); while the
    database is unreachable, retry the same batch with backoff and report not ready: nothing is
    acknowledged, the topic keeps the data;
-3. after the commit, all or nothing per shard (`GroupReader.ack`: services/streams/deadletter_ack.lua
-   when there are dead letters): dead letters (invalid entries, rows the database
-   refused) to the sink's own dead-letter stream (`<deadletter>.postgres`, the only stream its
-   `postgres-exporter` ACL user may write; never the workers' `goose.deadletter`), then XACK of
-   the whole batch.
+3. after the commit, in one step per shard (`GroupReader.ack`: the one dead-letter writer,
+   services/streams/deadletter.py): dead letters (invalid entries, rows the database refused) to
+   the sink's own dead-letter stream (`<deadletter>.postgres`, the only stream its
+   `postgres-exporter` ACL user may write; never the workers' `goose.deadletter`), trimmed by age,
+   and XACK of the whole batch.
 
 A crash between 2 and 3 re-delivers the batch; every write is idempotent, so that doubles nothing.
 """
@@ -49,6 +49,7 @@ from services.export.postgres.rows import (
 )
 from services.export.postgres.store import Store, WriteResult, utcnow
 from services.settings import Settings
+from services.streams.backoff import Backoff
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, StreamEntry, by_stream
 from services.streams.readiness import READY, Readiness, not_ready
@@ -124,7 +125,8 @@ class Sink:
         self.reader = GroupReader(client, self.shards, options.group, options.consumer,
                                   max_deliveries=settings.max_deliveries, claim_idle_ms=options.claim_idle_ms,
                                   deadletter_stream=lambda shard: layout.export_deadletter_partition(EXPORTER, shard),
-                                  exporter=EXPORTER, logger=log)
+                                  exporter=EXPORTER, logger=log,
+                                  deadletter_retention_hours=settings.deadletter_keep_hours)
         self.stopping = threading.Event()
         self._batches: queue.Queue[Batch] = queue.Queue(maxsize=1)
         self._db_ok = False
@@ -139,7 +141,7 @@ class Sink:
         self.failure: ThreadFailure | None = None  # set once, by the first thread that fails
 
     # ------------------------------------------------------------------ state
-    def is_ready(self) -> Readiness:
+    def readiness(self) -> Readiness:
         """Ready, or not with the reason /readyz shows (services/streams/readiness.py)."""
         if self.failure is not None:
             return not_ready(f"the {self.failure.thread} thread failed: {self.failure.error}")
@@ -160,7 +162,7 @@ class Sink:
             self._broker_ok = broker
             if not broker and why:
                 self._broker_why = why
-        self.metrics.ready.set(1 if self.is_ready() else 0)
+        self.metrics.ready.set(1 if self.readiness() else 0)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -225,7 +227,7 @@ class Sink:
         log.debug("the %s thread's traceback", thread, exc_info=exc)
 
     def _writer(self) -> None:
-        backoff = BACKOFF_START_S
+        backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
         while not self.stopping.is_set():
             try:
                 if not self._setup_done:
@@ -238,13 +240,12 @@ class Sink:
                     continue
                 if not self.process(batch):
                     return  # stopping while the database was down: nothing acknowledged
-                backoff = BACKOFF_START_S
+                backoff.reset()
                 continue
             except psycopg.Error as exc:
-                self._db_failure(exc, backoff)
-            if self._sleep(backoff):
+                self._db_failure(exc, backoff.delay)
+            if self._sleep(backoff.next()):
                 return
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _ping(self) -> None:
         """While idle, notice a database that went away (readiness), once per sweep interval."""
@@ -262,12 +263,12 @@ class Sink:
 
     # ------------------------------------------------------------------ reader thread
     def _reader(self) -> None:
-        backoff = BACKOFF_START_S
+        backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
         while not self.stopping.is_set():
             try:
                 entries = self._sweep() or self._read()
                 self._set(broker=True)
-                backoff = BACKOFF_START_S
+                backoff.reset()
                 if entries:
                     batch = self.prepare(entries)
                     while not self.stopping.is_set():
@@ -281,12 +282,12 @@ class Sink:
                 # Mid-run (the start check let it pass, so it worked then): a certificate rotated
                 # to one we do not trust. An outage, not an exit: a restart would meet the same
                 # certificate, and waiting recovers as soon as a trusted one is back.
-                self._tls_failure(exc, backoff)
+                self._tls_failure(exc, backoff.delay)
                 self.reader.reset()
             except BROKER_ERRORS as exc:
                 self._set(broker=False, why=f"broker unreachable ({type(exc).__name__})")
                 self.metrics.errors.labels("broker").inc()
-                log.warning("broker unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
+                log.warning("broker unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff.delay)
                 self.reader.reset()  # re-read what we hold but did not ack
             except ResponseError as exc:
                 if not is_nogroup(exc):
@@ -296,9 +297,8 @@ class Sink:
                     # recreate at 0 and re-read; the idempotent writes absorb what was exported.
                     log.warning("consumer group missing on a topic partition; recreating it at 0")
                 self.reader.reset()
-            if self._sleep(backoff):
+            if self._sleep(backoff.next()):
                 return
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _tls_failure(self, exc: BrokerTLSError, backoff: float, doing: str = "") -> None:
         self._set(broker=False, why=str(exc))
@@ -375,7 +375,7 @@ class Sink:
         return True
 
     def _write(self, parsed: Parsed, refs: list[EntryRef]) -> WriteResult | None:
-        backoff = BACKOFF_START_S
+        backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
         while True:
             try:
                 if not self._setup_done:
@@ -384,23 +384,21 @@ class Sink:
                 self._set(db=True)
                 return result
             except psycopg.Error as exc:
-                self._db_failure(exc, backoff)
-            if self._sleep(backoff):
+                self._db_failure(exc, backoff.delay)
+            if self._sleep(backoff.next()):
                 return None
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _ack(self, pending: dict[str, list[str]], dead: list[DeadLetter]) -> bool:
         """`ack_in_place`, also retried in place through a TLS failure (see `_reader`)."""
-        backoff = BACKOFF_START_S
+        backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
         while True:
             try:
                 return self.reader.ack_in_place(pending, dead, self.stopping, self._ack_refused,
-                                                BACKOFF_START_S, BACKOFF_MAX_S)
+                                                Backoff(BACKOFF_START_S, BACKOFF_MAX_S))
             except BrokerTLSError as exc:
-                self._tls_failure(exc, backoff, " (while acknowledging a written batch)")
-            if self._sleep(backoff):
+                self._tls_failure(exc, backoff.delay, " (while acknowledging a written batch)")
+            if self._sleep(backoff.next()):
                 return False
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _ack_refused(self, exc: BaseException, backoff: float) -> None:
         self.metrics.errors.labels("broker").inc()
