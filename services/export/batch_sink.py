@@ -10,7 +10,8 @@ else is here and the same for every sink built on it (`export jsonl`; issue 33 i
 - the batch is written while it is held (the sweep never claims it back), retried with backoff
   while the target is down -- nothing acknowledged, readiness false with the target's reason;
 - then one acknowledgement per shard, with the sink's dead letters (deadletter_ack.lua: a dead
-  letter exists iff its entry is acknowledged), retried in place while the broker refuses it;
+  letter exists iff its entry is acknowledged, old dead letters trimmed by age), retried in place
+  while the broker refuses it;
 - a broker away: readiness false, positions back to the own pending entries, backoff.
 
 A crash between the write and the acknowledgement re-delivers the batch: `write_batch` must be
@@ -33,6 +34,7 @@ from contracts.consumers import Consumer
 from contracts.deadletters import DeadLetter
 from services.broker.errors import describe
 from services.settings import Settings
+from services.streams.backoff import Backoff
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, StreamEntry, by_stream
 from services.streams.readiness import READY, Readiness, not_ready
@@ -70,13 +72,14 @@ class BatchSink:
         self.shards = [[e, r] for e, r in zip(layout.events_partitions(), layout.runs_partitions(), strict=True)]
         self.reader = GroupReader(client, self.shards, group, consumer, max_deliveries=settings.max_deliveries,
                                   claim_idle_ms=settings.claim_idle_ms, exporter=row.name, logger=log,
-                                  deadletter_stream=lambda shard: layout.export_deadletter_partition(row.name, shard))
+                                  deadletter_stream=lambda shard: layout.export_deadletter_partition(row.name, shard),
+                                  deadletter_retention_hours=settings.deadletter_keep_hours)
         self.stopping = threading.Event()
         self.why: dict[str, str] = {"broker": "connecting to the broker"}  # side -> why not ready
         self._last_sweep = 0.0
         self.metrics = SinkMetrics(row.name)
 
-    def is_ready(self) -> Readiness:
+    def readiness(self) -> Readiness:
         if self.stopping.is_set():
             return not_ready("stopping")
         return not_ready("; ".join(self.why.values())) if self.why else READY
@@ -85,26 +88,25 @@ class BatchSink:
         self.stopping.set()
 
     def run(self) -> None:
-        backoff = BACKOFF_START_S
+        backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
         while not self.stopping.is_set():
             try:
                 entries = self._sweep() or self._read()
                 self.why.pop("broker", None)
-                backoff = BACKOFF_START_S
+                backoff.reset()
                 if entries and not self._deliver(entries):
                     return
                 continue
             except BROKER_ERRORS as exc:
                 self.why["broker"] = f"broker unreachable ({type(exc).__name__})"
-                self.log.warning("broker unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
+                self.log.warning("broker unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff.delay)
             except ResponseError as exc:  # NOGROUP: the broker lost the group; recreated at 0, re-read
                 self.why["broker"] = f"broker refused a read ({describe(exc)})"
                 self.log.warning("%s; reading again from the group's start", "consumer group missing"
                                  if is_nogroup(exc) else f"broker refused a read: {describe(exc)}")
             self.reader.reset()
-            if self.stopping.wait(backoff):
+            if self.stopping.wait(backoff.next()):
                 return
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _sweep(self) -> list[StreamEntry]:
         if time.monotonic() - self._last_sweep < self.settings.sweep_interval_s:
@@ -124,7 +126,7 @@ class BatchSink:
 
     def _deliver(self, entries: list[StreamEntry]) -> bool:
         """Write (retried while the target is down), then acknowledge. False when stopping first."""
-        backoff = BACKOFF_START_S
+        backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
         while True:
             try:
                 dead = self.target.write_batch(entries, self.reader)
@@ -132,12 +134,11 @@ class BatchSink:
                 break
             except TargetDown as exc:
                 self.why["target"] = str(exc)
-                self.log.warning("%s; retrying in %.1fs", exc, backoff)
-            if self.stopping.wait(backoff):
+                self.log.warning("%s; retrying in %.1fs", exc, backoff.delay)
+            if self.stopping.wait(backoff.next()):
                 return False
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
         if not self.reader.ack_in_place(by_stream(entries), dead, self.stopping, self._refused,
-                                        BACKOFF_START_S, BACKOFF_MAX_S):
+                                        Backoff(BACKOFF_START_S, BACKOFF_MAX_S)):
             return False
         self.why.pop("broker", None)
         self.metrics.written.inc(len(entries) - len(dead))
@@ -171,7 +172,7 @@ def serve(row: Consumer, settings: Settings, target: Target, group: str, consume
     except BROKER_ERRORS:
         pass  # down: the loop waits for it
     sink = BatchSink(row, s, client, target, group, consumer, log)
-    server = serve_metrics(cast(Any, sink.metrics), s.metrics_host, s.metrics_port, sink.is_ready,
+    server = serve_metrics(cast(Any, sink.metrics), s.metrics_host, s.metrics_port, sink.readiness,
                            port_file=s.metrics_port_file)
     log.info("%s: group %s, consumer %s; metrics on %s:%d", row.command, group, consumer, server.host, server.port)
     stop_on_signals(log, "finishing the current batch", sink.stop)
