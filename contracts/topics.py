@@ -57,7 +57,8 @@ def record_fields(record: Mapping[str, Any]) -> tuple[bytes | str, ...]:
             STATE, record["state"], DATA, orjson.dumps(record))
 
 
-def _text(value: Any) -> str | None:
+def as_text(value: Any) -> str | None:
+    """A field value as text: str as is, UTF-8 bytes decoded, anything else (or bad UTF-8) None."""
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8")
@@ -123,8 +124,8 @@ class TopicEntry:
         data = _get(fields, DATA)
         if isinstance(data, str):
             data = data.encode()
-        return cls(kind, _text(_get(fields, id_name)), _text(_get(fields, RUN_ID)), _seq(_text(_get(fields, SEQ))),
-                   _text(_get(fields, label_name)), data if isinstance(data, bytes) else None)
+        return cls(kind, as_text(_get(fields, id_name)), as_text(_get(fields, RUN_ID)), _seq(as_text(_get(fields, SEQ))),
+                   as_text(_get(fields, label_name)), data if isinstance(data, bytes) else None)
 
     def document(self) -> dict[str, Any]:
         """`data` parsed: the event or record as a JSON object, or TopicEntryError saying why not."""

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from contracts.topics import TopicEntry, TopicEntryError
+from contracts.topics import TopicEntry, TopicEntryError, as_text
 
 
 @dataclass
@@ -47,15 +47,6 @@ class RunWork:
     def saw(self, ns: int) -> None:
         self.min_ns = ns if self.min_ns is None else min(self.min_ns, ns)
         self.max_ns = ns if self.max_ns is None else max(self.max_ns, ns)
-
-
-def as_text(value: Any) -> str | None:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return value if isinstance(value, str) else None
 
 
 def decode_entry(entry_id: Any, fmap: dict[Any, Any]) -> Decoded:
