@@ -59,6 +59,23 @@ def refused_path(settings: Settings, run: str) -> Path:
     return spool_path(settings, run).parent / REFUSED_DIR / (_escape(run) + ".jsonl")
 
 
+def _open_in_new_dir(directory: Path, name: str, attempts: int = 5) -> Any:
+    """Create `directory` (and its parents) and open `name` in it for appending, in binary.
+
+    Another tap finishing its run removes the namespace directory when it became empty
+    (`Spool.close`, `discard`): between our mkdir of it and of the run's own directory (or the open)
+    it can be gone again, a FileNotFoundError that is only that race. Tried again a few times; a
+    directory that cannot be made at all still raises."""
+    for attempt in range(attempts):
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            return open(directory / name, "a+b")
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def keep_refused(settings: Settings, record: bytes, reason: str) -> Path | None:
     """Keep an entry the gateway refused for good, with the reason, beside the spool (``spool`` lists it,
     ``spool --discard RUN`` deletes it): the run's spool itself goes when the run is delivered."""
@@ -66,8 +83,7 @@ def keep_refused(settings: Settings, record: bytes, reason: str) -> Path | None:
         rec = orjson.loads(record)
         run = str(rec["run"])
         path = refused_path(settings, run)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(path, "ab") as fh:
+        with _open_in_new_dir(path.parent, path.name) as fh:
             fh.write(orjson.dumps({"reason": reason[:300], "entry": rec}, option=orjson.OPT_APPEND_NEWLINE))
         return path
     except (orjson.JSONDecodeError, KeyError, TypeError, OSError):
@@ -110,8 +126,7 @@ class Spool:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock_file = open(self.path / LOCK, "a+b")
+        self._lock_file = _open_in_new_dir(self.path, LOCK)
         if fcntl is not None:
             try:
                 fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

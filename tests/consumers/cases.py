@@ -7,6 +7,7 @@ side)."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 from collections.abc import Callable
@@ -156,20 +157,35 @@ def _kill_and_restart(c: Consumer, tmp: Path, tag: str, when: Callable[[Consumer
 
 def _freeze_when(proc: Any, when: Callable[[], bool], pending: Callable[[], int],
                  timeout: float = 90) -> tuple[bool, int]:
-    """Stop `proc` (SIGSTOP) the moment `when` holds, and keep it stopped if `when` still holds and
-    entries are pending then; else let it go on (SIGCONT) and wait again. A stopped process acks
-    nothing, so what is pending at the kill that follows is what was seen here: without the freeze
-    a busy test thread could see an entry pending and the consumer ack it before the kill."""
+    """Stop `proc` (SIGSTOP) at short random intervals and look while it is stopped: kept stopped
+    the first time entries are pending and `when` holds, else let go on (SIGCONT). A stopped process
+    acks nothing, so what is pending at the kill that follows is what was seen here. Looking while
+    it is stopped, not before stopping it, catches a sink whose batch is held for a millisecond (the
+    JSON-lines sink: appending a batch to a file): the older way, a look and then a stop that had to
+    find the same state, missed it for 90 s on a loaded machine."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if when():
-            os.kill(proc.pid, signal.SIGSTOP)
-            seen = pending()
-            if seen > 0 and when():
-                return True, seen
-            os.kill(proc.pid, signal.SIGCONT)
-        time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGSTOP)
+        _wait_stopped(proc.pid)
+        seen = pending()
+        if seen > 0 and when():
+            return True, seen
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(random.uniform(0.001, 0.02))
     return False, pending()
+
+
+def _wait_stopped(pid: int, timeout: float = 1.0) -> None:
+    """Until the kernel has stopped `pid` (state T): SIGSTOP is delivered asynchronously."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return  # gone, or no /proc: the caller sees what it sees
+        if state in ("T", "t"):
+            return
+        time.sleep(0.0005)
 
 
 def _has_pending(c: Consumer, w: World, t: Target, runs: set[str]) -> bool:

@@ -118,17 +118,23 @@ def test_a_worker_whose_subscriber_stopped_says_so_and_exits_non_zero(settings):
     async def go():
         app, runtime = build_app(s, Metrics())
         task = asyncio.create_task(app.run())
-        deadline = time.monotonic() + 30
-        while not (runtime.subscribers and all(sub.running for _, sub in runtime.subscribers)
-                   and runtime.housekeeper is not None):
-            assert time.monotonic() < deadline and not task.done()
-            await asyncio.sleep(0.05)
-        assert runtime.subscriber_health().ok
-        stream, sub = runtime.subscribers[0]
-        await sub.stop()  # a subscriber that stops for any reason but a shutdown
-        ready = runtime.housekeeper.readiness()
-        await asyncio.wait_for(task, timeout=30)
-        return stream, ready, runtime
+        try:
+            # Started = ready: the subscribers run and the watch saw every one of them consume (under
+            # load the second comes a moment after the first: asserting right away once failed).
+            deadline = time.monotonic() + 30
+            while not (runtime.subscribers and all(sub.running for _, sub in runtime.subscribers)
+                       and runtime.housekeeper is not None and runtime.subscriber_health().ok):
+                assert time.monotonic() < deadline and not task.done(), runtime.subscriber_health()
+                await asyncio.sleep(0.05)
+            stream, sub = runtime.subscribers[0]
+            await sub.stop()  # a subscriber that stops for any reason but a shutdown
+            ready = runtime.housekeeper.readiness()
+            await asyncio.wait_for(task, timeout=30)
+            return stream, ready, runtime
+        finally:
+            if not task.done():  # a failed check above: stop the app rather than hang asyncio.run's cleanup
+                app.exit()
+                await asyncio.wait_for(task, timeout=30)
 
     stream, ready, runtime = asyncio.run(go())
     assert not ready.ok and stream in ready.reason
