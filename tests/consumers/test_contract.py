@@ -172,7 +172,8 @@ class ConsumerContract:
         out = self.outcome(contract_outcomes, "rollback")
         assert out.facts["first_delivered"] and out.facts["second_delivered"], out.facts
         assert out.facts["lost_from_redis"] > 0, "the snapshot held everything: the case did not bite"
-        assert out.facts["caught_at_save"] and out.facts["pending_at_save"] > 0, f"not snapshotted mid-batch: {out.facts}"
+        if not self.consumer.brief_batches:  # why a sink may be exempt: Consumer.brief_batches
+            assert out.facts["caught_at_save"] and out.facts["pending_at_save"] > 0, f"not snapshotted mid-batch: {out.facts}"
         assert out.facts["runs_owed"] < out.facts["runs_fed"] or self.consumer.name == "archive", out.facts
         _lost_doubled(out)
         assert out.facts["doubled_over_all_runs"] == {}, dict(list(out.facts["doubled_over_all_runs"].items())[:10])
@@ -231,7 +232,8 @@ class TestExportOtlp(ConsumerContract):
         out = self.outcome(contract_outcomes, "rollback")
         assert out.facts["first_delivered"] and out.facts["second_delivered"], out.facts
         assert out.facts["lost_from_redis"] > 0, "the snapshot held everything: the case did not bite"
-        assert out.facts["caught_at_save"] and out.facts["pending_at_save"] > 0, f"not snapshotted mid-batch: {out.facts}"
+        if not self.consumer.brief_batches:  # why a sink may be exempt: Consumer.brief_batches
+            assert out.facts["caught_at_save"] and out.facts["pending_at_save"] > 0, f"not snapshotted mid-batch: {out.facts}"
         assert out.facts["receiver_quiet"], "the collector was still answering the frozen exporter's requests"
         assert out.account.expected > 0 and not out.account.lost, f"lost {len(out.account.lost)}: {out.account.lost[:10]}"
         doubled = out.facts["doubled_over_all_runs"]
