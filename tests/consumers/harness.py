@@ -292,6 +292,15 @@ class Target:
         return self.receiver.receiver
 
 
+def topic_units(w: World, runs: set[str]) -> Counter[str]:
+    """What a sink of the topics owes for `runs`: each event by eventId, each run record by recordId."""
+    events, records = topic_entries(w)
+    expected: Counter[str] = Counter()
+    expected.update(e["eventId"] for e in events if e["runId"] in runs)
+    expected.update(f"record:{r['recordId']}" for r in records if r["runId"] in runs)
+    return expected
+
+
 class Consumer:
     """One consumer under the contract. Subclasses say how it runs, what it owes and where it lands."""
 
@@ -609,10 +618,7 @@ class PostgresConsumer(ExporterConsumer):
         return "poison/pg:0"
 
     def account(self, w: World, t: Target, runs: set[str]) -> Account:
-        events, records = topic_entries(w)
-        expected: Counter[str] = Counter()
-        expected.update(e["eventId"] for e in events if e["runId"] in runs)
-        expected.update(f"record:{r['recordId']}" for r in records if r["runId"] in runs)
+        expected = topic_units(w, runs)
         observed: Counter[str] = Counter()
         dsn = t.extra.get("read_dsn", t.dsn)
         try:
@@ -802,10 +808,7 @@ class JsonlConsumer(ExporterConsumer):
         return any(p.stat().st_size for p in Path(t.extra["dir"]).glob("*/*.jsonl"))
 
     def account(self, w: World, t: Target, runs: set[str]) -> Account:
-        events, records = topic_entries(w)
-        expected: Counter[str] = Counter()
-        expected.update(e["eventId"] for e in events if e["runId"] in runs)
-        expected.update(f"record:{r['recordId']}" for r in records if r["runId"] in runs)
+        expected = topic_units(w, runs)
         observed: Counter[str] = Counter()
         for line in self.lines(t):
             doc = line["data"]
