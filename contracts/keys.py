@@ -169,7 +169,8 @@ class KeyLayout:
 
     def spread(self, family: str, label: str, kind: str) -> str:
         """One sorted set of distinct runs or hosts (hashed) failing in an error class or a tool
-        (`family` class|tool, `label` the bounded metric label, `kind` runs|hosts|calling).
+        (`family` class|tool, `label` the bounded metric label, `kind` runs|hosts|calling; or family
+        `hosts`, label `all`, kind active|errors: the fleet's hosts with any event / an `error`).
         Fleet-wide, no hash tag: never used with another key in one command."""
         return self.key(f"{SPREAD}:{family}:{label}:{kind}")
 

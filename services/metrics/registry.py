@@ -274,6 +274,17 @@ class Metrics:
             ["tool"],
             registry=r,
         )
+        # GooseIngestErrorSpike's second reading, in hosts: a host's volume moves neither number by more than one.
+        self.hosts_active = Gauge(
+            "goose_ingest_hosts_active",
+            "Distinct hosts with any harness event within ALERT_WINDOW_S (fleet-wide; max, not sum).",
+            registry=r,
+        )
+        self.hosts_with_errors = Gauge(
+            "goose_ingest_hosts_with_errors",
+            "Distinct hosts with an `error` event within ALERT_WINDOW_S (fleet-wide; max, not sum).",
+            registry=r,
+        )
         self.alert_min_runs = Gauge(
             "goose_ingest_alert_min_runs",
             "ALERT_MIN_RUNS: the distinct runs an error-class or tool alert needs (the rules read it).",
@@ -474,6 +485,11 @@ class Metrics:
 
     def set_spread(self, family: str, kind: str, label: str, count: int) -> None:
         """A runs/hosts gauge (services/worker/spread.py); a label outside the bounded sets is dropped."""
+        if family == "hosts":
+            gauge_of_hosts = {"active": self.hosts_active, "errors": self.hosts_with_errors}.get(kind)
+            if gauge_of_hosts is not None:
+                gauge_of_hosts.set(count)
+            return
         if family == "class" and label in _ERROR_CLASSES:
             gauge = self.class_runs if kind == "runs" else self.class_hosts
         elif family == "tool" and (label in TOOL_LABELS or label in self.named_tools):

@@ -6,7 +6,10 @@ in Redis shared by the whole fleet, each member scored with the time of its last
 worker drops the members older than ALERT_WINDOW_S and exports the sets' sizes as gauges
 (`goose_ingest_error_class_runs`/`_hosts`, `goose_ingest_tool_failing_runs`/`_hosts`,
 `goose_ingest_tool_calling_hosts`): distinct runs and hosts, whatever their volume. A run with
-30 errors is one run; a host adding successes or exits is one host.
+30 errors is one run; a host adding successes or exits is one host. The fleet's hosts with any
+event and with an `error` event (`goose_ingest_hosts_active`, `goose_ingest_hosts_with_errors`)
+are GooseIngestErrorSpike's second reading, a share of hosts that no host's volume can move by
+more than one host.
 
 A tool is failing *on a host* when it failed more than half of at least HOST_MIN_TOOL_CALLS of
 that host's calls in the host's current window (a hash per tool and host, counting from its first
@@ -45,6 +48,8 @@ KEY_TTL_WINDOWS = 2
 # (family, kind) of the sets: the runs and hosts of a class; a tool's failing runs, failing hosts, calling hosts.
 CLASS_KINDS = ("runs", "hosts")
 TOOL_KINDS = ("runs", "hosts", "calling")
+# the fleet's hosts with any event and with an `error` event: GooseIngestErrorSpike's reading in hosts
+HOST_KINDS = ("active", "errors")
 _CLASSES = frozenset(ERROR_CLASSES)
 
 
@@ -61,9 +66,11 @@ class Observation:
     class_hosts: dict[str, set[str]] = field(default_factory=dict)
     tool_runs: dict[str, set[str]] = field(default_factory=dict)  # runs with a failed call
     tool_calls: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (tool, host) -> [calls, failures]
+    active_hosts: set[str] = field(default_factory=set)  # hosts with any event
+    error_hosts: set[str] = field(default_factory=set)  # hosts with an `error` event
 
     def __bool__(self) -> bool:
-        return bool(self.class_runs or self.tool_calls)
+        return bool(self.active_hosts or self.class_runs or self.tool_calls)
 
 
 def observe(events: Iterable[Mapping[str, Any]], hosts: Mapping[str, str | None],
@@ -71,10 +78,23 @@ def observe(events: Iterable[Mapping[str, Any]], hosts: Mapping[str, str | None]
     """The failures of a batch's events by class and tool, with their runs' and hosts' digests."""
     obs = Observation()
     ids: dict[str, tuple[str, str]] = {}
+    def ids_of(run: str) -> tuple[str, str]:
+        pair = ids.get(run)
+        if pair is None:
+            host = hosts.get(run)
+            pair = ids[run] = (digest(run), digest("host:" + host) if host else digest("run:" + run))
+        return pair
+
     for ev in events:
         t = ev.get("type")
         cls: str | None = None
         outcome = ""
+        run = ev.get("runId")
+        if isinstance(run, str):
+            host_d = ids_of(run)[1]
+            obs.active_hosts.add(host_d)
+            if t == "error":
+                obs.error_hosts.add(host_d)
         if t == "error" or (t == "warning" and "errorClass" in ev):
             raw_cls = ev.get("errorClass")
             cls = raw_cls if isinstance(raw_cls, str) and raw_cls in _CLASSES else "other"
@@ -84,14 +104,9 @@ def observe(events: Iterable[Mapping[str, Any]], hosts: Mapping[str, str | None]
                 continue
         else:
             continue
-        run = ev.get("runId")
         if not isinstance(run, str):
             continue
-        pair = ids.get(run)
-        if pair is None:
-            host = hosts.get(run)
-            pair = ids[run] = (digest(run), digest("host:" + host) if host else digest("run:" + run))
-        run_d, host_d = pair
+        run_d, host_d = ids_of(run)
         if cls is not None:
             obs.class_runs.setdefault(cls, set()).add(run_d)
             obs.class_hosts.setdefault(cls, set()).add(host_d)
@@ -153,6 +168,10 @@ class Spread:
             pipe.zadd(key, {m: now for m in members})
             pipe.pexpire(key, ttl)
 
+        if obs.active_hosts:
+            add(layout.spread("hosts", "all", "active"), obs.active_hosts)
+        if obs.error_hosts:
+            add(layout.spread("hosts", "all", "errors"), obs.error_hosts)
         for cls, runs in obs.class_runs.items():
             add(layout.spread("class", cls, "runs"), runs)
             add(layout.spread("class", cls, "hosts"), obs.class_hosts[cls])
@@ -167,7 +186,8 @@ class Spread:
 
     def _sets(self) -> list[tuple[str, str, str]]:
         tools = self.metrics.tool_labels() if self.metrics is not None else ()
-        return ([("class", cls, kind) for cls in ERROR_CLASSES for kind in CLASS_KINDS]
+        return ([("hosts", "all", kind) for kind in HOST_KINDS]
+                + [("class", cls, kind) for cls in ERROR_CLASSES for kind in CLASS_KINDS]
                 + [("tool", tool, kind) for tool in tools for kind in TOOL_KINDS])
 
     async def refresh(self, now_ms: int | None = None) -> dict[tuple[str, str, str], int]:

@@ -10,6 +10,7 @@ stops", a throttle as a context-window problem).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -107,3 +108,46 @@ def test_a_timeout_or_interruption_is_the_network_and_a_user_interruption_is_can
     assert ec.classify(None, "Request timed out or interrupted. This could be due to a network timeout.") == "timeout"
     assert ec.classify(None, "[Request interrupted by user for tool use]") == "cancelled"
     assert ec.classify(None, "The operation was aborted due to timeout") == "timeout"
+
+
+def _contract_rules() -> list[tuple[int, list[str], str]]:
+    """docs/contract.md's table of message rules: (order, the classes it names, its source cell)."""
+    text = (REPO / "docs" / "contract.md").read_text()
+    start = text.index("| order | class | matches")
+    rows = []
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        rows.append((int(cells[0]), re.findall(r"`([a-z_]+)`", cells[1]), cells[-1]))
+    return rows
+
+
+def _deciding_rule(code: str | None, text: str) -> int | None:
+    """The order (docs/contract.md) of the message rule that classifies a text; None: the CLI's code decides."""
+    if code is not None and code in ec._BY_CODE:
+        return None
+    lowered = text[: ec.MAX_CLASSIFIED_CHARS].lower()
+    if ec._EXIT.match(lowered):
+        return 1
+    for i, (_, pattern, also) in enumerate(ec._RULES):
+        if pattern.search(lowered) is not None and (also is None or also.search(lowered) is not None):
+            return i + 2
+    return len(ec._RULES) + 2
+
+
+def test_the_contracts_rule_order_is_the_codes_and_every_rule_names_its_source():
+    # the order is part of the contract: the table an on-call engineer reads is the order the code tries
+    rows = _contract_rules()
+    assert [order for order, _, _ in rows] == list(range(1, len(ec._RULES) + 3))
+    assert [classes for _, classes, _ in rows] == [
+        ["cancelled", "agent_exit"], *([cls] for cls, _, _ in ec._RULES), ["other"]]
+    for order, classes, source in rows[:-1]:  # the last row is the fallback: no text to cite
+        assert source.strip("— ").strip(), f"rule {order} ({classes}) names no source"
+
+
+def test_every_message_rule_decides_at_least_one_real_text():
+    # a rule no real text reaches is either dead or unsourced; the exit rule (1) is the normalizer's own text
+    decided = Counter(_deciding_rule(e["code"], e["text"]) for e in CORPUS)
+    unused = [order for order in range(2, len(ec._RULES) + 3) if decided[order] == 0]
+    assert not unused, f"rules {unused} of docs/contract.md classify no text of the corpus"

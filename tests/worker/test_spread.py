@@ -99,6 +99,20 @@ def test_a_host_adding_successes_is_one_calling_host_and_cannot_dilute_a_tool_fa
     assert gauge(metrics, "goose_ingest_tool_calling_hosts", tool="shell") == 4
 
 
+def test_the_share_of_hosts_with_errors_counts_a_flooding_host_once(settings: Settings):
+    """GooseIngestErrorSpike's reading in hosts: a host's 100 successful calls and another's 30
+    errors are one active host and one host with errors each, whatever their volume."""
+    h, metrics = Harness(settings), Metrics(CollectorRegistry())
+    publish(h, "flood", "host-flood", [line for n in range(100) for line in shell_call(n, ok=True)])
+    publish(h, "loop", "host-loop", [AUTH] * 30)
+    for host in range(3):
+        publish(h, f"calm-{host}", f"host-{host}", shell_call(0, ok=True))
+    sizes = process_all(settings, metrics, h)
+    assert sizes[("hosts", "all", "active")] == 5 and sizes[("hosts", "all", "errors")] == 1
+    assert gauge(metrics, "goose_ingest_hosts_active") == 5
+    assert gauge(metrics, "goose_ingest_hosts_with_errors") == 1
+
+
 def test_a_host_whose_tool_fails_a_few_of_many_calls_is_no_failing_host(settings: Settings):
     h, metrics = Harness(settings), Metrics(CollectorRegistry())
     publish(h, "mixed", "host-m", [line for n in range(10) for line in shell_call(n, ok=n % 3 == 0)] +
@@ -127,7 +141,11 @@ def test_observe_keeps_no_name_and_counts_a_run_without_host_as_its_own_host():
     assert obs.tool_calls == {("shell", digest("host:host-1")): [1, 1]}
     assert obs.tool_runs == {"shell": {digest("r1")}}
     assert "host-1" not in repr(obs) and "'r1'" not in repr(obs)
-    assert not observe([{"type": "agent", "runId": "r1"}], {})
+    assert obs.active_hosts == {digest("host:host-1"), digest("run:r2")}
+    assert obs.error_hosts == {digest("host:host-1"), digest("run:r2")}  # r3's host by its `error`, r1's too
+    quiet = observe([{"type": "agent", "runId": "r1"}], {})
+    assert quiet.active_hosts == {digest("run:r1")} and not quiet.error_hosts and not quiet.class_runs
+    assert not observe([{"type": "agent"}], {})  # no run, nothing to count
 
 
 def test_a_broker_error_after_the_commit_is_logged_not_raised(caplog: pytest.LogCaptureFixture):

@@ -82,3 +82,31 @@ def test_tail_class_with_another_type_is_a_usage_error(settings: Settings):
     bad = subprocess.run([sys.executable, "-m", "services.cli", "tail", "--class", "nope"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_a_retry_only_storm_is_listed_by_its_class_with_its_host(settings: Settings):
+    # The timeout, provider and rate-limit alerts count retry warnings too: a storm of retries that
+    # all recover has no `error` event, and `tail --class` must still name its runs and hosts.
+    notice = orjson.dumps({"type": "error", "message": "Reconnecting... 1/5 (stream disconnected before completion)"}).decode()
+    agent = orjson.dumps({"type": "item.completed", "item": {"id": "i0", "type": "agent_message", "text": "done"}}).decode()
+    h = Harness(settings)
+    for run, host in (("r-retry-1", "host-d"), ("r-retry-2", "host-e")):
+        for seq, text in enumerate([notice, notice, agent]):
+            h.add(Entry.of_line(run, seq, TS + seq, text, host=host, format="codex" if seq == 0 else None).to_fields())
+
+    async def body(client: Any) -> None:
+        processor = BatchProcessor(settings, client)
+        for shard in range(settings.shards):
+            await process_shard(h, processor, shard)
+
+    run_async(settings, body)
+    out = io.StringIO()
+    assert follow(settings, args(error_class="timeout"), out) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 4, lines
+    assert all(" warning " in line and line.endswith("[retry timeout]") for line in lines), lines
+    assert sum("r-retry-1#" in line and " host=host-d " in line for line in lines) == 2
+    assert sum("r-retry-2#" in line and " host=host-e " in line for line in lines) == 2
+    none = io.StringIO()
+    follow(settings, args(error_class="timeout", type="error"), none)
+    assert none.getvalue() == "", "the retries are warnings: an error-only view has no rows"
