@@ -56,7 +56,7 @@ def capture(sc: Scenario, version: str, root: Path | None = None, outer: list[st
         with ModelServer(sc.script(work)) as server:
             url = refused_url() if sc.refused else server.url
             inv = invocation(sc.cli, version, url, sc.prompt, base, max_turns=sc.max_turns,
-                             unbounded_retries=sc.unbounded_retries)
+                             unbounded_retries=sc.unbounded_retries, variant=sc.variant)
             if outer_env:
                 inv.env.update(outer_env)
             out, err, code, secs = run(inv, sigint_when=sc.sigint_when, sigint_after_s=sc.sigint_after_s, outer=outer)
@@ -96,6 +96,7 @@ def normalize(cap_stdout: list[str], cap_stderr: list[str], exit_code: int | Non
 
 
 TOOL_TYPES = {"read", "write", "search", "list", "command", "skill"}
+MAX_SHOWN = 12  # tool events quoted in a problem
 
 
 def exit_error(event: dict) -> bool:
@@ -111,7 +112,9 @@ def check(expect: Expect, events: list[dict], final_text: str) -> list[str]:
         events = [e for e in events if not (e["type"] == "error" and e.get("code") == "signalled")]
     tools = [(e["type"], e.get("isSuccess")) for e in events if e["type"] in TOOL_TYPES]
     if tools != list(expect.tools):
-        problems.append(f"tool events {tools} != expected {list(expect.tools)}")
+        # a looping run has thousands: the first ones and the count say enough
+        shown = f"{tools[:MAX_SHOWN]} (+{len(tools) - MAX_SHOWN} more)" if len(tools) > MAX_SHOWN else str(tools)
+        problems.append(f"tool events {shown} != expected {list(expect.tools)}")
     errors = [e for e in events if e["type"] == "error" and not exit_error(e)]
     classed_warnings = [e for e in events if e["type"] == "warning" and "errorClass" in e]
     if expect.error_class is None:

@@ -57,9 +57,20 @@ def base_env(home: Path) -> dict[str, str]:
             "NO_COLOR": "1", "CI": "1", "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 
 
+# Gemini CLI set-ups that differ from a working headless run (a scenario's `variant`):
+# `untrusted` leaves out --skip-trust (the folder is not trusted: exit 55, nothing on stdout),
+# `no-auth-type` leaves out security.auth.selectedType (exit 41, nothing on stdout), `relaunch` lets
+# the CLI re-launch itself in a child node process, as it does by default (its SIGINT path differs).
+VARIANTS = {"gemini-cli": frozenset({"untrusted", "no-auth-type", "relaunch"})}
+
+
 def invocation(cli: str, version: str, base_url: str, prompt: str, root: Path, max_turns: int | None = None,
-               unbounded_retries: bool = False) -> Invocation:
-    """`root` gets `home/` (a fresh HOME) and `work/` (the scratch working directory, created by the caller)."""
+               unbounded_retries: bool = False, variant: str | None = None) -> Invocation:
+    """`root` gets `home/` (a fresh HOME) and `work/` (the scratch working directory, created by the caller).
+    `max_turns`: Claude Code `--max-turns`, Gemini CLI `model.maxSessionTurns`, opencode the build
+    agent's `steps`; `variant`: one of VARIANTS[cli]."""
+    if variant is not None and variant not in VARIANTS.get(cli, frozenset()):
+        raise ValueError(f"{cli} has no variant {variant!r}")
     home, work = root / "home", root / "work"
     home.mkdir(parents=True, exist_ok=True)
     (root / "tmp").mkdir(exist_ok=True)
@@ -88,22 +99,29 @@ def invocation(cli: str, version: str, base_url: str, prompt: str, root: Path, m
                 "-c", "model_providers.mock.request_max_retries=1", "-c", "model_providers.mock.stream_max_retries=1",
                 "-c", "model_providers.mock.stream_idle_timeout_ms=5000", prompt]
     elif cli == "gemini-cli":
-        settings = {"security": {"auth": {"selectedType": "gemini-api-key"}}, "general": {"maxAttempts": 2,
-                    "disableAutoUpdate": True, "disableUpdateNag": True}, "telemetry": {"enabled": False},
-                    "privacy": {"usageStatisticsEnabled": False}}
+        settings: dict[str, object] = {
+            "general": {"maxAttempts": 2, "disableAutoUpdate": True, "disableUpdateNag": True},
+            "telemetry": {"enabled": False}, "privacy": {"usageStatisticsEnabled": False}}
+        if variant != "no-auth-type":
+            settings["security"] = {"auth": {"selectedType": "gemini-api-key"}}
         if max_turns is not None:
             settings["model"] = {"maxSessionTurns": max_turns}
         (home / ".gemini").mkdir(exist_ok=True)
         (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
-        env.update({"GOOGLE_GEMINI_BASE_URL": base_url, "GEMINI_API_KEY": "test-key-0000",
-                    "GEMINI_CLI_NO_RELAUNCH": "true"})
-        argv = [exe, "--skip-trust", "--yolo", "--output-format", "stream-json", "-m", MODEL[cli], "-p", prompt]
+        env.update({"GOOGLE_GEMINI_BASE_URL": base_url, "GEMINI_API_KEY": "test-key-0000"})
+        if variant != "relaunch":
+            env["GEMINI_CLI_NO_RELAUNCH"] = "true"
+        argv = [exe, *([] if variant == "untrusted" else ["--skip-trust"]), "--yolo", "--output-format", "stream-json",
+                "-m", MODEL[cli], "-p", prompt]
     elif cli == "opencode":
         config = {"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
                   "provider": {"mock": {"npm": "@ai-sdk/openai-compatible", "name": "mock",
                                         "options": {"baseURL": f"{base_url}/v1", "apiKey": "sk-test-0000"},
                                         "models": {"test-model": {"name": "test-model"}}}},
                   "model": MODEL[cli]}
+        if max_turns is not None:
+            # the step limit of the agent `opencode run` uses (its last step is forced to text)
+            config["agent"] = {"build": {"steps": max_turns}}
         (work / "opencode.json").write_text(json.dumps(config))
         # opencode npm-installs its plugin package into a fresh HOME's config on start: a shared
         # npm cache (content-addressed, safe for concurrent runs) spares the downloads
