@@ -139,12 +139,24 @@ def wrapped(argv: list[str]) -> list[str]:
     return ["timeout", "-k", "5", str(RUN_TIMEOUT_S), *argv]
 
 
+def _only_child(pid: int) -> int | None:
+    """The one child process of `pid` (the command `timeout` runs), or None when it has none."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if len(children) == 1 else None
+
+
 def run(inv: Invocation, sigint_when: str | None = None, sigint_after_s: float = 0.0,
         outer: list[str] | None = None) -> tuple[list[str], list[str], int, float]:
     """Run it (optionally under `outer`, e.g. `goose-ingest tap --`): stdout lines, stderr lines, exit code, seconds.
 
     `sigint_when`: a substring of a stdout line; once printed, SIGINT goes to the process group
-    (as a terminal's Ctrl-C would) after `sigint_after_s`.
+    (as a terminal's Ctrl-C would) after `sigint_after_s`. Under `outer` it goes to the outer
+    command alone, once (the tap forwards it to the CLI's own process group): GNU `timeout` relays
+    a signal it gets to its child and again to its whole group, and a tap that gets a second
+    signal while the CLI runs ends the CLI with SIGKILL (services/tap/supervise.py).
     """
     started = time.monotonic()
     argv = wrapped([*(outer or []), *inv.argv])
@@ -168,7 +180,11 @@ def run(inv: Invocation, sigint_when: str | None = None, sigint_after_s: float =
         if sigint_when is not None and not sent and sigint_when in line:
             time.sleep(sigint_after_s)
             try:
-                os.killpg(proc.pid, signal.SIGINT)
+                outer_pid = _only_child(proc.pid) if outer else None
+                if outer_pid is not None:
+                    os.kill(outer_pid, signal.SIGINT)
+                else:
+                    os.killpg(proc.pid, signal.SIGINT)
             except ProcessLookupError:  # it ended on its own meanwhile: the capture says how
                 pass
             sent = True
