@@ -247,3 +247,13 @@ def test_recapture_without_npm_is_a_one_line_error(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-m", "tests.agents.recapture", "--cli", "codex"], cwd=REPO,
                          env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == ["recapture needs node and npm: node is not on PATH"]
+
+
+def test_opencode_needs_ripgrep_on_the_host(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert inst.host_missing("opencode") == "rg is not on PATH (the opencode CLI's search tools run it)"
+    assert inst.host_missing("codex") is None
+    rg = tmp_path / "rg"
+    rg.write_text("#!/bin/sh\n")
+    rg.chmod(0o755)
+    assert inst.host_missing("opencode") is None

@@ -35,7 +35,7 @@ from services.export.otlp import mapping as m
 from services.gateway import tokens
 from services.settings import Settings
 from tests.agents.harness import capture, check, normalize
-from tests.agents.install import CLIS, install, npm_missing
+from tests.agents.install import CLIS, host_missing, install, npm_missing
 from tests.agents.recapture import projected
 from tests.agents.run import Capture
 from tests.agents.scenarios import FORMATS_PENDING, FORMATS_PENDING_REASON, Scenario, scenario
@@ -122,6 +122,7 @@ def pipeline(redis_url: str, pg_database: str, tmp_path_factory) -> Iterator[Res
     dsn = make_conninfo(pg_database, options=f"-csearch_path={schema}")
     why = npm_missing()
     for cli in {cli for cli, _, _ in RUNS}:
+        why = why or host_missing(cli)
         if why:
             break
         try:
