@@ -31,6 +31,7 @@ class Invocation:
     argv: list[str]
     env: dict[str, str]
     cwd: Path
+    stdin: bytes | None = None  # written to the CLI's stdin, then closed (else stdin is /dev/null)
 
 
 @dataclass
@@ -139,6 +140,15 @@ def wrapped(argv: list[str]) -> list[str]:
     return ["timeout", "-k", "5", str(RUN_TIMEOUT_S), *argv]
 
 
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except BrokenPipeError:  # it ended without reading all of it: the capture says how
+        pass
+
+
 def _only_child(pid: int) -> int | None:
     """The one child process of `pid` (the command `timeout` runs), or None when it has none."""
     try:
@@ -160,9 +170,11 @@ def run(inv: Invocation, sigint_when: str | None = None, sigint_after_s: float =
     """
     started = time.monotonic()
     argv = wrapped([*(outer or []), *inv.argv])
-    proc = subprocess.Popen(argv, cwd=inv.cwd, env=inv.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=inv.cwd, env=inv.env, stdin=subprocess.DEVNULL if inv.stdin is None else subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None and proc.stderr is not None
+    if inv.stdin is not None:
+        threading.Thread(target=_feed, args=(proc, inv.stdin), daemon=True).start()
     err: list[str] = []
 
     def drain() -> None:

@@ -257,3 +257,13 @@ def test_opencode_needs_ripgrep_on_the_host(tmp_path, monkeypatch) -> None:
     rg.write_text("#!/bin/sh\n")
     rg.chmod(0o755)
     assert inst.host_missing("opencode") is None
+
+
+def test_a_capture_keeps_an_echoed_megabyte_as_its_start_and_length(tmp_path) -> None:
+    from tests.agents.harness import ABRIDGE_CHARS, save
+
+    big = "x" * (ABRIDGE_CHARS + 10)
+    cap = Capture("gemini-cli", "0.61.0", "context-preflight", ["{}", big], ["warn"], 0, 1.0)
+    saved = json.loads(save(cap, tmp_path).read_text())
+    assert saved["stdout"] == ["{}", "x" * ABRIDGE_CHARS + f"... [abridged: {ABRIDGE_CHARS + 10} characters]"]
+    assert saved["stderr"] == ["warn"] and load("gemini-cli", "context-preflight", tmp_path).stdout == saved["stdout"]
