@@ -159,13 +159,13 @@ def _codex() -> list[Scenario]:
 
 
 # ---- Gemini CLI and opencode ----------------------------------------------------------------------
-# Their normalizer formats (`gemini-cli`, `opencode`) are being added on branch r4-formats. Until that
-# is merged, every check of their events is expected to fail: FORMATS_PENDING names them, and the
-# tests mark their scenarios xfail(strict=True) with FORMATS_PENDING_REASON. The integrator empties
-# FORMATS_PENDING after merging r4-formats (strict xfail turns a passing check into a failure,
-# so a forgotten marker cannot hide).
+# A CLI whose normalizer format is still on a branch goes in FORMATS_PENDING: every check of its
+# events is expected to fail, and the tests mark its scenarios xfail(strict=True) with
+# FORMATS_PENDING_REASON. The integrator empties it when the format is merged (strict xfail turns a
+# passing check into a failure, so a forgotten entry cannot hide). Gemini CLI's and opencode's
+# formats were merged with r4-formats: none is pending.
 FORMATS_PENDING: frozenset[str] = frozenset()
-FORMATS_PENDING_REASON = "normalizer format added on branch r4-formats: empty scenarios.FORMATS_PENDING after merging"
+FORMATS_PENDING_REASON = "normalizer format not merged yet: empty scenarios.FORMATS_PENDING after merging it"
 
 
 def _gemini_tools(work: Path) -> list[Step | Scripted]:
