@@ -61,6 +61,20 @@ def npm_missing() -> str | None:
     return None
 
 
+# Host tools a CLI's built-in tools run (besides node): opencode's `grep` and `glob` run ripgrep, and
+# without one on PATH it tries to download it into the run's fresh HOME, which fails offline and costs
+# every run a download online (.ci/run installs it).
+HOST_TOOLS: dict[str, tuple[str, ...]] = {"opencode": ("rg",)}
+
+
+def host_missing(cli: str) -> str | None:
+    """Why `cli`'s tools cannot run here (a host tool it needs is not on PATH), or None."""
+    for tool in HOST_TOOLS.get(cli, ()):
+        if shutil.which(tool) is None:
+            return f"{tool} is not on PATH (the {cli} CLI's search tools run it)"
+    return None
+
+
 def resolve(cli: Cli, version: str) -> str:
     """`latest` (or any dist-tag/range) to the exact version npm serves."""
     if version == cli.pinned:

@@ -11,9 +11,11 @@ answers a short final text so no CLI waits. Side requests (Claude's tool-less he
 Gemini's JSON checks and token counts) get a neutral answer and do not consume steps.
 
 Faults are steps too, each rendered with the provider's own error body and headers: `Status(kind)`
-(`auth`, `forbidden`, `rate_limit`, `quota`, `server_error`, `overloaded`, `context_length`), `Cut()`
+(`auth`, `forbidden`, `bad_key`, `rate_limit`, `quota`, `server_error`, `overloaded`, `context_length`), `Cut()`
 (the stream starts, then the connection is reset), `Stall(s)` (headers and a first event, then
-nothing). A step with `times=ALWAYS` answers every later request too (faults that retries meet
+nothing). A `Reply` with `truncated=True` ends on the output token limit (Anthropic
+`max_tokens`, OpenAI `length`, Gemini `MAX_TOKENS`) instead of a normal stop; an empty `Reply()` is
+an answer with no text at all. A step with `times=ALWAYS` answers every later request too (faults that retries meet
 again). Connection refused is no step: point the CLI at `refused_url()`.
 """
 
@@ -46,6 +48,7 @@ class Reply:
     text: str = ""
     calls: tuple[Call, ...] = ()
     thinking: str = ""
+    truncated: bool = False  # the answer stops at the output token limit (not a normal stop)
 
 
 @dataclass(frozen=True)
@@ -73,13 +76,16 @@ class Scripted:
     times: int = 1  # ALWAYS: for every request from here on
 
 
-ERROR_KINDS = ("auth", "forbidden", "rate_limit", "quota", "server_error", "overloaded", "context_length")
+# `bad_key`: what each API answers a key it does not know (Gemini: 400 INVALID_ARGUMENT with reason
+# API_KEY_INVALID, not a 401; gemini-cli-stream-format section 4 `badkey400`)
+ERROR_KINDS = ("auth", "forbidden", "bad_key", "rate_limit", "quota", "server_error", "overloaded", "context_length")
 
 
 # --- each provider's error bodies (as their APIs document and send them) ---------------------------
 def anthropic_error(kind: str) -> tuple[int, dict[str, Any]]:
     status, etype, message = {
         "auth": (401, "authentication_error", "invalid x-api-key"),
+        "bad_key": (401, "authentication_error", "invalid x-api-key"),
         "forbidden": (403, "permission_error", "Your API key does not have permission to use the specified resource."),
         "rate_limit": (429, "rate_limit_error",
                        "This request would exceed the rate limit for your organization of 50 requests per minute."),
@@ -97,6 +103,8 @@ def openai_error(kind: str) -> tuple[int, dict[str, Any]]:
     status, etype, code, message = {
         "auth": (401, "invalid_request_error", "invalid_api_key",
                  "Incorrect API key provided: sk-test. You can find your API key at https://platform.openai.com/account/api-keys."),
+        "bad_key": (401, "invalid_request_error", "invalid_api_key",
+                    "Incorrect API key provided: sk-test. You can find your API key at https://platform.openai.com/account/api-keys."),
         "forbidden": (403, "invalid_request_error", "unsupported_country_region_territory",
                       "Country, region, or territory not supported"),
         "rate_limit": (429, "requests", "rate_limit_exceeded",
@@ -116,6 +124,7 @@ def gemini_error(kind: str) -> tuple[int, dict[str, Any]]:
     status, gstatus, message = {
         "auth": (401, "UNAUTHENTICATED", "Request had invalid authentication credentials."),
         "forbidden": (403, "PERMISSION_DENIED", "Method doesn't allow unregistered callers."),
+        "bad_key": (400, "INVALID_ARGUMENT", "API key not valid. Please pass a valid API key."),
         "rate_limit": (429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."),
         "quota": (429, "RESOURCE_EXHAUSTED",
                   "You exceeded your current quota, please check your plan and billing details."),
@@ -124,7 +133,11 @@ def gemini_error(kind: str) -> tuple[int, dict[str, Any]]:
         "context_length": (400, "INVALID_ARGUMENT",
                            "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576)."),
     }[kind]
-    return status, {"error": {"code": status, "message": message, "status": gstatus}}
+    error: dict[str, Any] = {"code": status, "message": message, "status": gstatus}
+    if kind == "bad_key":
+        error["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID",
+                             "domain": "googleapis.com", "metadata": {"service": "generativelanguage.googleapis.com"}}]
+    return status, {"error": error}
 
 
 def error_headers(family: str, kind: str, retry_after_s: float | None) -> dict[str, str]:
@@ -320,7 +333,13 @@ class _Handler(BaseHTTPRequestHandler):
             return ":countTokens" not in path and "responseJsonSchema" not in json.dumps(body.get("generationConfig", {})) \
                 and "responseMimeType" not in json.dumps(body.get("generationConfig", {}))
         if family == "chat":
-            # opencode's title request offers no tools
+            # opencode's title request offers no tools; a request ending with an assistant message is
+            # a prefill asking for text only (opencode's "MAXIMUM STEPS REACHED" at its step limit,
+            # tools still offered): a model obeys it, so it gets text and takes no step
+            messages = body.get("messages")
+            if isinstance(messages, list) and messages and isinstance(messages[-1], dict) \
+                    and messages[-1].get("role") == "assistant":
+                return False
             return bool(body.get("tools"))
         return True
 
@@ -431,8 +450,8 @@ def _anthropic(m: ModelServer, reply: Reply) -> list[bytes]:
                                              "delta": {"type": "input_json_delta", "partial_json": json.dumps(c.args)}}),
                 _sse("content_block_stop", {"type": "content_block_stop", "index": index})]
         index += 1
-    out += [_sse("message_delta", {"type": "message_delta",
-                                   "delta": {"stop_reason": "tool_use" if reply.calls else "end_turn", "stop_sequence": None},
+    stop = "max_tokens" if reply.truncated else "tool_use" if reply.calls else "end_turn"
+    out += [_sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
                                    "usage": {"output_tokens": 12}}),
             _sse("message_stop", {"type": "message_stop"})]
     return out
@@ -465,8 +484,13 @@ def _responses(m: ModelServer, reply: Reply) -> list[bytes]:
         out.append(_sse("response.output_item.done", {"type": "response.output_item.done", "output_index": i, "item": item}))
     usage = {"input_tokens": 20, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 12,
              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 32}
-    out.append(_sse("response.completed", {"type": "response.completed",
-                                           "response": {**base, "status": "completed", "output": items, "usage": usage}}))
+    if reply.truncated:
+        out.append(_sse("response.incomplete", {"type": "response.incomplete", "response": {
+            **base, "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}, "output": items,
+            "usage": usage}}))
+    else:
+        out.append(_sse("response.completed", {"type": "response.completed",
+                                               "response": {**base, "status": "completed", "output": items, "usage": usage}}))
     return out
 
 
@@ -490,7 +514,7 @@ def _chat(m: ModelServer, reply: Reply) -> list[bytes]:
         args = c.args if isinstance(c.args, str) else json.dumps(c.args)
         out.append(chunk({"tool_calls": [{"index": i, "id": m.next_id("call_"), "type": "function",
                                           "function": {"name": c.name, "arguments": args}}]}))
-    out.append(chunk({}, "tool_calls" if reply.calls else "stop"))
+    out.append(chunk({}, "length" if reply.truncated else "tool_calls" if reply.calls else "stop"))
     out.append(chunk({}, usage={"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}))
     out.append(_sse(None, "[DONE]"))
     return out
@@ -506,7 +530,7 @@ def _gemini_chunk(reply: Reply, final: bool) -> dict[str, Any]:
         parts.append({"functionCall": {"name": c.name, "args": c.args}})
     cand: dict[str, Any] = {"content": {"parts": parts, "role": "model"}, "index": 0}
     if final:
-        cand["finishReason"] = "STOP"
+        cand["finishReason"] = "MAX_TOKENS" if reply.truncated else "STOP"
     return {"candidates": [cand], "usageMetadata": {"promptTokenCount": 20, "candidatesTokenCount": 12,
                                                     "totalTokenCount": 32}, "modelVersion": "gemini-2.5-pro"}
 
@@ -515,7 +539,7 @@ def _gemini(m: ModelServer, reply: Reply) -> list[bytes]:
     if reply.text and not reply.calls:
         half = len(reply.text) // 2
         return [_sse(None, _gemini_chunk(Reply(text=reply.text[:half], thinking=reply.thinking), final=False)),
-                _sse(None, _gemini_chunk(Reply(text=reply.text[half:]), final=True))]
+                _sse(None, _gemini_chunk(Reply(text=reply.text[half:], truncated=reply.truncated), final=True))]
     return [_sse(None, _gemini_chunk(reply, final=True))]
 
 

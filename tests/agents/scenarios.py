@@ -49,6 +49,8 @@ class Scenario:
     sigint_when: str | None = None  # SIGINT once a stdout line contains this
     sigint_after_s: float = 1.0
     unbounded_retries: bool = False  # Codex: keep its default of retrying a refused connection for ever
+    variant: str | None = None  # a set-up other than the working headless one (tests/agents/run.py VARIANTS)
+    stdin_words: int = 0  # a prompt of this many words on the CLI's stdin (beside the `-p` prompt)
     live: bool = True  # False: covered by a committed capture only (tests/agents/captures/)
     known_bug: str | None = None  # the normalizer bug being fixed elsewhere (xfail strict until merged)
     final_text: str = "All done: scenario finished."
@@ -157,13 +159,13 @@ def _codex() -> list[Scenario]:
 
 
 # ---- Gemini CLI and opencode ----------------------------------------------------------------------
-# Their normalizer formats (`gemini-cli`, `opencode`) are being added on branch r4-formats. Until that
-# is merged, every check of their events is expected to fail: FORMATS_PENDING names them, and the
-# tests mark their scenarios xfail(strict=True) with FORMATS_PENDING_REASON. The integrator empties
-# FORMATS_PENDING after merging r4-formats (strict xfail turns a passing check into a failure,
-# so a forgotten marker cannot hide).
+# A CLI whose normalizer format is still on a branch goes in FORMATS_PENDING: every check of its
+# events is expected to fail, and the tests mark its scenarios xfail(strict=True) with
+# FORMATS_PENDING_REASON. The integrator empties it when the format is merged (strict xfail turns a
+# passing check into a failure, so a forgotten entry cannot hide). Gemini CLI's and opencode's
+# formats were merged with r4-formats: none is pending.
 FORMATS_PENDING: frozenset[str] = frozenset()
-FORMATS_PENDING_REASON = "normalizer format added on branch r4-formats: empty scenarios.FORMATS_PENDING after merging"
+FORMATS_PENDING_REASON = "normalizer format not merged yet: empty scenarios.FORMATS_PENDING after merging it"
 
 
 def _gemini_tools(work: Path) -> list[Step | Scripted]:
@@ -211,22 +213,46 @@ def _common_faults(c: str, overloaded: str, slow_network_retries: bool = False) 
     ]
 
 
+def _sigint(c: str, call: Call, expect: Expect, when: str, after_s: float = 1.0, variant: str | None = None,
+            name: str = "sigint") -> Scenario:
+    return Scenario(name, c, "Run the slow job.", lambda w: [Reply("Starting the slow job.", (call,))], expect,
+                    sigint_when=when, sigint_after_s=after_s, variant=variant)
+
+
 def _gemini() -> list[Scenario]:
     c = "gemini-cli"
+    fault = "Summarize notes.txt."
+    slow_job = Call("run_shell_command", {"command": "sleep 30", "description": "Slow job"})
+    # Gemini CLI exits 0 with no result after SIGINT: the call it printed is never answered, so it
+    # is drained as `unknown` (contract); the tap's eof `signal` makes the run `cancelled`
+    cancelled = Expect(tools=(), error_class="cancelled", unknown_ok=True)
     return [
         Scenario("plain", c, "Say hello.", lambda w: [Reply(FINAL)], Expect(agent_text=True, exit_nonzero_ok=False)),
         Scenario("tools", c, "Look at notes.txt, then write a summary.", _gemini_tools,
                  Expect(tools=TOOLS_RUN, agent_text=True, exit_nonzero_ok=False)),
         *_common_faults(c, "overloaded-503"),
+        # the spec's section 4 beyond the common faults: the API's answer to an unknown key (a 400
+        # with API_KEY_INVALID, not a 401), invalid streams (exit 0 with an error record: an
+        # empty answer is no class of the contract, `other`; a truncated one `context_length`),
+        # and the headless start-up failures (nothing on stdout, exit 55 and 41: the exit error only)
+        Scenario("bad-key-400", c, fault, _fault("bad_key"), Expect(error_class="auth")),
+        Scenario("empty-response", c, fault, _always(Reply()), Expect(error_class="other", exit_nonzero_ok=False)),
+        Scenario("max-tokens", c, fault, _always(Reply(truncated=True)),
+                 Expect(error_class="context_length", exit_nonzero_ok=False)),
+        Scenario("untrusted-folder", c, fault, lambda w: [Reply(FINAL)], Expect(), variant="untrusted"),
+        # a prompt over the model's window (900,000 words on stdin, the spec's `context-preflight`):
+        # the CLI sends nothing and reports nothing, exit 0. With stdout a pipe, as under the tap,
+        # 0.61.0 exits before its output is written: the echoed prompt line is cut at 64-128 KiB
+        # (an unparseable line: a plain warning) and no `result` follows, so no error, no usage
+        Scenario("context-preflight", c, "Summarize the text on stdin.", lambda w: [Reply(FINAL)],
+                 Expect(exit_nonzero_ok=False), stdin_words=900_000),
+        Scenario("auth-type-unset", c, fault, lambda w: [Reply(FINAL)], Expect(), variant="no-auth-type"),
         Scenario("max-turns", c, "Keep checking the folder.", lambda w: [Scripted(Reply(
             "Checking again.", (Call("list_directory", {"dir_path": str(w)}),)), ALWAYS)],
                  Expect(tools=(("list", True),), error_class="max_turns", unknown_ok=True), max_turns=1),
-        Scenario("sigint", c, "Run the slow job.", lambda w: [Reply("Starting the slow job.", (
-            Call("run_shell_command", {"command": "sleep 30", "description": "Slow job"}),))],
-                 # Gemini CLI exits 0 with no result after SIGINT: the call it printed is never
-                 # answered, so it is drained as `unknown` (contract)
-                 Expect(tools=(), error_class="cancelled", unknown_ok=True),
-                 sigint_when='"tool_use"'),
+        _sigint(c, slow_job, cancelled, '"tool_use"'),
+        # by default the CLI re-launches itself in a child node process: the signal reaches both
+        _sigint(c, slow_job, cancelled, '"tool_use"', variant="relaunch", name="sigint-relaunch"),
     ]
 
 
@@ -240,6 +266,25 @@ def _opencode() -> list[Scenario]:
         # against a server that always overflows: interrupted after its first error
         *[replace(sc, sigint_when="ContextOverflowError", sigint_after_s=0.5) if sc.name == "context-length" else sc
           for sc in _common_faults(c, "overloaded-503", slow_network_retries=True)],
+        # the spec's section 4 beyond the common faults. One context overflow: opencode compacts,
+        # answers, and still exits 1 (a recovered error: the exit is no error event of its own)
+        Scenario("context-length-once", c, "Summarize notes.txt.",
+                 lambda w: [Scripted(Status("context_length")), Scripted(Reply(FINAL), ALWAYS)],
+                 Expect(error_class="context_length", agent_text=True, exit_nonzero_ok=False)),
+        # the build agent's step limit: the last step is forced to text, nothing says the limit was
+        # hit (docs/contract.md: max_turns cannot be reported for opencode), exit 0
+        Scenario("max-steps", c, "Keep checking the folder.", lambda w: [Scripted(Reply(
+            "Checking again.", (Call("bash", {"command": "ls", "description": "List files"}),)), ALWAYS)],
+                 Expect(tools=(("list", True), ("list", True)), exit_nonzero_ok=False), max_turns=3),
+        # an answer cut at the output token limit: finish reason `length`, exit 0, `context_length`
+        Scenario("max-tokens", c, "Summarize notes.txt.", lambda w: [Reply("The answer", truncated=True)],
+                 Expect(error_class="context_length", exit_nonzero_ok=False)),
+        Scenario("empty-response", c, "Summarize notes.txt.", lambda w: [Reply()], Expect(exit_nonzero_ok=False)),
+        # a read outside the project: `opencode run` rejects the permission, the call fails and the
+        # loop stops with exit 0 and no error
+        Scenario("permission-rejected", c, "Read the host name.", lambda w: [
+            Reply("Reading the host name.", (Call("read", {"filePath": "/etc/hostname"}),)), Reply(FINAL)],
+                 Expect(tools=(("read", False),), exit_nonzero_ok=False)),
         # opencode prints a tool call only once it completed: SIGINT goes after its text
         Scenario("sigint", c, "Run the slow job.", lambda w: [Reply("Starting the slow job.", (
             Call("bash", {"command": "sleep 30", "description": "Slow job"}),))],

@@ -92,6 +92,50 @@ def test_status_faults_carry_the_provider_s_error_body_and_retry_after(path, kin
             assert head["retry-after"] == "0.5" and head["retry-after-ms"] == "500"
 
 
+def test_gemini_s_answer_to_an_unknown_key_is_a_400_with_api_key_invalid() -> None:
+    with ModelServer([Status("bad_key")]) as s:
+        got, _, raw = post(s, "/v1beta/models/m:streamGenerateContent", {"contents": []})
+        error = json.loads(raw)["error"]
+        assert got == 400 and error["status"] == "INVALID_ARGUMENT"
+        assert error["details"][0]["reason"] == "API_KEY_INVALID"
+
+
+def test_a_truncated_reply_ends_on_each_api_s_token_limit_and_an_empty_one_has_no_text() -> None:
+    cut = Reply("The answer", truncated=True)
+    with ModelServer([cut, cut, cut, cut, Reply(), Reply()]) as s:
+        stops = [e["delta"].get("stop_reason") for e in sse_data(post(s, "/v1/messages", {"stream": True, "tools": TOOLS})[2])
+                 if e["type"] == "message_delta"]
+        assert stops == ["max_tokens"]
+        events = sse_data(post(s, "/v1/responses", {"stream": True})[2])
+        assert events[-1]["type"] == "response.incomplete"
+        assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+        chunks = sse_data(post(s, "/v1/chat/completions", {"stream": True, "tools": [{"type": "function"}]})[2])
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] == ["length"]
+        gemini = "/v1beta/models/m:streamGenerateContent?alt=sse"
+        cands = [c["candidates"][0] for c in sse_data(post(s, gemini, {"contents": []})[2])]
+        assert cands[-1]["finishReason"] == "MAX_TOKENS" and "".join(p["text"] for c in cands for p in c["content"]["parts"]) == "The answer"
+        chunks = sse_data(post(s, "/v1/chat/completions", {"stream": True, "tools": [{"type": "function"}]})[2])
+        assert not any(c["choices"] and c["choices"][0]["delta"].get("content") for c in chunks)
+        cands = [c["candidates"][0] for c in sse_data(post(s, gemini, {"contents": []})[2])]
+        assert cands == [{"content": {"parts": [], "role": "model"}, "index": 0, "finishReason": "STOP"}]
+
+
+def test_a_prefilled_chat_request_gets_text_and_takes_no_step() -> None:
+    """opencode at its step limit still offers tools but ends the request with an assistant prefill."""
+    call = Call("bash", {"command": "ls"})
+    tools = [{"type": "function"}]
+    with ModelServer([Scripted(Reply("again", (call,)), ALWAYS)]) as s:
+        prefill = {"role": "assistant", "content": "CRITICAL - MAXIMUM STEPS REACHED"}
+        chunks = sse_data(post(s, "/v1/chat/completions", {"stream": True, "tools": tools,
+                                                           "messages": [{"role": "user", "content": "go"}, prefill]})[2])
+        assert not any(c["choices"] and c["choices"][0]["delta"].get("tool_calls") for c in chunks)
+        assert s.turns() == []
+        chunks = sse_data(post(s, "/v1/chat/completions", {"stream": True, "tools": tools,
+                                                           "messages": [{"role": "user", "content": "go"}]})[2])
+        assert any(c["choices"] and c["choices"][0]["delta"].get("tool_calls") for c in chunks)
+        assert len(s.turns()) == 1
+
+
 def test_a_cut_stream_resets_the_connection_mid_body() -> None:
     with ModelServer([Cut()]) as s:
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
@@ -203,3 +247,23 @@ def test_recapture_without_npm_is_a_one_line_error(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-m", "tests.agents.recapture", "--cli", "codex"], cwd=REPO,
                          env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == ["recapture needs node and npm: node is not on PATH"]
+
+
+def test_opencode_needs_ripgrep_on_the_host(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert inst.host_missing("opencode") == "rg is not on PATH (the opencode CLI's search tools run it)"
+    assert inst.host_missing("codex") is None
+    rg = tmp_path / "rg"
+    rg.write_text("#!/bin/sh\n")
+    rg.chmod(0o755)
+    assert inst.host_missing("opencode") is None
+
+
+def test_a_capture_keeps_an_echoed_megabyte_as_its_start_and_length(tmp_path) -> None:
+    from tests.agents.harness import ABRIDGE_CHARS, save
+
+    big = "x" * (ABRIDGE_CHARS + 10)
+    cap = Capture("gemini-cli", "0.61.0", "context-preflight", ["{}", big], ["warn"], 0, 1.0)
+    saved = json.loads(save(cap, tmp_path).read_text())
+    assert saved["stdout"] == ["{}", "x" * ABRIDGE_CHARS + f"... [abridged: {ABRIDGE_CHARS + 10} characters]"]
+    assert saved["stderr"] == ["warn"] and load("gemini-cli", "context-preflight", tmp_path).stdout == saved["stdout"]

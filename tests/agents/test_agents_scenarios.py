@@ -20,7 +20,7 @@ from signal import SIGINT
 import pytest
 
 from tests.agents.harness import CAPTURES, capture, check, load, normalize
-from tests.agents.install import CLIS, install, npm_missing
+from tests.agents.install import CLIS, host_missing, install, npm_missing
 from tests.agents.run import Capture
 from tests.agents.scenarios import FORMATS_PENDING, FORMATS_PENDING_REASON, SCENARIOS, Scenario
 from tests.support.needs import missing
@@ -50,8 +50,8 @@ def live_captures(request: pytest.FixtureRequest) -> dict[tuple[str, str], Captu
     why = npm_missing()
     ready: list[str] = []
     for cli in sorted({cli for cli, _ in selected}):
-        if why:
-            out.update({(cli, sc.name): why for sc in SCENARIOS[cli]})
+        if why or host_missing(cli):
+            out.update({(cli, sc.name): why or host_missing(cli) or "" for sc in SCENARIOS[cli]})
             continue
         try:
             install(CLIS[cli])

@@ -18,6 +18,7 @@ import orjson
 import psycopg
 import pytest
 
+from contracts.formats import AGENT_FORMATS, DEFAULT_FORMAT, FORMAT_NAMES
 from contracts.keys import shard_of
 from services.broker.connect import sync_client
 from tests.deploy.test_class_alerts_live import CLASSES as CLASS_ALERTS
@@ -25,6 +26,7 @@ from tests.deploy.test_class_alerts_live import runbook
 from tests.export.test_export_postgres_live import start_sink
 from tests.support import postgres as pg_support
 from tests.support.archive_reading import archived_everything, publish_runs, runs_of, start_archive_process
+from tests.support.fixtures import SHARED
 from tests.support.pipeline import REPO, ended_runs, start_worker, stop, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -65,7 +67,10 @@ def _norm(value: Any) -> Any:
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, str) and value[:1] in "[{":
-        return orjson.loads(value)
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:  # a text that only starts like JSON (Gemini's "[API Error: ...]")
+            return value
     return value
 
 
@@ -97,7 +102,13 @@ def _failed_run(settings, run: str) -> None:
 
 
 def test_duckdb_over_the_lake_answers_as_the_postgresql_views(settings, pg_dsn, tmp_path):
-    runs = runs_of("lake")
+    # the goose transcripts, and one real run of every other format of the registry (issue 37: the
+    # lake covers every row with no per-format code)
+    runs = {**runs_of("lake"), **{f"lake/{f.name}": SHARED / "fixtures" / f.name / f.demo_transcript
+                                  for f in AGENT_FORMATS if f.name != DEFAULT_FORMAT},
+            # and a failed one of the two formats added last (their error classes per format)
+            **{f"lake/{fmt}-{name}": SHARED / "fixtures" / fmt / f"{name}.jsonl"
+               for fmt, name in (("gemini-cli", "rate429"), ("opencode", "auth401"))}}
     log = tmp_path / "procs.log"
     url = f"file://{tmp_path / 'archive'}"
     worker = start_worker(settings, log)
@@ -142,6 +153,8 @@ def test_duckdb_over_the_lake_answers_as_the_postgresql_views(settings, pg_dsn, 
         pg_cols = {v: [d.name for d in conn.execute(f"SELECT * FROM {v} LIMIT 0").description] for v in VIEWS}
     for view in VIEWS:
         assert [d[0] for d in con.execute(f"SELECT * FROM {view} LIMIT 0").description] == pg_cols[view], view
+    assert sorted(r[0] for r in con.execute("SELECT DISTINCT format FROM runs").fetchall()) == sorted(FORMAT_NAMES)
+    assert {r[0] for r in con.execute("SELECT format FROM errors_by_class_format").fetchall()} >= {"gemini-cli", "opencode"}
 
     # The runbooks' queries of the class and tool alerts (docs/operations.md), as written there: the
     # same rows over the lake as in the database.

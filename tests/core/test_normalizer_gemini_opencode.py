@@ -392,6 +392,28 @@ def test_opencode_compaction_loop_warns_at_bounded_points_with_bounded_state():
     assert len(orjson.dumps(state)) < 2048  # the state does not grow with the loop
 
 
+def test_opencode_compaction_loop_is_counted_where_an_alert_reads_it():
+    """The alertable signal of a run that retries for ever: its warnings are the workers'
+    goose_ingest_error_retries_total{class="context_length",format="opencode"} (the PromQL of
+    docs/contract.md "The compaction loop"), its refusals goose_ingest_errors_total of that class."""
+    from services.metrics.registry import Metrics
+
+    overflow = oc_error("ContextOverflowError", "This model's maximum context length is 128000 tokens.")
+    cycle = [overflow, rec("step_start", type="step-start"), rec("text", type="text", text="summary"),
+             step_finish("stop"), rec("text", type="text", text="continue", synthetic=True)]
+    events, _ = run(cycle * 12, exit_code=None)
+    metrics = Metrics()
+    metrics.events(events, "opencode")
+
+    def total(name: str, cls: str, fmt: str = "opencode") -> float:
+        return sum(s.value for fam in metrics.registry.collect() for s in fam.samples
+                   if s.name == name and s.labels.get("class") == cls and s.labels.get("format") == fmt)
+
+    assert total("goose_ingest_error_retries_total", "context_length") == 3  # at the 3rd, 6th and 12th overflow
+    assert total("goose_ingest_errors_total", "context_length") == 12
+    assert total("goose_ingest_error_retries_total", "context_length", "goose") == 0
+
+
 def test_opencode_schema_breaking_records_keep_their_raw():
     events, norm = run([
         {"type": "text", "sessionID": OSID, "part": "x"},

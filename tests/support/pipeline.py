@@ -37,14 +37,20 @@ def raw_entries(settings: Settings) -> list:
 
 
 def expected_events(settings: Settings, run: str) -> list[dict]:
-    """What one normalizer pass over the run's raw entries (as stored, in seq order) gives."""
+    """What one normalizer pass over the run's raw entries (as stored, in seq order) gives, fed as a
+    worker feeds it (services/sequencer/run.py): the seq-0 entry's labels, the first `agent` label
+    for the exit error's product, the eof's exit code and forwarded signal."""
     entries = sorted({e.seq: e for e in raw_entries(settings) if e.run == run and e.kind != "abandon"}.values(),
                      key=lambda e: e.seq)
     norm = RunNormalizer(run)
     out: list[dict] = []
+    agent = None
     for e in entries:
+        if e.seq == 0:
+            out += norm.apply_labels(e.format, e.agent, e.seq, e.ts)
+        agent = agent or e.agent or None
         if e.kind == "eof":
-            out += norm.end(e.seq, e.ts, e.exit)
+            out += norm.end(e.seq, e.ts, e.exit, agent, e.signal)
             break
         out += norm.line(e.seq, e.ts, e.line, e.stream)
     return out
