@@ -34,6 +34,10 @@ from services.tap.sniff import LiveSniffer
 READER_GRACE_S = 5.0  # after the child exits, how long to wait for its pipes to close (grandchildren)
 # The longest a signal can wait for its handler while the tap waits for the command (see `Signals`).
 WAIT_SLICE_S = 0.5
+# The same signal again this soon is an echo, not a second request: GNU `timeout`, and any supervisor
+# that signals a process and then its group, hands the tap one signal twice within microseconds. A
+# person pressing Ctrl-C twice takes longer than this.
+ECHO_S = 0.25
 
 
 def tap(args: argparse.Namespace, settings: Settings, run: str, command: list[str]) -> int:
@@ -54,7 +58,8 @@ class Signals:
     Installed before the publisher and the command exist. A signal that arrives before the command
     was started keeps it from starting (the tap exits 128+N); one that arrives while `Popen` runs
     (the child may exist, its pid not yet known to us) is forwarded as soon as `started` learns the
-    pid; later ones are forwarded at once (a second one as SIGKILL: the command ignores them); once
+    pid; later ones are forwarded at once (a second one as SIGKILL: the command ignores them; the same
+    signal again within ECHO_S is the first one's echo and changes nothing); once
     the command is over, a signal means "stop waiting for the broker" (`abort`).
 
     Python runs a handler in the main thread only, between two bytecodes; which thread the kernel
@@ -71,6 +76,7 @@ class Signals:
         self.own_group = False
         self.starting = False  # Popen is running: the child may exist before we know its pid
         self._unsent: int | None = None  # arrived while the child's pid was not known yet
+        self._last_at = float("-inf")  # time.monotonic() of the last signal received
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -86,6 +92,10 @@ class Signals:
         return self.received[0] if self.received else None
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        now, last_at = time.monotonic(), self._last_at
+        self._last_at = now
+        if self.received and self.received[-1] == signum and now - last_at < ECHO_S:
+            return  # the echo of the signal just handled (see ECHO_S)
         child = self.child
         if child is None:
             self.received.append(signum)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from services.tap.supervise import WAIT_SLICE_S, Signals, supervise
+from services.tap.supervise import ECHO_S, WAIT_SLICE_S, Signals, supervise
 from tests.support.pipeline import REPO, wait_until
 from tests.support.redis_server import cli_env
 
@@ -114,6 +114,66 @@ def test_a_signal_that_arrives_while_popen_runs_reaches_the_command_once_its_pid
             child.kill()
             child.wait()
     assert signals.received == [signal.SIGTERM]
+
+
+# A command that takes a moment to finish after SIGTERM, exiting 7: a SIGKILL shows as -9 instead.
+_SLOW_TO_STOP = ("import signal, sys, time\n"
+                 "def stop(*_): time.sleep(0.5); sys.exit(7)\n"
+                 "signal.signal(signal.SIGTERM, stop)\n"
+                 "print('ready', flush=True)\n"
+                 "time.sleep(30)\n")
+
+
+def _slow_to_stop() -> subprocess.Popen[bytes]:
+    child = subprocess.Popen([sys.executable, "-c", _SLOW_TO_STOP], stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    return child
+
+
+def test_the_same_signal_twice_at_once_is_one_signal_not_a_kill():
+    """GNU `timeout` signals the tap and then its process group: one SIGTERM arrives twice (CPython
+    often folds the two into one handler call; when it does not, the second must not be a kill)."""
+    signals = Signals()
+    child = _slow_to_stop()
+    try:
+        signals.started(child, own_group=False)
+        signals._on_signal(signal.SIGTERM, None)
+        signals._on_signal(signal.SIGTERM, None)  # the echo, microseconds later
+        assert child.wait(timeout=10) == 7
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate()
+    assert signals.received == [signal.SIGTERM]
+
+
+def test_a_second_signal_after_a_moment_still_ends_the_command_for_good():
+    signals = Signals()
+    child = _slow_to_stop()
+    try:
+        signals.started(child, own_group=False)
+        signals._on_signal(signal.SIGTERM, None)
+        time.sleep(ECHO_S + 0.05)  # inside the command's 0.5 s of stopping, past an echo's window
+        signals._on_signal(signal.SIGTERM, None)
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate()
+    assert signals.received == [signal.SIGTERM, signal.SIGTERM]
+
+
+@pytest.mark.e2e
+def test_a_tap_under_gnu_timeout_lets_the_command_stop_as_it_chooses(settings, tmp_path):
+    """`timeout 3 goose-ingest tap -- agent`: the agent gets SIGTERM (from the tap and from the
+    group) and exits in its own time with its own status; it is not killed."""
+    script = tmp_path / "agent.py"
+    script.write_text(_SLOW_TO_STOP)
+    run = f"sig/timeout-{uuid.uuid4().hex[:8]}"
+    res = subprocess.run(["timeout", "--preserve-status", "-s", "TERM", "3", sys.executable, "-m", "services.cli",
+                          "tap", "--run", run, "--", sys.executable, str(script)], cwd=REPO, env=cli_env(settings),
+                         stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert res.returncode == 7, res.stderr.decode()[-2000:]
 
 
 def test_a_signal_before_the_start_means_the_command_never_runs(settings, tmp_path):
