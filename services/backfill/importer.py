@@ -32,9 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
-
-import redis
+from typing import TYPE_CHECKING, Any, Protocol
 
 from services.backfill.sessions_db import (
     OddValue,
@@ -49,6 +47,9 @@ from services.settings import Settings
 from services.tap.publisher import Publisher
 from services.tap.runkey import is_valid_run
 from services.tap.spool import LOG, Spool, SpoolLocked, spool_path
+
+if TYPE_CHECKING:  # redis-py only in broker mode: through a gateway this runs in the tap-only install
+    import redis
 
 NS_RE = re.compile(r"[A-Za-z0-9._:@-]+")
 SID_RE = re.compile(r"[A-Za-z0-9._:@-]+")
@@ -129,6 +130,8 @@ def usage_delta(now: UsageRecord, before: UsageRecord | None) -> UsageRecord:
 
 def _now_ms_of(client: redis.Redis | None) -> int:
     if client is not None:
+        import redis  # a client: the broker mode, the full install
+
         try:
             s, us = client.time()
             return int(s) * 1000 + int(us) // 1000

@@ -512,8 +512,11 @@ class Publisher:
                 # a gateway's refusal of the token or run key (401/403/404) is no outage: said as what it is
                 refused = getattr(exc, "what", None)
                 self.last_answer = describe(exc) if answered else None
+                # a refusal after an outage (the gateway back, the token revoked meanwhile) is said too:
+                # the outage's line would otherwise be the last word while it is retried every 30 s
+                newly_refused = bool(refused) and self.refusal != str(exc)
                 self.refusal = str(exc) if refused else None
-                if self.broker_up is not False:
+                if self.broker_up is not False or newly_refused:
                     if refused:
                         log.error("%s; spooling run %s in %s and retrying every %.0f s", exc,
                                   self.run, self._spool.path, REFUSED_RETRY_S)
