@@ -69,7 +69,8 @@ def drain(pub: Publisher, timeout: float | None, abort: threading.Event) -> bool
     ok = pub.close(timeout=None if ok else 0)
     if not ok:
         url = redact_url(pub.settings.endpoint or pub.settings.redis_url)
-        why = pub.refusal or (f"broker {url} answered {pub.last_answer}" if pub.last_answer else f"broker {url} unreachable")
+        noun, down = pub.target
+        why = pub.refusal or (f"{noun} {url} answered {pub.last_answer}" if pub.last_answer else f"{noun} {url} {down}")
         then = (f" or, if it will never be accepted, delete them with `{PROG} spool --discard {pub.run}`"
                 if pub.refusal else "")
         err(f"{pub.pending} entries of run {pub.run} are not delivered yet ({why}); they are kept in "

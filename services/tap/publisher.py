@@ -255,6 +255,12 @@ class Publisher:
         return not self._sender_idle
 
     @property
+    def target(self) -> tuple[str, str]:
+        """What the lines about delivery call where the entries go, and it while it takes none: ("broker",
+        "unreachable") or ("gateway", "out of service")."""
+        return self._transport.noun, self._transport.down
+
+    @property
     def sender_alive(self) -> bool:
         """False once the sender thread stopped (closed, or failed: the reason is logged)."""
         return self._thread.is_alive()
@@ -521,8 +527,8 @@ class Publisher:
                         log.error("%s; spooling run %s in %s and retrying every %.0f s", exc,
                                   self.run, self._spool.path, REFUSED_RETRY_S)
                     else:
-                        log.warning("broker %s at %s (%s); spooling run %s in %s and retrying",
-                                    "refused the entries" if answered else "unreachable",
+                        log.warning("%s %s at %s (%s); spooling run %s in %s and retrying", transport.noun,
+                                    "refused the entries" if answered else transport.down,
                                     redact_url(transport.url),
                                     describe(exc), self.run, self._spool.path)
                     failing_since = last_report = now
@@ -541,7 +547,7 @@ class Publisher:
                 backoff = min(backoff * 2, BACKOFF_CAP_S)
                 continue
             if self.broker_up is False:
-                log.warning("broker reachable again; delivering the spooled entries of run %s", self.run)
+                log.warning("%s reachable again; delivering the spooled entries of run %s", transport.noun, self.run)
             self.broker_up = True
             self.refusal = None
             backoff = BACKOFF_START_S

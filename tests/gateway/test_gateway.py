@@ -770,11 +770,12 @@ def test_a_refusal_ends_the_drain_at_once_with_the_entries_kept_and_spool_drain_
             stop(gw2.proc)
     said = out.decode().strip().splitlines()
     assert pub.returncode == 1, out.decode()[-2000:]  # publish's exit when entries stay spooled
-    assert "unreachable" in said[0]  # while the gateway was down: an outage, rightly
+    # while the gateway was down: an outage, rightly, of the gateway (an agent host has no broker to name)
+    assert said[0].startswith("goose-ingest: gateway out of service at ") and "broker" not in said[0], said[0]
     # once it answers, the refusal is said as such (once), and the last line names it and `spool --discard`
     assert sum("the gateway refused the token (401" in x and "retrying every 30 s" in x for x in said) == 1, said
     assert "the gateway refused the token (401" in said[-1] and f"spool --discard {run}" in said[-1], said[-1]
-    assert "unreachable" not in said[-1] and "D" * 43 not in out.decode()
+    assert "unreachable" not in said[-1] and "broker" not in out.decode() and "D" * 43 not in out.decode()
     # a second run outside the token's prefix, spooled while no gateway answered (its prefix unknown then)
     outside = f"team-b/{uuid4().hex[:8]}"
     token_file.write_text(d.token_host + "\n")
@@ -791,6 +792,10 @@ def test_a_refusal_ends_the_drain_at_once_with_the_entries_kept_and_spool_drain_
     assert "the gateway refused the run key (403" in drained.stderr and f"spool --discard {outside}" in drained.stderr
     assert [f[b"line"] for _, f in d.raw() if f[b"run"] == run.encode() and f[b"kind"] == b"line"] == [b"one", b"two"]
     assert not [f for _, f in d.raw() if f[b"run"] == outside.encode()]
+    # what the last line says to do (it also leaves the shared spool empty for the other tests' drains)
+    gone = subprocess.run([sys.executable, "-m", "services.cli", "spool", "--discard", outside], cwd=REPO,
+                          env=_tap_env(d, d.gateway.url, token_file), capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 0 and f"run {outside}: discarded (3 entries" in gone.stderr, gone.stderr
 
 
 def test_the_first_tap_as_documented_needs_no_run_and_lands_in_the_tokens_prefix(deployment, tmp_path):
