@@ -813,12 +813,18 @@ def test_the_first_tap_as_documented_needs_no_run_and_lands_in_the_tokens_prefix
     assert f"export GOOSE_INGEST_ENDPOINT={d.gateway.url}" in out.stderr
     assert f"export GOOSE_INGEST_TOKEN_FILE={token_file}" in out.stderr and "team-a/first/<host>/<ULID>" in out.stderr
     assert token_file.read_text().splitlines()[1] == "prefix: team-a/first/"
-    env = _tap_env(d, d.gateway.url, token_file)
+    # exactly as printed: the two variables and nothing else of ours (default namespace, shards, spool dir)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home")}
+    env.update(line.strip().removeprefix("export ").split("=", 1)
+               for line in out.stderr.splitlines() if line.strip().startswith("export "))
+    assert sorted(env) == ["GOOSE_INGEST_ENDPOINT", "GOOSE_INGEST_TOKEN_FILE", "HOME", "PATH"]
     out = subprocess.run([sys.executable, "-m", "services.cli", "tap", "--quiet", "--", "cat", str(FIXTURE)],
                          cwd=REPO, env=env, capture_output=True, timeout=60)
     assert out.returncode == 0, out.stderr.decode()
     runs = {f[b"run"].decode() for _, f in d.raw() if f[b"run"].startswith(b"team-a/first/")}
-    assert len(runs) == 1 and next(iter(runs)).startswith("team-a/first/test-host/")
+    assert len(runs) == 1 and next(iter(runs)).startswith(f"team-a/first/{socket.gethostname()}/"), runs
+    # the entries were spooled under the default spool directory of that HOME, and are delivered
+    assert (tmp_path / "home" / ".local" / "state" / "goose-ingest" / "spool").is_dir()
     # the gateway out of reach: the prefix comes from the token file, and the entries wait in the spool
     env = _tap_env(d, f"http://127.0.0.1:{free_port()}", token_file)
     out = subprocess.run([sys.executable, "-m", "services.cli", "tap", "--quiet", "--drain-timeout", "0.5", "--",
