@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from services.backfill.importer import (
     DEFAULT_FINAL_AFTER_S,
+    DeliveryRefused,
     FileCheckpoints,
     Importer,
     ImportError_,
@@ -193,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
                     bar.update(counts.get(s.id, 0))
         except (SpoolLocked, SpoolCorrupt) as exc:
             return _fail(str(exc), 1)
+        except DeliveryRefused as exc:  # a token revoked mid-import: one line, as at the start
+            return _fail(f"{redact_url(settings.endpoint or '')}: {exc}")
         except no_permission:
             raise  # the wrong role: one line naming it, exit 2 (services/cli.py)
         except broker_error as exc:

@@ -234,6 +234,22 @@ class RedisCheckpoints:
         save_checkpoint(self.client, self.settings, base, cp, new_ids, session)
 
 
+class DeliveryRefused(ImportError_):
+    """The gateway refused the token, the run key or the endpoint mid-import (401/403/404): no outage to
+    wait out; the run's entries stay spooled and no checkpoint covers them."""
+
+
+def deliver(pub: Publisher) -> None:
+    """Wait until everything spooled for the run is confirmed, as long as the broker or gateway is out of
+    service (that is what the spool is for); a gateway's refusal is no outage: ``DeliveryRefused``."""
+    while not pub.flush(0.5):
+        if pub.refusal is not None:
+            raise DeliveryRefused(f"{pub.refusal}; {pub.pending} entries of run {pub.run} stay spooled in "
+                                  f"{pub.spool_dir} (a later import delivers them)")
+        if not pub.sender_alive:
+            return  # it failed (logged); as flush() without a timeout returned
+
+
 class CheckpointFileError(ImportError_):
     """The state file cannot be used (locked by another import, unreadable, damaged)."""
 
@@ -493,7 +509,7 @@ class Importer:
                     # a previous import spooled this run's eof and stopped before its checkpoint:
                     # deliver, record and look again
                     covered = [k for k in keys if k not in cp.ids and pub.lines_from(k)]
-                    pub.flush()
+                    deliver(pub)
                     cp = Checkpoint(run=run, part=part, next_seq=pub.next_seq, ended=True,
                                     last_ms=_now_ms_of(client), reported=cp.reported if cp.run else {},
                                     ids=cp.ids | set(covered))
@@ -504,7 +520,7 @@ class Importer:
                     recovered, recovered_eof = len(covered), True
                     continue
                 published = self._publish(pub, session, prep, new, cp.reported)
-                pub.flush()
+                deliver(pub)
                 self._flushed_sessions += 1
                 if self._crash_after is not None and self._flushed_sessions >= self._crash_after:
                     os._exit(99)
@@ -514,7 +530,7 @@ class Importer:
                                 reported=published if final else cp.reported, ids=cp.ids | set(new_keys))
                 store.save(base, cp, new_keys, session)
             finally:
-                pub.close()
+                pub.close(timeout=0 if pub.refusal is not None else None)  # a refusal: no wait for it again
             return SessionResult(sid, run, len(new) + recovered, final or recovered_eof, note=note,
                                  continuation=continuation, odd=_odd_of(prep, new))
         raise RuntimeError(f"session {sid}: could not settle its run state")

@@ -1337,6 +1337,37 @@ def test_import_sessions_through_the_gateway_with_a_wrong_token_prefix_or_no_gat
     assert not (tmp_path / "spool" / "import-sessions").exists()  # nothing recorded, nothing spooled
 
 
+def test_a_token_revoked_mid_import_stops_the_import_instead_of_waiting_for_ever(deployment, fixture_db, tmp_path):
+    """The start-up probe took the token; it is revoked before the first batch (the importer driven directly,
+    the gateway real): the import stops with the 401 as DeliveryRefused -- one line, exit 2 from the command --
+    the run's entries stay spooled and no checkpoint claims them. Before, flush() retried it every 30 s for
+    ever."""
+    from services.backfill.importer import DeliveryRefused, FileCheckpoints, Importer, parse_since
+    from services.backfill.sessions_db import list_sessions, open_readonly
+    from tests.tap.test_import_sessions import LATER
+
+    d = deployment
+    ns = f"revoked-{uuid4().hex[:6]}"
+    admin = redis.Redis(port=d.server.port, username=user_name("admin", d.settings.namespace),
+                        password=d.passwords["admin"], socket_timeout=10)
+    token, rec = tokens.create(admin, d.settings.layout, f"{ns}/", {})
+    assert tokens.revoke(admin, d.settings.layout, rec.id)
+    time.sleep(1.0)  # past the deployment's GATEWAY_TOKEN_CACHE_S (0.5 s)
+    settings = Settings(endpoint=d.gateway.url, token=token, namespace=d.settings.namespace, shards=2,
+                        spool_dir=str(tmp_path / "spool"))
+    state = tmp_path / "state.jsonl"
+    conn = open_readonly(str(fixture_db))
+    importer = Importer(settings, conn, ns, None, now_s=parse_since(LATER).timestamp(),
+                        checkpoints=FileCheckpoints(state))
+    started = time.monotonic()
+    with pytest.raises(DeliveryRefused, match=r"the gateway refused the token \(401.*stay spooled in "):
+        importer.import_session(list_sessions(conn)[0])
+    assert time.monotonic() - started < 20  # not the 30 s refusal retry, let alone for ever
+    assert not state.exists() or not state.read_bytes().strip()  # no checkpoint covers the undelivered
+    assert not [f for _, f in d.raw() if f[b"run"].startswith(f"{ns}/".encode())]
+    assert any((tmp_path / "spool").rglob("*")), "the entries stay spooled"
+
+
 PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
 
 
