@@ -48,8 +48,21 @@ assert _spec is not None and _spec.loader is not None
 bench_gateway = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_gateway)
 
-LIMIT = 16 << 20
-MEMORY_LIMIT_MIB = 384  # the chart's gateway memory limit
+LIMIT = Settings.model_fields["gateway_max_body_bytes"].default  # the bombs are sized at the default body limit
+
+
+def chart_memory_limit_mib() -> int:
+    """The gateway's memory limit in the chart (helm/goose-ingest/values.yaml): what a replica must stay under."""
+    import yaml
+
+    values = yaml.safe_load((ROOT / "helm" / "goose-ingest" / "values.yaml").read_text())
+    limit = str(values["gateway"]["resources"]["limits"]["memory"])
+    if not limit.endswith("Mi"):
+        raise SystemExit(f"the chart's gateway memory limit {limit!r} is not in Mi")
+    return int(limit[:-2])
+
+
+MEMORY_LIMIT_MIB = chart_memory_limit_mib()
 SAID: dict[int, bytes] = {}  # the first reply of each 5xx status, to tell why
 
 

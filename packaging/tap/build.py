@@ -25,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "goose-ingest-tap"
 DIST = NAME.replace("-", "_")
-# What the tap imports, beyond the standard library (tests/tap/test_tap_only_install.py holds a tap
-# installed with only these to deliver through a gateway).
+# What the tap imports, beyond the standard library (tests/gateway/test_gateway.py::
+# test_the_tap_only_distribution_installs_alone_and_delivers_through_a_gateway holds a tap installed with
+# only these to deliver through a gateway).
 REQUIRES = ("pydantic>=2.7", "pydantic-settings>=2.3", "orjson>=3.9", "hiredis>=2")
 PACKAGES = ("contracts", "services")
 DATA_SUFFIXES = (".py", ".json", ".lua", ".sql")

@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import redis
-
 from services.backfill.importer import (
     DEFAULT_FINAL_AFTER_S,
+    DeliveryRefused,
     FileCheckpoints,
     Importer,
     ImportError_,
@@ -19,10 +18,9 @@ from services.backfill.importer import (
     validate_namespace,
 )
 from services.backfill.sessions_db import SessionsDbError, list_sessions, open_readonly
-from services.broker.cluster import ensure_shard_count
-from services.broker.connect import sync_client_with_timeouts
 from services.broker.url import redact_url
 from services.settings import Settings
+from services.tap.console import PROG as CLI
 from services.tap.spool import SpoolCorrupt, SpoolLocked
 
 if TYPE_CHECKING:  # imported where used: only an interactive import draws a bar
@@ -74,22 +72,27 @@ def _progress(total: int, enabled: bool) -> tqdm | None:
     return tqdm(total=total, unit="msg", unit_scale=True, file=sys.stderr, desc="import-sessions", leave=False)
 
 
-def _probe_gateway(settings: Settings) -> str:
-    """An empty batch to the gateway: '' when it takes the token, else why not (one line, exit 2).
+def _probe_gateway(settings: Settings, ns: str) -> str:
+    """An empty batch to the gateway, then the token's prefix: '' when the gateway takes the token and
+    the prefix covers the run keys ``NS/<session id>``, else why not (one line, exit 2).
 
-    Like the broker's PING and role check in direct mode: a wrong or revoked token, or a gateway out
-    of reach, is said at once instead of every session's entries waiting in the spool for a retry
-    that cannot succeed. (A token whose prefix does not cover NS/ shows only on the first batch:
-    403, logged, kept spooled.)"""
+    Like the broker's PING and role check in direct mode: a wrong or revoked token, a gateway out of
+    reach, or a prefix that would get every batch a 403 is said at once instead of every session's
+    entries waiting in the spool for a retry that cannot succeed."""
     from services.tap.http_transport import GatewayError, HttpTransport
 
     transport = HttpTransport(settings)  # a malformed endpoint or token: ConfigError, one line (services/cli.py)
     try:
         transport.send([])
+        prefix = str(transport.token_info()["prefix"])
     except GatewayError as exc:
         return f"{redact_url(transport.url)}: {exc}"
     finally:
         transport.close()
+    if not f"{ns}/".startswith(prefix):
+        return (f"the gateway refused the run keys: the token's prefix {prefix!r} does not cover {ns}/<session id> "
+                f"(every batch would get 403); use a token made with `{CLI} tokens create --prefix {ns}/`, or "
+                f"--namespace inside the prefix")
     return ""
 
 
@@ -109,8 +112,17 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     client = None
     checkpoints: FileCheckpoints | None = None
+    # redis-py only in broker mode: through a gateway this runs in the tap-only install (packaging/tap)
+    no_permission: tuple[type[Exception], ...] = ()
+    broker_error: tuple[type[Exception], ...] = ()
     try:
         if settings.redis_url:
+            import redis
+
+            from services.broker.cluster import ensure_shard_count
+            from services.broker.connect import sync_client_with_timeouts
+
+            no_permission, broker_error = (redis.exceptions.NoPermissionError,), (redis.RedisError,)
             client = sync_client_with_timeouts(settings, socket_timeout=30.0, connect_timeout=5.0)
             try:
                 client.ping()
@@ -126,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             state = (Path(args.state_file).expanduser() if args.state_file else
                      Path(settings.spool_dir).expanduser() / "import-sessions" / f"{ns}.jsonl")
             if not args.dry_run:
-                refused = _probe_gateway(settings)
+                refused = _probe_gateway(settings, ns)
                 if refused:
                     return _fail(refused)
             try:
@@ -182,9 +194,11 @@ def run(args: argparse.Namespace) -> int:
                     bar.update(counts.get(s.id, 0))
         except (SpoolLocked, SpoolCorrupt) as exc:
             return _fail(str(exc), 1)
-        except redis.exceptions.NoPermissionError:
+        except DeliveryRefused as exc:  # a token revoked mid-import: one line, as at the start
+            return _fail(f"{redact_url(settings.endpoint or '')}: {exc}")
+        except no_permission:
             raise  # the wrong role: one line naming it, exit 2 (services/cli.py)
-        except redis.RedisError as exc:
+        except broker_error as exc:
             return _fail(f"broker error: {exc}", 1)
         finally:
             if bar is not None:

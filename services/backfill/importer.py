@@ -32,9 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
-
-import redis
+from typing import TYPE_CHECKING, Any, Protocol
 
 from services.backfill.sessions_db import (
     OddValue,
@@ -49,6 +47,9 @@ from services.settings import Settings
 from services.tap.publisher import Publisher
 from services.tap.runkey import is_valid_run
 from services.tap.spool import LOG, Spool, SpoolLocked, spool_path
+
+if TYPE_CHECKING:  # redis-py only in broker mode: through a gateway this runs in the tap-only install
+    import redis
 
 NS_RE = re.compile(r"[A-Za-z0-9._:@-]+")
 SID_RE = re.compile(r"[A-Za-z0-9._:@-]+")
@@ -129,6 +130,8 @@ def usage_delta(now: UsageRecord, before: UsageRecord | None) -> UsageRecord:
 
 def _now_ms_of(client: redis.Redis | None) -> int:
     if client is not None:
+        import redis  # a client: the broker mode, the full install
+
         try:
             s, us = client.time()
             return int(s) * 1000 + int(us) // 1000
@@ -229,6 +232,22 @@ class RedisCheckpoints:
 
     def save(self, base: str, cp: Checkpoint, new_ids: list[str], session: SessionInfo) -> None:
         save_checkpoint(self.client, self.settings, base, cp, new_ids, session)
+
+
+class DeliveryRefused(ImportError_):
+    """The gateway refused the token, the run key or the endpoint mid-import (401/403/404): no outage to
+    wait out; the run's entries stay spooled and no checkpoint covers them."""
+
+
+def deliver(pub: Publisher) -> None:
+    """Wait until everything spooled for the run is confirmed, as long as the broker or gateway is out of
+    service (that is what the spool is for); a gateway's refusal is no outage: ``DeliveryRefused``."""
+    while not pub.flush(0.5):
+        if pub.refusal is not None:
+            raise DeliveryRefused(f"{pub.refusal}; {pub.pending} entries of run {pub.run} stay spooled in "
+                                  f"{pub.spool_dir} (a later import delivers them)")
+        if not pub.sender_alive:
+            return  # it failed (logged); as flush() without a timeout returned
 
 
 class CheckpointFileError(ImportError_):
@@ -490,7 +509,7 @@ class Importer:
                     # a previous import spooled this run's eof and stopped before its checkpoint:
                     # deliver, record and look again
                     covered = [k for k in keys if k not in cp.ids and pub.lines_from(k)]
-                    pub.flush()
+                    deliver(pub)
                     cp = Checkpoint(run=run, part=part, next_seq=pub.next_seq, ended=True,
                                     last_ms=_now_ms_of(client), reported=cp.reported if cp.run else {},
                                     ids=cp.ids | set(covered))
@@ -501,7 +520,7 @@ class Importer:
                     recovered, recovered_eof = len(covered), True
                     continue
                 published = self._publish(pub, session, prep, new, cp.reported)
-                pub.flush()
+                deliver(pub)
                 self._flushed_sessions += 1
                 if self._crash_after is not None and self._flushed_sessions >= self._crash_after:
                     os._exit(99)
@@ -511,7 +530,7 @@ class Importer:
                                 reported=published if final else cp.reported, ids=cp.ids | set(new_keys))
                 store.save(base, cp, new_keys, session)
             finally:
-                pub.close()
+                pub.close(timeout=0 if pub.refusal is not None else None)  # a refusal: no wait for it again
             return SessionResult(sid, run, len(new) + recovered, final or recovered_eof, note=note,
                                  continuation=continuation, odd=_odd_of(prep, new))
         raise RuntimeError(f"session {sid}: could not settle its run state")

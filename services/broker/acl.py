@@ -190,14 +190,16 @@ def roles(layout: KeyLayout) -> list[Role]:
     return [
         Role(
             "tap",
-            "`tap`, `publish`: append to the raw shards, nothing else (no control stream, no topic, no reads)",
+            "`tap`, `publish`: append to the raw shards, nothing else (no control stream, no topic, no reads); "
+            "no ACL narrows XADD's MAXLEN/MINID or ids, so it can also empty or block a shard (the workers see it: "
+            "services/worker/damage.py)",
             (*CONNECTION, "+xadd", *_keys("%W", k.raw),
              _selector(*META_READ, *_keys("%R", k.meta)), _selector(*META_RECORD, *_keys("", k.meta))),
         ),
         Role(
             "gateway",
-            "`gateway`: append to the raw shards (its code always writes `XADD <shard> * ...`) and read the "
-            "gateway tokens (hashes); WAIT for replicas; nothing else",
+            "`gateway`: append to the raw shards (its code always writes `XADD <shard> * ...`; the credential "
+            "can send any XADD, as the tap's) and read the gateway tokens (hashes); WAIT for replicas; nothing else",
             (*CONNECTION, "+xadd", "+wait", *_keys("%W", k.raw),
              _selector("+hgetall", *_keys("%R", k.gateway_token)),
              _selector(*META_READ, *_keys("%R", k.meta)), _selector(*META_RECORD, *_keys("", k.meta))),

@@ -60,12 +60,19 @@ def drain(pub: Publisher, timeout: float | None, abort: threading.Event) -> bool
             break
         if not pub.sender_alive:  # it failed (logged): waiting longer would spin forever
             break
+        if pub.refusal is not None:
+            # the gateway refused the token, the run key or the endpoint (401/403/404): no outage, so no
+            # wait for one (a CI job would hang until its own timeout); the entries stay spooled
+            break
         if deadline is not None and time.monotonic() >= deadline:
             break
     ok = pub.close(timeout=None if ok else 0)
     if not ok:
         url = redact_url(pub.settings.endpoint or pub.settings.redis_url)
-        why = pub.refusal or (f"broker {url} answered {pub.last_answer}" if pub.last_answer else f"broker {url} unreachable")
+        noun, down = pub.target
+        why = pub.refusal or (f"{noun} {url} answered {pub.last_answer}" if pub.last_answer else f"{noun} {url} {down}")
+        then = (f" or, if it will never be accepted, delete them with `{PROG} spool --discard {pub.run}`"
+                if pub.refusal else "")
         err(f"{pub.pending} entries of run {pub.run} are not delivered yet ({why}); they are kept in "
-            f"{pub.spool_dir}: deliver them with `{PROG} publish --run {pub.run} --drain`")
+            f"{pub.spool_dir}: deliver them with `{PROG} publish --run {pub.run} --drain`{then}")
     return ok

@@ -255,6 +255,12 @@ class Publisher:
         return not self._sender_idle
 
     @property
+    def target(self) -> tuple[str, str]:
+        """What the lines about delivery call where the entries go, and it while it takes none: ("broker",
+        "unreachable") or ("gateway", "out of service")."""
+        return self._transport.noun, self._transport.down
+
+    @property
     def sender_alive(self) -> bool:
         """False once the sender thread stopped (closed, or failed: the reason is logged)."""
         return self._thread.is_alive()
@@ -512,14 +518,17 @@ class Publisher:
                 # a gateway's refusal of the token or run key (401/403/404) is no outage: said as what it is
                 refused = getattr(exc, "what", None)
                 self.last_answer = describe(exc) if answered else None
+                # a refusal after an outage (the gateway back, the token revoked meanwhile) is said too:
+                # the outage's line would otherwise be the last word while it is retried every 30 s
+                newly_refused = bool(refused) and self.refusal != str(exc)
                 self.refusal = str(exc) if refused else None
-                if self.broker_up is not False:
+                if self.broker_up is not False or newly_refused:
                     if refused:
                         log.error("%s; spooling run %s in %s and retrying every %.0f s", exc,
                                   self.run, self._spool.path, REFUSED_RETRY_S)
                     else:
-                        log.warning("broker %s at %s (%s); spooling run %s in %s and retrying",
-                                    "refused the entries" if answered else "unreachable",
+                        log.warning("%s %s at %s (%s); spooling run %s in %s and retrying", transport.noun,
+                                    "refused the entries" if answered else transport.down,
                                     redact_url(transport.url),
                                     describe(exc), self.run, self._spool.path)
                     failing_since = last_report = now
@@ -538,7 +547,7 @@ class Publisher:
                 backoff = min(backoff * 2, BACKOFF_CAP_S)
                 continue
             if self.broker_up is False:
-                log.warning("broker reachable again; delivering the spooled entries of run %s", self.run)
+                log.warning("%s reachable again; delivering the spooled entries of run %s", transport.noun, self.run)
             self.broker_up = True
             self.refusal = None
             backoff = BACKOFF_START_S

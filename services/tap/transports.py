@@ -51,6 +51,10 @@ class Transport(Protocol):
     retryable: tuple[type[BaseException], ...]
     # Where the batches go (log lines redact it; None: no broker URL configured).
     url: str | None
+    # What the log lines call it, and it while it does not take batches: an agent host through a gateway
+    # has no broker to name, and a gateway answering 503 or 429 is not unreachable.
+    noun: str
+    down: str
 
     def batch_of(self, raws: list[bytes]) -> Any:
         """The batch that sends these spool records."""
@@ -65,6 +69,8 @@ class RespTransport:
     """A single node: hand-built RESP XADDs in one write, on the tap's own connection or a given client's."""
 
     packed = True
+    noun = "broker"
+    down = "unreachable"
 
     def __init__(self, settings: Settings, stream_key: bytes, client: Any = None) -> None:
         self.settings = settings
@@ -152,6 +158,8 @@ class ClusterTransport:
     maps through ``xadd_batch``."""
 
     packed = False
+    noun = "broker"
+    down = "unreachable"
 
     def __init__(self, settings: Settings, stream_key: str, client: Any = None) -> None:
         import redis
@@ -188,6 +196,8 @@ class GatewayTransport:
 
     packed = False
     retryable = BASE_RETRYABLE
+    noun = "gateway"
+    down = "out of service"
 
     def __init__(self, settings: Settings) -> None:
         from services.tap.http_transport import HttpTransport

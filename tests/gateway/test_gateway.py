@@ -742,6 +742,62 @@ def test_a_refusal_mid_run_is_logged_as_the_gateways_refusal_never_as_an_unreach
         assert not [f for _, f in d.raw() if f[b"run"] == run.encode()]
 
 
+def test_a_refusal_ends_the_drain_at_once_with_the_entries_kept_and_spool_drain_goes_on(deployment, tmp_path):
+    """A refusal is no outage at the end either: a non-interactive publish (no drain timeout: it would wait
+    for an outage for ever) whose token the gateway refuses once it is back says so and stops at once, its
+    entries spooled, its last line naming the 401 and `spool --discard`; `spool --drain` delivers the run it can and stops
+    on the one outside the token's prefix (403) instead of retrying it for ever."""
+    from services.tap.outcome import UNDELIVERED_EXIT
+
+    d = deployment
+    token_file = tmp_path / "token"
+    token_file.write_text("gik_0123456789ab_" + "D" * 43 + "\n")  # well-formed, unknown; no prefix line
+    port = free_port()
+    run = f"team-a/laptop-42/{uuid4().hex[:8]}"
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    pub = _publish_through(d, f"http://127.0.0.1:{port}", token_file, run, src)
+    gw2 = None
+    try:
+        time.sleep(2.0)
+        assert pub.poll() is None  # the gateway is down: spooled, waiting for it
+        gw2 = start_gateway(d.settings, tmp_path / "gw2.log", port=port, **d.creds("gateway"))
+        out, _ = pub.communicate(timeout=60)  # before: retried every 30 s until killed
+    finally:
+        if pub.poll() is None:
+            pub.kill()
+        if gw2 is not None:
+            stop(gw2.proc)
+    said = out.decode().strip().splitlines()
+    assert pub.returncode == 1, out.decode()[-2000:]  # publish's exit when entries stay spooled
+    # while the gateway was down: an outage, rightly, of the gateway (an agent host has no broker to name)
+    assert said[0].startswith("goose-ingest: gateway out of service at ") and "broker" not in said[0], said[0]
+    # once it answers, the refusal is said as such (once), and the last line names it and `spool --discard`
+    assert sum("the gateway refused the token (401" in x and "retrying every 30 s" in x for x in said) == 1, said
+    assert "the gateway refused the token (401" in said[-1] and f"spool --discard {run}" in said[-1], said[-1]
+    assert "unreachable" not in said[-1] and "broker" not in out.decode() and "D" * 43 not in out.decode()
+    # a second run outside the token's prefix, spooled while no gateway answered (its prefix unknown then)
+    outside = f"team-b/{uuid4().hex[:8]}"
+    token_file.write_text(d.token_host + "\n")
+    spooled = subprocess.run([sys.executable, "-m", "services.cli", "publish", "--drain-timeout", "0.5", "--run",
+                              outside, str(src)], cwd=REPO, env=_tap_env(d, f"http://127.0.0.1:{free_port()}", token_file),
+                             capture_output=True, text=True, timeout=60)
+    assert spooled.returncode == 1, spooled.stderr
+    started = time.monotonic()
+    drained = subprocess.run([sys.executable, "-m", "services.cli", "spool", "--drain"], cwd=REPO,
+                             env=_tap_env(d, d.gateway.url, token_file), capture_output=True, text=True, timeout=60)
+    assert drained.returncode == UNDELIVERED_EXIT, drained.stderr
+    assert time.monotonic() - started < 30, drained.stderr  # no 30 s refusal retry waited for
+    assert f"run {run}: delivered" in drained.stderr
+    assert "the gateway refused the run key (403" in drained.stderr and f"spool --discard {outside}" in drained.stderr
+    assert [f[b"line"] for _, f in d.raw() if f[b"run"] == run.encode() and f[b"kind"] == b"line"] == [b"one", b"two"]
+    assert not [f for _, f in d.raw() if f[b"run"] == outside.encode()]
+    # what the last line says to do (it also leaves the shared spool empty for the other tests' drains)
+    gone = subprocess.run([sys.executable, "-m", "services.cli", "spool", "--discard", outside], cwd=REPO,
+                          env=_tap_env(d, d.gateway.url, token_file), capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 0 and f"run {outside}: discarded (3 entries" in gone.stderr, gone.stderr
+
+
 def test_the_first_tap_as_documented_needs_no_run_and_lands_in_the_tokens_prefix(deployment, tmp_path):
     """`tokens create --token-file` prints the tap's configuration; the tap run exactly so (no --run)
     stores its run under the token's prefix, learnt from the gateway, or from the token file while the
@@ -757,12 +813,18 @@ def test_the_first_tap_as_documented_needs_no_run_and_lands_in_the_tokens_prefix
     assert f"export GOOSE_INGEST_ENDPOINT={d.gateway.url}" in out.stderr
     assert f"export GOOSE_INGEST_TOKEN_FILE={token_file}" in out.stderr and "team-a/first/<host>/<ULID>" in out.stderr
     assert token_file.read_text().splitlines()[1] == "prefix: team-a/first/"
-    env = _tap_env(d, d.gateway.url, token_file)
+    # exactly as printed: the two variables and nothing else of ours (default namespace, shards, spool dir)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home")}
+    env.update(line.strip().removeprefix("export ").split("=", 1)
+               for line in out.stderr.splitlines() if line.strip().startswith("export "))
+    assert sorted(env) == ["GOOSE_INGEST_ENDPOINT", "GOOSE_INGEST_TOKEN_FILE", "HOME", "PATH"]
     out = subprocess.run([sys.executable, "-m", "services.cli", "tap", "--quiet", "--", "cat", str(FIXTURE)],
                          cwd=REPO, env=env, capture_output=True, timeout=60)
     assert out.returncode == 0, out.stderr.decode()
     runs = {f[b"run"].decode() for _, f in d.raw() if f[b"run"].startswith(b"team-a/first/")}
-    assert len(runs) == 1 and next(iter(runs)).startswith("team-a/first/test-host/")
+    assert len(runs) == 1 and next(iter(runs)).startswith(f"team-a/first/{socket.gethostname()}/"), runs
+    # the entries were spooled under the default spool directory of that HOME, and are delivered
+    assert (tmp_path / "home" / ".local" / "state" / "goose-ingest" / "spool").is_dir()
     # the gateway out of reach: the prefix comes from the token file, and the entries wait in the spool
     env = _tap_env(d, f"http://127.0.0.1:{free_port()}", token_file)
     out = subprocess.run([sys.executable, "-m", "services.cli", "tap", "--quiet", "--drain-timeout", "0.5", "--",
@@ -916,10 +978,12 @@ def test_a_second_gateway_on_a_busy_port_names_the_gateways_port_setting(deploym
     assert "GOOSE_INGEST_GATEWAY_PORT" in out.stderr and "METRICS_PORT" not in out.stderr
 
 
-def test_the_tap_only_distribution_installs_alone_and_delivers_through_a_gateway(deployment, tmp_path):
+def test_the_tap_only_distribution_installs_alone_and_delivers_through_a_gateway(deployment, fixture_db, tmp_path):
     """packaging/tap/build.py's wheel in a clean venv with only its declared dependencies: `--version`,
-    `--help` and a command of the full install answer in one line, and `publish` delivers through the
-    gateway (issue 34 item 6)."""
+    `--help` and a command of the full install answer in one line, and `publish` and `import-sessions`
+    deliver through the gateway (issue 34 item 6)."""
+    from tests.tap.test_import_sessions import LATER, SID
+
     d = deployment
     built = subprocess.run([sys.executable, str(REPO / "packaging" / "tap" / "build.py"), "--out", str(tmp_path / "dist")],
                            capture_output=True, text=True, timeout=120)
@@ -960,6 +1024,16 @@ def test_the_tap_only_distribution_installs_alone_and_delivers_through_a_gateway
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert [f.get(b"line") for _, f in d.raw() if f[b"run"] == run.encode()] == [b"from the tap-only install", None]
+    # import-sessions through the gateway: no redis-py needed (a namespace of its own: the other import
+    # test of this module expects its run key unused)
+    ns = f"taponly-{uuid4().hex[:6]}"
+    admin = redis.Redis(port=d.server.port, username=user_name("admin", d.settings.namespace),
+                        password=d.passwords["admin"], socket_timeout=10)
+    token_file.write_text(tokens.create(admin, d.settings.layout, f"{ns}/", {})[0])
+    out = subprocess.run([cli, "import-sessions", str(fixture_db), "--namespace", ns, "--no-progress", "--now", LATER],
+                         cwd=tmp_path, env=tap_env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "published 19 message(s)" in out.stderr, out.stderr
+    assert len([f for _, f in d.raw() if f[b"run"] == f"{ns}/{SID}".encode()]) == 21  # 19 messages, complete, eof
 
 
 def test_gateway_without_a_broker_is_a_one_line_config_error():
@@ -1231,7 +1305,7 @@ def test_import_sessions_through_the_gateway_keeps_its_checkpoints_in_a_host_fil
         held.close()
 
 
-def test_import_sessions_through_the_gateway_with_a_wrong_token_or_no_gateway_is_one_line_exit_2(
+def test_import_sessions_through_the_gateway_with_a_wrong_token_prefix_or_no_gateway_is_one_line_exit_2(
         deployment, fixture_db, tmp_path):
     from tests.tap.test_import_sessions import LATER, NS
 
@@ -1249,8 +1323,49 @@ def test_import_sessions_through_the_gateway_with_a_wrong_token_or_no_gateway_is
                              timeout=120)
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and says in out.stderr, out.stderr
         assert "SSSS" not in out.stderr
+    # a valid token whose prefix does not cover NS/<session id>: every batch would be a 403
+    token_file.write_text(d.token_b)
+    env = _tap_env(d, d.gateway.url, token_file, GOOSE_INGEST_SPOOL_DIR=str(tmp_path / "spool"))
+    for k in PROXY_VARS:
+        env.pop(k, None)
+    out = subprocess.run([sys.executable, "-m", "services.cli", "import-sessions", str(fixture_db), "--namespace",
+                          NS, "--no-progress", "--now", LATER], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "the token's prefix 'team-b/' does not cover" in out.stderr and f"--prefix {NS}/" in out.stderr
     assert d.raw_count() == before
     assert not (tmp_path / "spool" / "import-sessions").exists()  # nothing recorded, nothing spooled
+
+
+def test_a_token_revoked_mid_import_stops_the_import_instead_of_waiting_for_ever(deployment, fixture_db, tmp_path):
+    """The start-up probe took the token; it is revoked before the first batch (the importer driven directly,
+    the gateway real): the import stops with the 401 as DeliveryRefused -- one line, exit 2 from the command --
+    the run's entries stay spooled and no checkpoint claims them. Before, flush() retried it every 30 s for
+    ever."""
+    from services.backfill.importer import DeliveryRefused, FileCheckpoints, Importer, parse_since
+    from services.backfill.sessions_db import list_sessions, open_readonly
+    from tests.tap.test_import_sessions import LATER
+
+    d = deployment
+    ns = f"revoked-{uuid4().hex[:6]}"
+    admin = redis.Redis(port=d.server.port, username=user_name("admin", d.settings.namespace),
+                        password=d.passwords["admin"], socket_timeout=10)
+    token, rec = tokens.create(admin, d.settings.layout, f"{ns}/", {})
+    assert tokens.revoke(admin, d.settings.layout, rec.id)
+    time.sleep(1.0)  # past the deployment's GATEWAY_TOKEN_CACHE_S (0.5 s)
+    settings = Settings(endpoint=d.gateway.url, token=token, namespace=d.settings.namespace, shards=2,
+                        spool_dir=str(tmp_path / "spool"))
+    state = tmp_path / "state.jsonl"
+    conn = open_readonly(str(fixture_db))
+    importer = Importer(settings, conn, ns, None, now_s=parse_since(LATER).timestamp(),
+                        checkpoints=FileCheckpoints(state))
+    started = time.monotonic()
+    with pytest.raises(DeliveryRefused, match=r"the gateway refused the token \(401.*stay spooled in "):
+        importer.import_session(list_sessions(conn)[0])
+    assert time.monotonic() - started < 20  # not the 30 s refusal retry, let alone for ever
+    assert not state.exists() or not state.read_bytes().strip()  # no checkpoint covers the undelivered
+    assert not [f for _, f in d.raw() if f[b"run"].startswith(f"{ns}/".encode())]
+    assert any((tmp_path / "spool").rglob("*")), "the entries stay spooled"
 
 
 PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
