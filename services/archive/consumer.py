@@ -58,7 +58,7 @@ from services.archive.metrics import ArchiveMetrics
 from services.archive.store import ArchiveStore, StoreError
 from services.broker.errors import describe
 from services.settings import Settings
-from services.streams.backoff import Backoff
+from services.backoff import Backoff
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, by_stream
 from services.streams.readiness import READY, Readiness, not_ready

@@ -34,7 +34,7 @@ from contracts.consumers import Consumer
 from contracts.deadletters import DeadLetter
 from services.broker.errors import describe
 from services.settings import Settings
-from services.streams.backoff import Backoff
+from services.backoff import Backoff
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, StreamEntry, by_stream
 from services.streams.readiness import READY, Readiness, not_ready

@@ -34,7 +34,7 @@ from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
 from redis.exceptions import RedisError, ResponseError
 
 from services.broker.errors import describe, is_outage
-from services.streams.backoff import Backoff
+from services.backoff import Backoff
 from services.streams.groups import START_RETRY_MAX_S, START_RETRY_S, create_group, is_nogroup
 
 log = logging.getLogger("goose_ingest")

@@ -22,7 +22,7 @@ from redis.exceptions import ResponseError
 
 from services.broker.errors import describe, is_outage
 from services.settings import Settings
-from services.streams.backoff import Backoff
+from services.backoff import Backoff
 
 log = logging.getLogger("goose_ingest")
 

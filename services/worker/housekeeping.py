@@ -24,7 +24,7 @@ from services.broker.errors import describe, is_outage
 from services.metrics import Metrics
 from services.sequencer import Entry, missing_ranges, plan_abandon
 from services.settings import Settings
-from services.streams.backoff import Backoff
+from services.backoff import Backoff
 from services.streams.groups import ensure_groups
 from services.streams.lag import read_backlog
 from services.streams.readiness import READY, Readiness, fresh, not_ready

@@ -71,7 +71,7 @@ from services.sequencer import (
 )
 from services.sequencer.feed import Lost, RunItem, feed, lost_of, rejected_loss, wrong_shard
 from services.settings import Settings
-from services.streams.backoff import Backoff
+from services.backoff import Backoff
 from services.worker.commit import (
     STATE_FIELD,
     VERSION_FIELD,

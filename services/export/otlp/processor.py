@@ -67,7 +67,7 @@ from services.export.otlp.mapping import (
 from services.export.otlp.metrics import OtlpMetrics
 from services.export.otlp.sink import SendOutcome, SpanSink, encode_request
 from services.settings import Settings
-from services.streams.backoff import Backoff
+from services.backoff import Backoff
 from services.streams.deadletter import DeadLetterWriter
 from services.streams.groups import create_groups
 from services.streams.lag import read_backlog

@@ -49,7 +49,7 @@ from services.export.postgres.rows import (
 )
 from services.export.postgres.store import Store, WriteResult, utcnow
 from services.settings import Settings
-from services.streams.backoff import Backoff
+from services.backoff import Backoff
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, StreamEntry, by_stream
 from services.streams.readiness import READY, Readiness, not_ready
