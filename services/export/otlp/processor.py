@@ -45,6 +45,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts.deadletters import INVALID_ENTRY, MAX_DELIVERIES, OTLP_REJECTED, DeadLetter
+from services.backoff import Backoff
 from services.broker.errors import TRANSIENT_CODES, describe, reply_code
 from services.export.otlp.batch import Decoded, RunFlags, RunWork, as_text, decode_entry
 from services.export.otlp.mapping import (
@@ -67,7 +68,6 @@ from services.export.otlp.mapping import (
 from services.export.otlp.metrics import OtlpMetrics
 from services.export.otlp.sink import SendOutcome, SpanSink, encode_request
 from services.settings import Settings
-from services.backoff import Backoff
 from services.streams.deadletter import DeadLetterWriter
 from services.streams.groups import create_groups
 from services.streams.lag import read_backlog
