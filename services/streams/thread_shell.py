@@ -76,7 +76,8 @@ class ThreadShell:
     def __init__(self, name: str, streams: Sequence[str], consumer: ThreadConsumer, log: logging.Logger) -> None:
         self.name, self.consumer, self.log = name, consumer, log
         self.streams = ", ".join(streams)
-        self.reader = ReaderThread(f"{name}-reader", consumer.run, log)
+        # the consumer's whole loop runs there (export postgres's writer, which starts its own reader)
+        self.reader = ReaderThread(f"{name} loop", consumer.run, log)
         self.watch = ReaderWatch([(self.streams, self.reader)], noun="reader thread")
         self.requested = False
 
