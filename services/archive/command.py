@@ -1,8 +1,9 @@
 """`goose-ingest archive`: the raw log and the topics into object storage (docs/archive.md).
 
-The shell of the shell: settings, the start-up checks (one line and exit 2 for a bad URL, a bucket
-that does not exist, credentials refused, an endpoint that is not S3), the metrics server, signals.
-The loop itself is services/archive/consumer.py.
+The command: settings and the start-up checks (one line and exit 2 for a bad URL, a bucket that does
+not exist, credentials refused, an endpoint that is not S3). The metrics server, the broker check,
+signals and the watch of the loop are the thread consumers' shell (services/streams/thread_shell.py);
+the loop itself is services/archive/consumer.py.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any, cast
+from typing import Any
 
 from services.settings import ConfigError, Settings
 
@@ -56,42 +57,33 @@ def run(args: argparse.Namespace) -> int:
     from services.archive.fence import Lease, check_deployment, process_name
     from services.archive.metrics import ArchiveMetrics
     from services.archive.store import StoreError, open_store
-    from services.broker.connect import sync_client
-    from services.metrics.server import serve as serve_metrics
-    from services.metrics.server import serve_early
-    from services.metrics.startup import stop_on_signals
+    from services.streams import thread_shell
 
     store = open_store(settings)
     assert store is not None  # archive_url is set
-    # /healthz from the first second: the checks below wait on the broker and the store (a
-    # black-holed host costs its connect timeout), which is no reason for a liveness probe to
-    # restart the process; serve() below adopts this server.
-    early = serve_early(settings.metrics_host, settings.metrics_port, "checking the broker and the archive store",
-                        settings.metrics_port_file)
-    try:
-        metrics = ArchiveMetrics()
-        client = sync_client(settings)
-        consumer = args.consumer or process_name()
-        archiver = Archiver(settings, client, store, metrics, consumer)
-        lease = Lease(client, settings.layout.archive_lease(archiver.group), f"{consumer}/{os.urandom(4).hex()}")
-        # Signals from here on: a stop while the broker or the store is still awaited ends the wait
-        # with exit 0, as a stop of the running loop does (a supervisor's SIGTERM is no crash).
-        stop_on_signals(log, "writing what was read, then stopping", archiver.stop)
-        warned = ready = False
+    consumer = args.consumer or process_name()
+    leases: list[Lease] = []
+
+    def build(client: Any) -> Archiver:
+        archiver = Archiver(settings, client, store, ArchiveMetrics(), consumer)
+        leases.append(Lease(client, settings.layout.archive_lease(archiver.group), f"{consumer}/{os.urandom(4).hex()}"))
+        return archiver
+
+    def prepare(archiver: Archiver) -> bool:
+        """One archive per group (a second one: one line, exit 2), the store is this deployment's
+        (another's: one line, exit 2), what the store holds, the group after it. Refused credentials
+        or a user without the archive's permissions: one line, exit 2 (the CLI reports them). An
+        unreachable broker or store is waited for; a stop meanwhile is exit 0."""
+        lease, warned = leases[0], False
         while not archiver.stopping.is_set():
-            # One archive per group (a second one: one line, exit 2), the store is this deployment's
-            # (another's: one line, exit 2), what the store holds, the group after it. Refused
-            # credentials or a user without the archive's permissions: one line, exit 2 (the CLI
-            # reports them). An unreachable broker or store is waited for.
             try:
                 lease.acquire(archiver.group)
                 store.check()  # ConfigError: the CLI prints it as one line and exits 2
-                deployment = check_deployment(client, store, settings.layout.archive_identity(archiver.group),
+                deployment = check_deployment(archiver.client, store, settings.layout.archive_identity(archiver.group),
                                               settings.namespace, archiver.group, adopt=args.adopt_store)
                 archiver.start(lease, deployment)
                 archiver.ensure_groups()
-                ready = True
-                break
+                return True
             except (AuthenticationError, NoPermissionError):
                 raise
             except (RedisConnectionError, OSError, StoreError) as exc:
@@ -100,19 +92,16 @@ def run(args: argparse.Namespace) -> int:
                                 exc if isinstance(exc, StoreError) else type(exc).__name__)
                     warned = True
                 archiver.stopping.wait(1.0)
-        if not ready:
-            log.info("stopped before the broker and the store answered")
-            lease.release()  # only ours, if it was taken; a broker still away is no error here
-            return 0
-        server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, archiver.readiness,
-                               port_file=settings.metrics_port_file)
-        log.info("archive to %s, group %s, consumer %s; metrics on %s:%d", store.describe(), archiver.group,
-                 archiver.consumer, server.host, server.port)
+        lease.release()  # only ours, if it was taken; a broker still away is no error here
+        return False
 
-        try:
-            archiver.run()
-        finally:
-            server.close()
-    finally:
-        early.close()  # once adopted, the server above closed it already (idempotent)
-    return 1 if archiver.fenced else 0
+    layout = settings.layout
+    # /healthz from the first second (the checks wait on the broker and the store, and a black-holed
+    # host costs its connect timeout: no reason for a liveness probe to restart the process); a
+    # fenced archive (another took its lease over) ends its loop with `fault()`: exit 1.
+    return thread_shell.serve(
+        "archive", settings, log, awaiting="checking the broker and the archive store",
+        streams=[f"{layout.raw_prefix}.*", f"{layout.control_prefix}.*", layout.events_topic, layout.runs_topic],
+        build=build, prepare=prepare, metrics=lambda archiver: archiver.metrics,
+        describe=lambda archiver: f"to {store.describe()}, group {archiver.group}, consumer {archiver.consumer}",
+        stopping="writing what was read, then stopping")

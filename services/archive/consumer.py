@@ -56,9 +56,9 @@ from services.archive import segments as sg
 from services.archive.fence import Lease, restore_deployment
 from services.archive.metrics import ArchiveMetrics
 from services.archive.store import ArchiveStore, StoreError
+from services.backoff import Backoff
 from services.broker.errors import describe
 from services.settings import Settings
-from services.streams.backoff import Backoff
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, by_stream
 from services.streams.readiness import READY, Readiness, not_ready
@@ -189,6 +189,10 @@ class Archiver:
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def fault(self) -> str | None:
+        """Why `run` ended on its own: fenced, another archive took the lease over (exit 1)."""
+        return "fenced: another archive took over its lease" if self.fenced else None
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:

@@ -42,6 +42,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
+from services.backoff import Backoff
 from services.broker.url import (
     BrokerConfigError,
     BrokerTarget,
@@ -151,6 +152,9 @@ class AsyncTLSConnection(AsyncSSLConnection):
 
 
 # asyncio's TLS handshake timeout as a share of the connect timeout around it: it must fire first.
+# wait_for_broker: a broker that starts after its clients is asked at once-ish, then every 5 s at most
+BROKER_WAIT_START_S = 0.2
+BROKER_WAIT_CAP_S = 5.0
 HANDSHAKE_SHARE = 0.8
 
 
@@ -307,7 +311,7 @@ async def wait_for_broker(settings: Settings, log: logging.Logger, say: Callable
     from services.broker.connect import async_client
     from services.broker.url import redact_url
 
-    delay = 0.2
+    backoff = Backoff(BROKER_WAIT_START_S, BROKER_WAIT_CAP_S)
     while True:
         client = async_client(settings)
         try:
@@ -317,10 +321,9 @@ async def wait_for_broker(settings: Settings, log: logging.Logger, say: Callable
             raise  # a ConnectionError in redis-py, but waiting will not fix credentials: one line, exit 2
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             log.warning("broker %s unreachable (%s); retrying in %.1fs", redact_url(settings.redis_url),
-                        type(exc).__name__, delay)
+                        type(exc).__name__, backoff.delay)
             if say is not None:
                 say(f"waiting for the broker {redact_url(settings.redis_url)}: unreachable ({type(exc).__name__})")
         finally:
             await client.aclose()
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)
+        await asyncio.sleep(backoff.next())

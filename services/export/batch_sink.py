@@ -25,16 +25,16 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import ResponseError
 
 from contracts.consumers import Consumer
 from contracts.deadletters import DeadLetter
+from services.backoff import Backoff
 from services.broker.errors import describe
 from services.settings import Settings
-from services.streams.backoff import Backoff
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, StreamEntry, by_stream
 from services.streams.readiness import READY, Readiness, not_ready
@@ -86,6 +86,10 @@ class BatchSink:
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def fault(self) -> None:
+        """Nothing ends this loop but a stop: an outage of the broker or the target is waited out."""
+        return None
 
     def run(self) -> None:
         backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
@@ -151,34 +155,15 @@ class BatchSink:
 
 
 def serve(row: Consumer, settings: Settings, target: Target, group: str, consumer: str, log: logging.Logger) -> int:
-    """Run a sink of this loop as its command does: /readyz at once (not ready until the broker
-    answers), credentials the broker refuses as one line and exit 2 (a broker that is down is
-    waited for), metrics and readiness, SIGTERM finishing the current batch."""
-    from redis.exceptions import AuthenticationError
+    """Run a sink of this loop as its command does, on the thread consumers' shell
+    (services/streams/thread_shell.py: /healthz at once, the broker checked, signals, the reader
+    thread watched); the target is closed at the end."""
+    from services.streams import thread_shell
 
-    from services.broker.connect import sync_client
-    from services.metrics.server import serve as serve_metrics
-    from services.metrics.server import serve_early
-    from services.metrics.startup import stop_on_signals
-    from services.settings import ConfigError
-
-    s = settings
-    server = serve_early(s.metrics_host, s.metrics_port, "connecting to the broker", port_file=s.metrics_port_file)
-    client = sync_client(s)
-    try:
-        client.ping()
-    except AuthenticationError as exc:
-        raise ConfigError(f"the broker refused the credentials: {exc}") from None
-    except BROKER_ERRORS:
-        pass  # down: the loop waits for it
-    sink = BatchSink(row, s, client, target, group, consumer, log)
-    server = serve_metrics(cast(Any, sink.metrics), s.metrics_host, s.metrics_port, sink.readiness,
-                           port_file=s.metrics_port_file)
-    log.info("%s: group %s, consumer %s; metrics on %s:%d", row.command, group, consumer, server.host, server.port)
-    stop_on_signals(log, "finishing the current batch", sink.stop)
-    try:
-        sink.run()
-    finally:
-        server.close()
-        target.close()
-    return 0
+    layout = settings.layout
+    return thread_shell.serve(
+        row.command, settings, log, awaiting="connecting to the broker",
+        streams=[layout.events_topic, layout.runs_topic],
+        build=lambda client: BatchSink(row, settings, client, target, group, consumer, log),
+        metrics=lambda sink: sink.metrics, describe=lambda sink: f"group {group}, consumer {consumer}",
+        stopping="finishing the current batch", close=target.close)

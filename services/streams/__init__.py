@@ -17,7 +17,8 @@ every later one) keeps only its handler and its target; the jobs below are writt
   goose_ingest_topic_trimmed_unread_total);
 - `readiness`: one `Readiness` (ok + one line of reason) that /readyz shows, answered by every
   consumer from one method, `readiness()`;
-- `backoff`: one `Backoff` (start, cap, jitter, reset on success) for every retry loop;
+- `backoff` (services/backoff.py, a leaf the broker and the tap import too): one `Backoff` (start,
+  cap, jitter, reset on success) for every retry loop;
 - `deadletter`: the one dead-letter writer (dead letters + acknowledgement in one script,
   `raw.*` kept, trimmed by age: DEADLETTER_RETENTION_HOURS);
 - `watch`: one `ReaderWatch`: a reader that died turns readiness false and exits 1;

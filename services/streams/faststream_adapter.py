@@ -33,8 +33,8 @@ from faststream.redis import StreamSub
 from faststream.redis.message import FAKE_CONSUMER, RedisBatchStreamMessage
 from redis.exceptions import RedisError, ResponseError
 
+from services.backoff import Backoff
 from services.broker.errors import describe, is_outage
-from services.streams.backoff import Backoff
 from services.streams.groups import START_RETRY_MAX_S, START_RETRY_S, create_group, is_nogroup
 
 log = logging.getLogger("goose_ingest")

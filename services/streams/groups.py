@@ -20,9 +20,9 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from services.backoff import Backoff
 from services.broker.errors import describe, is_outage
 from services.settings import Settings
-from services.streams.backoff import Backoff
 
 log = logging.getLogger("goose_ingest")
 

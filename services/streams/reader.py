@@ -42,8 +42,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts.deadletters import MAX_DELIVERIES, DeadLetter
+from services.backoff import Backoff
 from services.broker.errors import TRANSIENT_CODES, reply_code
-from services.streams.backoff import Backoff
 from services.streams.deadletter import DeadLetterWriter
 from services.streams.groups import create_group_sync
 from services.streams.lag import GroupBacklog, read_backlog_sync

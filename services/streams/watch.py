@@ -5,8 +5,8 @@ restart it; a reader stopped by a requested shutdown is no death.
 FastStream 0.7.8 stops a subscriber whose read task fails (an error it treats as terminal) and
 carries on with the others: the process stays up, half deaf, and /readyz could not tell. The
 worker watched its subscribers since issue 20; `export otlp` did not (issue 33). Both run this one.
-The plain-loop consumers (`export postgres`, archive) have their own equivalent: a failed thread
-is recorded and exits the process (services/export/postgres/sink.py `ThreadFailure`).
+The thread consumers (`export postgres`, archive, `export jsonl`) run this one too, over their
+reader thread (services/streams/thread_shell.py `ReaderThread`).
 
 A reader is anything with a `running` attribute (a FastStream subscriber has one).
 """
@@ -31,9 +31,14 @@ class ReaderWatch:
     `consuming` once every reader has started (a stop before that is requested, not a death);
     `shutting_down` once the process stops on request; `stopped`: stream -> why its reader died."""
 
-    def __init__(self, readers: list[tuple[str, Any]] | None = None, interval_s: float = WATCH_INTERVAL_S) -> None:
+    # what `stopped` says of a reader that stopped without a reason of its own
+    PLAIN = frozenset({"stopped", "stopped before shutdown"})
+
+    def __init__(self, readers: list[tuple[str, Any]] | None = None, interval_s: float = WATCH_INTERVAL_S,
+                 noun: str = "subscriber") -> None:
         self.readers: list[tuple[str, Any]] = readers if readers is not None else []
         self.interval_s = interval_s
+        self.noun = noun  # what /readyz calls a reader: a FastStream subscriber, a reader thread
         self.stopped: dict[str, str] = {}
         self.consuming = False
         self.shutting_down = False
@@ -55,7 +60,9 @@ class ReaderWatch:
         dead = self.dead()
         if self.stopped or (dead and not self.shutting_down):
             names = sorted(set(self.stopped) | set(dead))
-            return not_ready(f"subscriber stopped on {', '.join(names)}: exiting with status 1 for a restart")
+            whys = sorted(set(self.stopped.values()) - self.PLAIN)
+            detail = f" ({'; '.join(whys)})" if whys else ""
+            return not_ready(f"{self.noun} stopped on {', '.join(names)}{detail}: exiting with status 1 for a restart")
         if self.shutting_down:
             return not_ready("stopping")
         if not self.readers or dead:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from contracts.raw import EOF, LINE, MAX_LABEL_CHARS
+from services.backoff import Backoff
 from services.broker.errors import TOPOLOGY_CODES, describe, reply_code
 from services.broker.url import redact_url
 from services.settings import Settings
@@ -457,7 +458,7 @@ class Publisher:
         transport = self._transport
         batch: Any = None  # the batch in flight, as the transport sends it
         n = 0
-        backoff = BACKOFF_START_S
+        backoff = Backoff(BACKOFF_START_S, BACKOFF_CAP_S)
         failing_since = last_report = 0.0  # while the broker fails: since when, last "still failing" line
         attempts = 0
         while True:
@@ -540,17 +541,20 @@ class Publisher:
                                 self.run, now - failing_since, attempts, describe(exc))
                     last_report = now
                 self.broker_up = False
-                # a refusal waits until someone fixes the token or run key; a 429/503 the gateway's Retry-After
-                pause = REFUSED_RETRY_S if refused else max(backoff, getattr(exc, "retry_after", None) or 0.0)
+                # a refusal waits until someone fixes the token or run key; a 429/503 the gateway's Retry-After.
+                # The doubling runs on a refusal too, so a fixed token resumes at the capped pace as before.
+                wait = backoff.next()
+                pause = REFUSED_RETRY_S if refused else max(wait, getattr(exc, "retry_after", None) or 0.0)
+                # +-25 % around the pause (not Backoff's full jitter): taps of one host spread out, and
+                # none retries an outage much sooner than the doubling says
                 if self._abort_evt.wait(pause * (0.75 + random.random() / 2)):
                     return
-                backoff = min(backoff * 2, BACKOFF_CAP_S)
                 continue
             if self.broker_up is False:
                 log.warning("%s reachable again; delivering the spooled entries of run %s", transport.noun, self.run)
             self.broker_up = True
             self.refusal = None
-            backoff = BACKOFF_START_S
+            backoff.reset()
             with self._cv:
                 self._sent += n
                 try:

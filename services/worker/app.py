@@ -21,13 +21,13 @@ from faststream import Context, FastStream
 from faststream.redis.message import RedisBatchStreamMessage  # the class (faststream.redis exports an Annotated alias)
 from redis.exceptions import RedisError
 
+from services.backoff import Backoff
 from services.broker.cluster import BrokerGate, make_broker
 from services.broker.connect import async_client
 from services.broker.errors import describe, is_outage
 from services.metrics import Metrics, serve
 from services.metrics.server import MetricsServer
 from services.settings import Settings
-from services.streams.backoff import Backoff
 from services.streams.faststream_adapter import batch_subscriber, gate_reads
 from services.streams.groups import START_RETRY_MAX_S, START_RETRY_S, ensure_groups
 from services.streams.names import unique_consumer

@@ -20,11 +20,11 @@ from redis.exceptions import RedisError, ResponseError
 from contracts.events import EVENT_TYPES
 from contracts.raw import stream_id_ms
 from contracts.stream_ids import StreamId
+from services.backoff import Backoff
 from services.broker.errors import describe, is_outage
 from services.metrics import Metrics
 from services.sequencer import Entry, missing_ranges, plan_abandon
 from services.settings import Settings
-from services.streams.backoff import Backoff
 from services.streams.groups import ensure_groups
 from services.streams.lag import read_backlog
 from services.streams.readiness import READY, Readiness, fresh, not_ready

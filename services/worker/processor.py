@@ -58,6 +58,7 @@ from contracts.raw import (
     stream_id_ms,
 )
 from contracts.topics import event_fields, record_fields
+from services.backoff import Backoff
 from services.broker.errors import describe, is_outage, is_transient
 from services.normalizer import Limits
 from services.sequencer import (
@@ -71,7 +72,6 @@ from services.sequencer import (
 )
 from services.sequencer.feed import Lost, RunItem, feed, lost_of, rejected_loss, wrong_shard
 from services.settings import Settings
-from services.streams.backoff import Backoff
 from services.worker.commit import (
     STATE_FIELD,
     VERSION_FIELD,

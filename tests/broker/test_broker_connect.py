@@ -240,3 +240,35 @@ def test_worker_in_cluster_mode_against_a_plain_node_or_a_bad_seed_list_is_one_l
         errors = [line for line in res.stderr.splitlines() if line.startswith("goose-ingest worker:")]
         assert len(errors) == 1 and needle in errors[0], res.stderr[-2000:]
         assert "Traceback" not in res.stderr and GOOD_PW not in res.stderr
+
+
+# --- wait_for_broker ------------------------------------------------------------------------------
+def test_wait_for_broker_doubles_its_wait_from_its_start_to_its_cap_then_returns(tmp_path, caplog):
+    """A broker that comes up late: the waits double from BROKER_WAIT_START_S (0.2, 0.4, 0.8 s; the
+    shared Backoff, capped at BROKER_WAIT_CAP_S), each said on /readyz's line, and the wait ends at
+    the first answer. A real server started on the port after the third failed ping."""
+    import logging
+
+    from services.broker.connect import BROKER_WAIT_CAP_S, BROKER_WAIT_START_S, wait_for_broker
+    from services.broker.embedded import free_port
+
+    assert (BROKER_WAIT_START_S, BROKER_WAIT_CAP_S) == (0.2, 5.0)  # the numbers of before issue 33
+    port = free_port()
+    said: list[str] = []
+    servers = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if len(said) == 3:  # the broker comes up while the third wait runs
+            servers.append(start_redis(dir=str(tmp_path), port=port))
+
+    log = logging.getLogger("test.wait_for_broker")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        asyncio.run(asyncio.wait_for(wait_for_broker(Settings(redis_url=f"redis://127.0.0.1:{port}/0"), log, say), 30))
+    try:
+        waits = [r.getMessage().rsplit("retrying in ", 1)[1] for r in caplog.records]
+        assert waits == ["0.2s", "0.4s", "0.8s"]
+        assert all("waiting for the broker" in line and "unreachable" in line for line in said)
+    finally:
+        for server in servers:
+            server.close()

@@ -580,11 +580,11 @@ def test_the_export_state_of_a_long_run_stays_bounded(settings, r, receiver, mon
     still counted once (a redelivered batch does not close the root early), the rest is counted."""
     from opentelemetry.sdk.trace import SpanLimits
 
-    from services.export.otlp import processor
+    from services.export.otlp import run_state
 
-    monkeypatch.setattr(processor, "SEEN_WINDOW", 40)
+    monkeypatch.setattr(run_state, "SEEN_WINDOW", 40)
     n, ring = 1_200, 16
-    monkeypatch.setattr(processor, "STATE_EVENT_BYTES", 300 * ring)  # 300 bytes a slot
+    monkeypatch.setattr(run_state, "STATE_EVENT_BYTES", 300 * ring)  # 300 bytes a slot
     # even seqs carry a long message: past a slot's share of the byte cap
     events = [event(RUN_A, q, "warning", message=f"step {q}" + ("." * 400 if q % 2 == 0 else "")) for q in range(n)]
     lost = 7  # never arrives: the marks above it must not pile up

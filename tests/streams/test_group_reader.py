@@ -16,8 +16,8 @@ import redis
 from redis.exceptions import ResponseError
 
 from contracts.deadletters import MAX_DELIVERIES, DeadLetter
+from services.backoff import Backoff
 from services.settings import Settings
-from services.streams.backoff import Backoff
 from services.streams.reader import GroupReader, StreamEntry, by_stream, is_refusal
 
 GROUP = "g"

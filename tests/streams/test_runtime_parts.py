@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from services.streams.backoff import Backoff
+from services.backoff import Backoff
 from services.streams.readiness import Readiness
 from tests.support.pipeline import REPO
 
@@ -51,7 +51,10 @@ def test_a_backoff_without_a_positive_start_and_cap_is_refused(start: float, cap
         Backoff(start, cap)
 
 
-CONSUMER_PACKAGES = ("services/worker", "services/export", "services/archive", "services/streams")
+# the consumers, and the two loops outside them that retry a broker (the tap's publisher, the broker's
+# wait_for_broker): services/backoff.py is a leaf all of them import
+CONSUMER_PACKAGES = ("services/worker", "services/export", "services/archive", "services/streams", "services/tap",
+                     "services/broker")
 
 
 def test_no_consumer_retry_loop_doubles_its_own_delay() -> None:

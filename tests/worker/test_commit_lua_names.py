@@ -15,7 +15,7 @@ from uuid import uuid4
 
 import pytest
 
-from services.export.otlp import processor as otlp_processor
+from services.export.otlp import run_state as otlp_run_state
 from services.worker.commit import (
     COMMIT_LUA,
     STATE_FIELD,
@@ -70,9 +70,9 @@ def test_the_state_hash_fields_are_commit_pys():
 def test_the_otlp_scripts_live_in_lua_files_beside_their_python(name):
     path = OTLP / f"{name}.lua"
     assert path.is_file()
-    assert getattr(otlp_processor, f"_{name.upper()}_LUA") == path.read_text()
+    assert getattr(otlp_run_state, f"_{name.upper()}_LUA") == path.read_text()
     assert path.read_text().startswith("--"), "each script says its KEYS, ARGV and reply first"
-    assert '"""\nlocal' not in (OTLP / "processor.py").read_text(), "inline Lua left in processor.py"
+    assert all('"""\nlocal' not in p.read_text() for p in OTLP.glob("*.py")), "inline Lua left in a module"
 
 
 def test_commit_lua_replies_with_the_named_codes_on_a_real_redis(redis_url):

@@ -6,11 +6,11 @@ import argparse
 import logging
 import sys
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 from pydantic import SecretStr, ValidationError
 
-from services.settings import ConfigError, Settings
+from services.settings import Settings
 
 log = logging.getLogger("goose_ingest.export.postgres")
 
@@ -111,31 +111,16 @@ def run(args: argparse.Namespace) -> int:
     return serve(settings, dsn, args.group, args.consumer)
 
 
-def check_broker(client: Any) -> None:
-    """One PING before the sink starts. The sink retries what looks like an outage forever (a TLS
-    failure mid-run too: a certificate rotated back recovers) and exits EXIT_THREAD_FAILED on
-    anything else, so a broker that can never work as configured -- a TLS failure (BrokerTLSError),
-    refused credentials, a database number out of range -- must surface here, where the CLI prints it as one line, exit 2. A broker that is merely down is not an error:
-    the sink waits for it, as it does mid-run."""
-    from redis.exceptions import AuthenticationError
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    try:
-        client.ping()
-    except AuthenticationError:
-        raise
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        log.warning("broker unreachable at start (%s); waiting for it", type(exc).__name__)
-
-
 def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None) -> int:
-    from services.broker.connect import sync_client
+    """The sink on the thread consumers' shell (services/streams/thread_shell.py: /healthz at once,
+    the broker's PING -- refused credentials or a TLS misconfiguration are one line, exit 2, a broker
+    that is down is waited for --, signals, the reader thread watched). Its two threads are its own:
+    a thread that fails on an error no retry fixes ends `run` with `fault()` set, and the shell exits
+    1 so the supervisor restarts the process instead of leaving it up with nothing exported."""
     from services.export.postgres.metrics import SinkMetrics
-    from services.export.postgres.sink import EXIT_THREAD_FAILED, Sink, SinkOptions, redact_dsn
+    from services.export.postgres.sink import Sink, SinkOptions, redact_dsn
     from services.export.postgres.store import Store
-    from services.metrics.server import serve as serve_metrics
-    from services.metrics.startup import stop_on_signals
+    from services.streams import thread_shell
     from services.streams.names import stable_consumer
 
     options = SinkOptions(
@@ -147,27 +132,20 @@ def serve(settings: Settings, dsn: str, group: str | None, consumer: str | None)
         claim_idle_ms=settings.claim_idle_ms,
         sweep_interval_s=settings.sweep_interval_s,
     )
-    metrics = SinkMetrics()
-    client = sync_client(settings)
-    check_broker(client)
-    store = Store(dsn)
-    sink = Sink(settings, client, store, options, metrics)
-    # The server reads `.registry` only; SinkMetrics has its own families, not the worker's.
-    try:
-        server = serve_metrics(cast(Any, metrics), settings.metrics_host, settings.metrics_port, sink.readiness,
-                               port_file=settings.metrics_port_file)
-    except ConfigError:  # the port is taken (MetricsPortUnavailable): one line, exit 2
-        store.close()
-        raise
-    log.info("export postgres to %s, group %s, consumer %s; metrics on %s:%d",
-             redact_dsn(dsn), options.group, options.consumer, server.host, server.port)
+    stores: list[Store] = []
 
-    stop_on_signals(log, "finishing the current batch", sink.stop)
-    try:
-        sink.run()
-    finally:
-        server.close()
-        store.close()
-    # A thread failed on an error no retry fixes (logged as one line): not a clean stop, so the
-    # supervisor restarts the process instead of leaving it up with nothing exported.
-    return EXIT_THREAD_FAILED if sink.failure is not None else 0
+    def build(client: Any) -> Sink:
+        stores.append(Store(dsn))
+        return Sink(settings, client, stores[0], options, SinkMetrics())
+
+    def close() -> None:
+        for store in stores:
+            store.close()
+
+    layout = settings.layout
+    return thread_shell.serve(
+        "export postgres", settings, log, awaiting="connecting to the broker and the database",
+        streams=[layout.events_topic, layout.runs_topic], build=build,
+        metrics=lambda sink: sink.metrics,  # the server reads `.registry` only: the sink's own families
+        describe=lambda sink: f"to {redact_dsn(dsn)}, group {options.group}, consumer {options.consumer}",
+        stopping="finishing the current batch", close=close)

@@ -35,6 +35,7 @@ from redis.exceptions import ResponseError
 
 from contracts.consumers import BY_NAME, POSTGRES
 from contracts.deadletters import DeadLetter
+from services.backoff import Backoff
 from services.broker.errors import describe
 from services.broker.url import BrokerTLSError
 from services.export.postgres.metrics import SinkMetrics
@@ -49,7 +50,6 @@ from services.export.postgres.rows import (
 )
 from services.export.postgres.store import Store, WriteResult, utcnow
 from services.settings import Settings
-from services.streams.backoff import Backoff
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, StreamEntry, by_stream
 from services.streams.readiness import READY, Readiness, not_ready
@@ -166,6 +166,10 @@ class Sink:
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def fault(self) -> str | None:
+        """Why `run` ended on its own: a thread failed (the shell then exits EXIT_THREAD_FAILED)."""
+        return None if self.failure is None else f"the {self.failure.thread} thread failed: {self.failure.error}"
 
     def _sleep(self, seconds: float) -> bool:
         """Sleep unless asked to stop; True when stopping."""

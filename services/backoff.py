@@ -1,5 +1,10 @@
-"""One backoff for every retry loop of the consumers (issue 33 item 1): a start, a cap, doubling
-between the two, optional full jitter, and a reset when a try succeeds.
+"""One backoff for every retry loop (issue 33 item 1): a start, a cap, doubling between the two,
+optional full jitter, and a reset when a try succeeds.
+
+A leaf module (it imports nothing of the project), like services/readiness.py, so that the consumers
+(services/streams/ and up), the broker's `wait_for_broker` (services/broker/, which services/streams
+imports) and the tap's publisher (a light client that loads no consumer code) use the same rule
+without those packages importing each other.
 
 Before, about fifteen loops each kept a `delay` variable and doubled it by hand, each with its own
 start and cap (and `START_RETRY_MAX_S` was defined twice); a loop that forgot the reset after a
