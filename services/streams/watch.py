@@ -24,6 +24,9 @@ WATCH_INTERVAL_S = 0.5  # how often the readers' liveness is checked
 
 log = logging.getLogger("goose_ingest.streams")
 
+# The status of a consumer whose reader stopped on its own: its supervisor restarts it.
+EXIT_READER_DIED = 1
+
 
 class ReaderWatch:
     """The readers of one process, by stream: alive, died, or stopped on request.
@@ -52,7 +55,7 @@ class ReaderWatch:
     @property
     def exit_code(self) -> int:
         """0 after a requested shutdown; 1 when a reader stopped on its own (a supervisor restarts us)."""
-        return 1 if self.stopped else 0
+        return EXIT_READER_DIED if self.stopped else 0
 
     def readiness(self) -> Readiness:
         if not self.consuming and not self.stopped:  # not all started yet: none died

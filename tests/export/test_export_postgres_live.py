@@ -591,11 +591,11 @@ def test_a_reader_thread_failure_ends_the_sink_with_one_line_and_exit_1(settings
     """An error the reader does not know how to wait out ends the process, never a silent hang with
     the writer idling: here a real one, a server on the broker's port that does not speak Redis (the
     broker replaced by an HTTP server), which redis-py reports as InvalidResponse. One log line names
-    the thread and the error, no traceback, exit 1 (EXIT_THREAD_FAILED) so the supervisor restarts it."""
+    the thread and the error, no traceback, exit 1 (EXIT_READER_DIED) so the supervisor restarts it."""
     import socket
     import threading
 
-    from services.export.postgres.sink import EXIT_THREAD_FAILED
+    from services.streams.watch import EXIT_READER_DIED
 
     s = settings.model_copy(update={"redis_url": private_redis.url})
     add_run(redis.Redis.from_url(s.redis_url), s, "before/1", 5)
@@ -621,7 +621,7 @@ def test_a_reader_thread_failure_ends_the_sink_with_one_line_and_exit_1(settings
                 conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
 
         threading.Thread(target=answer_http, daemon=True).start()
-        assert sink.wait(timeout=90) == EXIT_THREAD_FAILED
+        assert sink.wait(timeout=90) == EXIT_READER_DIED
     finally:
         stop(sink)
         listener.close()

@@ -21,10 +21,10 @@ from services.backoff import Backoff
 from services.export.otlp.metrics import OtlpMetrics
 from services.export.otlp.sink import SendOutcome, SpanSink
 from services.settings import Settings
+from services.streams.groups import RETRY_INITIAL_S
 
 log = logging.getLogger("goose_ingest.export.otlp")
 
-RETRY_INITIAL_S = 0.5
 T = TypeVar("T")
 # The heartbeat of the batch the current handler works on (keeps its claim fresh while it waits).
 HEARTBEAT: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar("otlp_heartbeat", default=None)

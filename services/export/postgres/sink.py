@@ -53,6 +53,7 @@ from services.settings import Settings
 from services.streams.groups import is_nogroup
 from services.streams.reader import BROKER_ERRORS, GroupReader, StreamEntry, by_stream
 from services.streams.readiness import READY, Readiness, not_ready
+from services.streams.watch import EXIT_READER_DIED
 
 log = logging.getLogger("goose_ingest.export.postgres")
 
@@ -64,7 +65,6 @@ MAINTENANCE_INTERVAL_S = 3600.0  # partitions ahead and retention
 # The exit code of a sink one of whose threads failed on an error it does not know how to wait out
 # (a bug, a server on the broker's port that does not speak Redis...): not 0 (the supervisor must
 # restart it) and not 2 (a configuration error found at start, which a restart would not fix).
-EXIT_THREAD_FAILED = 1
 _MAX_ERROR_TEXT = 200
 
 
@@ -168,7 +168,7 @@ class Sink:
         self.stopping.set()
 
     def fault(self) -> str | None:
-        """Why `run` ended on its own: a thread failed (the shell then exits EXIT_THREAD_FAILED)."""
+        """Why `run` ended on its own: a thread failed (the shell then exits EXIT_READER_DIED)."""
         return None if self.failure is None else f"the {self.failure.thread} thread failed: {self.failure.error}"
 
     def _sleep(self, seconds: float) -> bool:
@@ -199,7 +199,7 @@ class Sink:
     # ------------------------------------------------------------------ writer (this thread)
     def run(self) -> None:
         """Until stopped, or until either thread fails on an error it does not retry (`failure`
-        says which and why; the command then exits EXIT_THREAD_FAILED). Either way both stop:
+        says which and why; the command then exits EXIT_READER_DIED). Either way both stop:
         a reader that died would otherwise leave a writer idling, and the process up, forever."""
         reader = threading.Thread(target=self._guarded, args=("reader", self._reader), name="postgres-sink-reader",
                                   daemon=True)
@@ -227,7 +227,7 @@ class Sink:
         # line a supervisor's log shows is this one. Messages carry no credentials: redis-py's and
         # libpq's name the address, not the password, and the broker's are cut to the server's text.
         log.error("export postgres stops: the %s thread failed: %s; exiting with code %d so that it is restarted",
-                  thread, error, EXIT_THREAD_FAILED)
+                  thread, error, EXIT_READER_DIED)
         log.debug("the %s thread's traceback", thread, exc_info=exc)
 
     def _writer(self) -> None:
