@@ -430,6 +430,10 @@ def test_a_broker_at_maxmemory_while_a_batch_is_acknowledged_loses_and_doubles_n
     sink = start_sink(settings, pg_dsn, log)
     try:
         metrics_port(log)  # started
+        # ... and reading: its groups are made and it has read once (a consumer exists), so the
+        # refused writes below can only meet its acknowledgement, not its start (XGROUP CREATE is
+        # refused at maxmemory even for a group that exists)
+        wait_for(lambda: r.xinfo_consumers(stream, DEFAULT_GROUP), timeout=60)
         r.config_set("maxmemory-policy", "noeviction")
         r.config_set("maxmemory", "1")
         r.xgroup_setid(stream, DEFAULT_GROUP, "0")  # allowed at maxmemory, as XREADGROUP and XACK are
