@@ -79,7 +79,9 @@ def _computes_through(settings: Settings, renew: bool) -> tuple[list[int], objec
 
 def test_a_batch_computing_for_longer_than_the_ttl_keeps_its_leases_by_renewing_between_its_steps(slow):
     seen, result, took = _computes_through(slow, renew=True)
-    assert took > 1.5 * slow.lease_ttl_ms / 1000, f"{took:.1f} s: not longer than the ttl, not a test of it"
+    # Longer than one ttl is the premise (a lease taken at the start would have lapsed); the batch is
+    # sized for ~3 ttl from a calibration that a change of the machine's load can make 2-3x off.
+    assert took > slow.lease_ttl_ms / 1000, f"{took:.1f} s: not longer than the ttl, not a test of it"
     assert len(seen) >= 5 and min(seen) > 0, seen  # the lease never lapsed, at any step
     assert not isinstance(result, LeaseLost)
     assert result.outcomes["processed"] >= 5  # type: ignore[attr-defined]
@@ -88,7 +90,7 @@ def test_a_batch_computing_for_longer_than_the_ttl_keeps_its_leases_by_renewing_
 def test_without_the_renewal_between_steps_the_same_batch_outlives_its_lease(slow):
     """The control: the same batch, the steps not renewing: the lease lapses under it (-2: gone)."""
     seen, _, took = _computes_through(slow, renew=False)
-    assert took > 1.5 * slow.lease_ttl_ms / 1000
+    assert took > slow.lease_ttl_ms / 1000
     assert -2 in seen, seen
 
 
