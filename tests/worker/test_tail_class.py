@@ -33,12 +33,12 @@ def args(**kw: Any) -> argparse.Namespace:
     return argparse.Namespace(**(base | kw))
 
 
-def committed(settings: Settings) -> None:
+def commit_runs(settings: Settings, fmt: str, runs: list[tuple[str, str, list[str]]]) -> None:
+    """Each (run, host, lines) published as a tap would and committed by a worker's batch processor."""
     h = Harness(settings)
-    for run, host, lines in (("r-auth-1", "host-a", [AUTH, AUTH]), ("r-auth-2", "host-b", [AUTH]),
-                             ("r-limit", "host-c", [LIMITED])):
-        for seq, text in enumerate([AGENT, *lines]):
-            h.add(Entry.of_line(run, seq, TS + seq, text, host=host, format="goose" if seq == 0 else None).to_fields())
+    for run, host, lines in runs:
+        for seq, text in enumerate(lines):
+            h.add(Entry.of_line(run, seq, TS + seq, text, host=host, format=fmt if seq == 0 else None).to_fields())
 
     async def body(client: Any) -> None:
         processor = BatchProcessor(settings, client)
@@ -46,6 +46,11 @@ def committed(settings: Settings) -> None:
             await process_shard(h, processor, shard)
 
     run_async(settings, body)
+
+
+def committed(settings: Settings) -> None:
+    commit_runs(settings, "goose", [("r-auth-1", "host-a", [AGENT, AUTH, AUTH]), ("r-auth-2", "host-b", [AGENT, AUTH]),
+                                    ("r-limit", "host-c", [AGENT, LIMITED])])
 
 
 def test_tail_class_lists_the_runs_and_hosts_of_one_class(settings: Settings):
@@ -89,17 +94,8 @@ def test_a_retry_only_storm_is_listed_by_its_class_with_its_host(settings: Setti
     # all recover has no `error` event, and `tail --class` must still name its runs and hosts.
     notice = orjson.dumps({"type": "error", "message": "Reconnecting... 1/5 (stream disconnected before completion)"}).decode()
     agent = orjson.dumps({"type": "item.completed", "item": {"id": "i0", "type": "agent_message", "text": "done"}}).decode()
-    h = Harness(settings)
-    for run, host in (("r-retry-1", "host-d"), ("r-retry-2", "host-e")):
-        for seq, text in enumerate([notice, notice, agent]):
-            h.add(Entry.of_line(run, seq, TS + seq, text, host=host, format="codex" if seq == 0 else None).to_fields())
-
-    async def body(client: Any) -> None:
-        processor = BatchProcessor(settings, client)
-        for shard in range(settings.shards):
-            await process_shard(h, processor, shard)
-
-    run_async(settings, body)
+    commit_runs(settings, "codex", [(run, host, [notice, notice, agent])
+                                    for run, host in (("r-retry-1", "host-d"), ("r-retry-2", "host-e"))])
     out = io.StringIO()
     assert follow(settings, args(error_class="timeout"), out) == 0
     lines = out.getvalue().splitlines()
