@@ -60,6 +60,7 @@ from services.backoff import Backoff
 from services.broker.errors import describe
 from services.settings import Settings
 from services.streams.groups import is_nogroup
+from services.streams.pending import drive, hand_over, pending_page
 from services.streams.reader import BROKER_ERRORS, GroupReader, by_stream
 from services.streams.readiness import READY, Readiness, not_ready
 
@@ -274,8 +275,7 @@ class Archiver:
             backlog = self.reader.backlog(src.stream)
             if backlog.missing or sg.id_parts(backlog.last_delivered) <= pos:
                 continue
-            start = f"({pos[0]}-{pos[1]}"
-            if self.client.xpending_range(src.stream, self.group, min=start, max=backlog.last_delivered, count=1):
+            if drive(self.client, pending_page(src.stream, self.group, 1, after=f"{pos[0]}-{pos[1]}")):
                 continue  # read and not acknowledged: this archive re-reads them
             self.metrics.gaps.labels(src.dataset).inc()
             log.warning("the group on %s is past what the archive holds (archived up to %d-%d, delivered up to %s): "
@@ -373,12 +373,7 @@ class Archiver:
                     continue
                 count = int(row.get("pending") or 0)
                 if count:
-                    rows = self.client.xpending_range(stream, self.group, min="-", max="+", count=count,
-                                                      consumername=name)
-                    ids = [r["message_id"] for r in rows]
-                    for i in range(0, len(ids), 10_000):
-                        self.client.xclaim(stream, self.group, self.consumer, 0, ids[i: i + 10_000], justid=True)
-                    taken += len(ids)
+                    taken += drive(self.client, hand_over(stream, self.group, self.consumer, name, count))
                 self.client.xgroup_delconsumer(stream, self.group, name)
         if taken:
             log.info("took over %d entries left pending by earlier archive processes", taken)
@@ -570,9 +565,9 @@ class Archiver:
 
         Poison: the archive has no dead-letter stream, and no entry is poison for it (any entry is
         stored byte-exact; what the event lake cannot hold is counted, its raw source archived).
-        The reader hands back the entries delivered more than MAX_DELIVERIES times (only restarts
-        and take-overs deliver an entry to the archive again); they are claimed and archived with
-        the rest of their consumer's entries, with one warning line: leaving them would leave a
+        The reader claims the entries delivered more than MAX_DELIVERIES times (only restarts and
+        take-overs deliver an entry to the archive again) with the rest of their consumer's entries
+        and names them; they are archived with one warning line: leaving them would leave a
         gap in the log of record and hold back the raw trim for good."""
         now = time.monotonic()
         if now - self._last_sweep < self.settings.sweep_interval_s:
@@ -593,11 +588,10 @@ class Archiver:
         if not ready:
             return changed
         swept = self.reader.sweep(self.settings.batch_size, streams=ready, whole_consumer=True)
-        taken = by_stream(swept.claimed)
+        taken = by_stream(swept.claimed)  # the poison among them too: the reader has no dead-letter stream
         for stream, ids in by_stream(swept.poison).items():
             log.warning("%d entries of %s were delivered more than %d times (to archives that died): archiving them",
                         len(ids), stream, self.settings.max_deliveries)
-            taken.setdefault(stream, []).extend(e.entry_id for e in self.reader.claim(stream, ids))
         for stream in ready:
             self.by_stream[stream].takeover = False
             if taken.get(stream):

@@ -64,7 +64,7 @@ STREAM_READER = ("+xread", "+xrange", "+xrevrange", "+xlen", "+xinfo|stream", "+
 # another's group).
 STREAM_CONSUMER = (
     *STREAM_READER,
-    "+xreadgroup", "+xack", "+xclaim", "+xautoclaim", "+xpending",
+    "+xreadgroup", "+xack", "+xclaim", "+xpending",  # no XAUTOCLAIM: the one reclaim claims by id (streams/pending.py)
     "+xgroup|create", "+xgroup|createconsumer", "+xgroup|delconsumer",
 )
 HASH_RW = ("+hget", "+hmget", "+hgetall", "+hexists", "+hlen", "+hset", "+hsetnx", "+hdel", "+hincrby")

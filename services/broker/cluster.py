@@ -1,7 +1,7 @@
 """Cluster-aware pieces every command shares: the FastStream broker, readiness, the shard-count check.
 
 FastStream 0.7.8 ships `RedisClusterBroker` (an async redis-py `RedisCluster` underneath): its
-stream subscribers issue XGROUP CREATE / XREADGROUP / XAUTOCLAIM on one stream each, which a
+stream subscribers issue XGROUP CREATE / XREADGROUP on one stream each, which a
 cluster client routes by that stream's slot and re-routes on MOVED / failover. So the worker's
 raw-shard subscribers stay plain FastStream batch subscribers in both modes; `make_broker`
 chooses the class. See docs/architecture.md ("Redis Cluster").

@@ -11,10 +11,10 @@ and one MULTI or script per shard work there) and one group/consumer, a `GroupRe
 - at the first read, when it dead-letters, its own pending entries delivered more than
   MAX_DELIVERIES times (a stable consumer name re-reads them on every restart: an entry that
   crashes the process would stop it for good otherwise);
-- the sweep: XPENDING + `pending.plan_reclaim` + XCLAIM of the entries a dead consumer left idle for
-  CLAIM_IDLE_MS (or, `whole_consumer`, all the entries of one dead consumer at once), never the
-  entries this process holds (read and not yet acknowledged); poison
-  dead-lettered (or handed to the caller when the consumer has no dead-letter stream); the group's
+- the sweep: the one reclaim (`pending.reclaim`: XPENDING, `plan_reclaim`, XCLAIM) of the entries a
+  dead consumer left idle for CLAIM_IDLE_MS (or, `whole_consumer`, all the entries of one dead
+  consumer at once), never the entries this process holds (read and not yet acknowledged); poison
+  dead-lettered (or, when the consumer has no dead-letter stream, claimed and named); the group's
   backlog per stream (`lag.read_backlog_sync`: unknown lag counted);
 - acknowledgement: XACK in one MULTI per shard; with dead letters (contracts/deadletters.py, into the
   consumer's OWN dead-letter stream), XADD and XACK in one script per shard (the one dead-letter
@@ -33,6 +33,7 @@ readiness, backoff of the caller's own loop.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -47,7 +48,16 @@ from services.broker.errors import TRANSIENT_CODES, reply_code
 from services.streams.deadletter import DeadLetterWriter
 from services.streams.groups import create_group_sync
 from services.streams.lag import GroupBacklog, read_backlog_sync
-from services.streams.pending import PendingEntry, max_deliveries_detail, pending_entries, plan_reclaim
+from services.streams.pending import (
+    PendingEntry,
+    Poison,
+    StreamEntry,
+    dead_consumer_rows,
+    drive,
+    max_deliveries_detail,
+    pending_page,
+    reclaim,
+)
 
 log = logging.getLogger("goose_ingest.streams")
 
@@ -61,14 +71,6 @@ BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 REFUSAL_CODES = TRANSIENT_CODES | {"EXECABORT"}
 
 
-class StreamEntry(NamedTuple):
-    """One entry as read from a stream: where it is, its id, its fields."""
-
-    stream: str
-    entry_id: str
-    fields: dict[bytes, bytes]
-
-
 class ReadResult(NamedTuple):
     entries: list[StreamEntry]
     trimmed: list[StreamEntry]  # pending, but deleted before it was handled: already acknowledged (no fields)
@@ -78,7 +80,7 @@ class ReadResult(NamedTuple):
 
 class SweepResult(NamedTuple):
     claimed: list[StreamEntry]  # a dead consumer's idle entries, now this consumer's to handle
-    poison: list[StreamEntry]  # past MAX_DELIVERIES: dead-lettered and acked, or the caller's (no dead-letter stream)
+    poison: list[StreamEntry]  # past MAX_DELIVERIES: dead-lettered and acked; without a dead-letter stream, claimed too
     backlog: dict[str, GroupBacklog]
 
 
@@ -210,16 +212,18 @@ class GroupReader:
         attempt on the entry."""
         dead: list[StreamEntry] = []
         for stream in self.streams:
-            rows = self.client.xpending_range(stream, self.group, min="-", max="+", count=OWN_PENDING_PAGES * count,
-                                              consumername=self.consumer)
-            dead += self._dead_letter_poison(stream, plan_reclaim(pending_entries(rows), self.max_deliveries).poison)
+            rows = drive(self.client, pending_page(stream, self.group, OWN_PENDING_PAGES * count, consumer=self.consumer))
+            found = drive(self.client, reclaim(stream, self.group, self.consumer, rows, idle_ms=0,
+                                               max_deliveries=self.max_deliveries, claim=False))
+            dead += self._dead_letter_poison(found.poison)
         self._own_poison_checked = True
         return dead
 
     # ------------------------------------------------------------------ sweep
     def sweep(self, count: int, streams: Collection[str] | None = None, whole_consumer: bool = False) -> SweepResult:
-        """Claim what a dead consumer left idle for CLAIM_IDLE_MS (never what this process holds),
-        dead-letter poison, and measure the group's backlog on every stream.
+        """The one reclaim (services/streams/pending.py `reclaim`) on every stream: claim what a dead
+        consumer left idle for CLAIM_IDLE_MS (never what this process holds), dead-letter poison,
+        and measure the group's backlog on every stream.
 
         `streams`: claim on these only (the backlog is measured on all). `whole_consumer`: per
         stream, claim all the pending entries of ONE other consumer, and only once every one of
@@ -236,62 +240,34 @@ class GroupReader:
                 if whole_consumer:
                     rows = self.dead_consumer_entries(stream)
                 else:
-                    rows = pending_entries(self.client.xpending_range(stream, self.group, min="-", max="+", count=count,
-                                                                      idle=self.claim_idle_ms))
-                plan = plan_reclaim(rows, self.max_deliveries, self.held(stream))
-                poison += self._dead_letter_poison(stream, plan.poison)
-                claimed += self.claim(stream, [row.entry_id for row in plan.claim])
+                    rows = drive(self.client, pending_page(stream, self.group, count, idle_ms=self.claim_idle_ms))
+                # Without a dead-letter stream nothing is poison: claimed with the rest, and named to the caller.
+                cap = self.max_deliveries if self.deadletter_stream is not None else sys.maxsize
+                found = drive(self.client, reclaim(stream, self.group, self.consumer, rows, idle_ms=self.claim_idle_ms,
+                                                   max_deliveries=cap, in_flight=self.held(stream)))
+                self._hold(found.claimed)
+                claimed += found.claimed
+                if self.deadletter_stream is not None:
+                    poison += self._dead_letter_poison(found.poison)
+                else:
+                    over = {row.entry_id for row in found.rows if row.deliveries > self.max_deliveries}
+                    poison += [e for e in found.claimed if e.entry_id in over]
             backlog[stream] = read_backlog_sync(self.client, stream, self.group)
         if claimed:
             self.log.info("claimed %d entries left pending by another consumer", len(claimed))
         return SweepResult(claimed, poison, backlog)
 
-    def claim(self, stream: str, ids: Sequence[str]) -> list[StreamEntry]:
-        """XCLAIM `ids` (still idle for CLAIM_IDLE_MS: a consumer that came back in between keeps
-        them) for this consumer and hold them. Entries deleted from the stream meanwhile are not
-        returned (Redis drops them from the pending list)."""
-        took: list[StreamEntry] = []
-        for i in range(0, len(ids), ACK_CHUNK):
-            reply = self.client.xclaim(stream, self.group, self.consumer, self.claim_idle_ms, list(ids[i: i + ACK_CHUNK]))
-            took += [StreamEntry(stream, _s(entry_id), fields) for entry_id, fields in reply or [] if fields]
-        self._hold(took)
-        return took
-
     def dead_consumer_entries(self, stream: str) -> list[PendingEntry]:
-        """The pending entries of the other consumer whose entries are ALL idle for CLAIM_IDLE_MS
-        and whose oldest entry is the oldest of such consumers; [] if none. A consumer with one
-        entry read more recently is left alone this sweep (alive, or not dead long enough)."""
-        summary = self.client.xpending(stream, self.group) or {}
-        best: list[PendingEntry] = []
-        for row in summary.get("consumers") or []:
-            name, total = _s(row["name"]), int(row["pending"])
-            if name == self.consumer or total <= 0:
-                continue
-            rows = pending_entries(self.client.xpending_range(stream, self.group, min="-", max="+", count=total,
-                                                              consumername=name, idle=self.claim_idle_ms))
-            if len(rows) < total:
-                continue
-            if not best or _id_key(rows[0].entry_id) < _id_key(best[0].entry_id):
-                best = rows
-        return best
+        """The pending entries of the one other consumer whose entries are all idle for
+        CLAIM_IDLE_MS (`pending.dead_consumer_rows`); [] if none."""
+        return drive(self.client, dead_consumer_rows(stream, self.group, self.consumer, self.claim_idle_ms))
 
-    def _dead_letter_poison(self, stream: str, poison: list[PendingEntry]) -> list[StreamEntry]:
-        """Poison with its fields; dead-lettered and acked in one step when the consumer has a
-        dead-letter stream, else held and handed to the caller."""
+    def _dead_letter_poison(self, poison: Sequence[Poison]) -> list[StreamEntry]:
+        """Poison dead-lettered and acknowledged in one step (the consumer has a dead-letter stream)."""
         if not poison:
             return []
-        out: list[StreamEntry] = []
-        letters: list[DeadLetter] = []
-        for row in poison:
-            found = self.client.xrange(stream, min=row.entry_id, max=row.entry_id)
-            fields = found[0][1] if found else {}
-            out.append(StreamEntry(stream, row.entry_id, fields))
-            letters.append(self.dead_letter(StreamEntry(stream, row.entry_id, fields), MAX_DELIVERIES,
-                                            max_deliveries_detail(row)))
-        if self.deadletter_stream is None:
-            self._hold(out)
-            return out
-        self.ack(by_stream(out), letters)
+        out = [p.entry for p in poison]
+        self.ack(by_stream(out), [self.dead_letter(p.entry, MAX_DELIVERIES, max_deliveries_detail(p.row)) for p in poison])
         return out
 
     # ------------------------------------------------------------------ acknowledge
@@ -361,11 +337,6 @@ class GroupReader:
             after = self.client.xrange(stream, min="(" + backlog.last_delivered, count=1)
             return _s(after[0][0]) if after else None
         return None
-
-
-def _id_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def by_stream(entries: Iterable[tuple[str, str] | StreamEntry]) -> dict[str, list[str]]:

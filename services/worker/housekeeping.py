@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError, ResponseError
@@ -27,6 +26,7 @@ from services.sequencer import Entry, missing_ranges, plan_abandon
 from services.settings import Settings
 from services.streams.groups import ensure_groups
 from services.streams.lag import read_backlog
+from services.streams.pending import drive_async, pending_page, reclaim
 from services.streams.readiness import READY, Readiness, fresh, not_ready
 from services.worker.commit import CommitFailed, LeaseLost
 from services.worker.damage import DELETED_UNEXPIRED, ID_AHEAD, REASONS, Seen, shard_damage
@@ -186,7 +186,7 @@ class Housekeeper:
     async def _through_outage(self, shard: int, call: Callable[[], Awaitable[T]], patience_s: float) -> T:
         """`call()`, again while the broker is unavailable (`is_outage`) for at most `patience_s`
         and while the shard is still ours; then the error. Only for commands that claim or read
-        (XAUTOCLAIM, XPENDING): a refused one took nothing."""
+        (XPENDING, XRANGE, XCLAIM): a refused one took nothing."""
         deadline = time.monotonic() + patience_s
         backoff = Backoff(OUTAGE_RETRY_S, OUTAGE_RETRY_MAX_S)
         while True:
@@ -201,31 +201,38 @@ class Housekeeper:
             await asyncio.sleep(backoff.next())
 
     async def reclaim(self, shard: int, min_idle_ms: int | None = None, outage_patience_s: float = 0.0) -> int:
-        """Take over entries another consumer read but never committed (e.g. it was killed).
+        """Take over entries another consumer read but never committed (e.g. it was killed), page by
+        page, through the one reclaim (services/streams/pending.py). Poison is not dead-lettered
+        here: it goes into the batch's commit with the rest (`deliveries`, commit.lua), so its dead
+        letter, the outputs and the acknowledgement stay one step.
         `outage_patience_s`: how long a broker outage is waited out (`_through_outage`) before it is raised."""
         s = self.settings
         stream = s.layout.raw_stream(shard)
-        start = "0-0"
-        total = 0
         idle = s.claim_idle_ms if min_idle_ms is None else min_idle_ms
-        while True:
-            reply = await self._through_outage(shard, partial(
-                self.client.xautoclaim, stream, s.group, self.consumer, min_idle_time=idle, start_id=start,
-                count=s.batch_size), outage_patience_s)
-            start, entries = reply[0], reply[1]
-            entries = [(i, f) for i, f in entries if f is not None]
-            if entries:
-                ids = [i for i, _ in entries]
-                pending = await self._through_outage(shard, partial(
-                    self.client.xpending_range, stream, s.group, min=ids[0], max=ids[-1], count=len(ids) * 2,
-                    consumername=self.consumer), outage_patience_s)
-                deliveries = {p["message_id"].decode(): int(p["times_delivered"]) for p in pending}
-                started = time.perf_counter()
-                result = await self.processor.process(shard, ids, [f for _, f in entries], deliveries=deliveries)
 
+        def around(call: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+            return self._through_outage(shard, call, outage_patience_s)
+
+        after: str | None = None
+        total = 0
+        while True:
+            rows = await drive_async(self.client, pending_page(stream, s.group, s.batch_size, idle_ms=idle, after=after),
+                                     around)
+            if not rows:
+                return total
+            after = rows[-1].entry_id
+            # max_deliveries: the same rule as every consumer's (pending.plan_reclaim)
+            found = await drive_async(self.client, reclaim(stream, s.group, self.consumer, rows, idle_ms=idle,
+                                                           max_deliveries=s.max_deliveries), around)
+            entries = sorted([*found.claimed, *(p.entry for p in found.poison)], key=lambda e: StreamId.parse(e.entry_id))
+            if entries:
+                ids = [e.entry_id for e in entries]
+                deliveries = {p.entry.entry_id: p.row.deliveries for p in found.poison}
+                started = time.perf_counter()
+                result = await self.processor.process(shard, ids, [e.fields for e in entries], deliveries=deliveries)
                 record_result(self.metrics, result, time.perf_counter() - started, len(ids))
                 total += len(ids)
-            if start in (b"0-0", "0-0"):
+            if len(rows) < s.batch_size:
                 return total
 
     # -------------------------------------------------------------- abandon

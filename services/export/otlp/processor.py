@@ -44,7 +44,7 @@ from services.settings import Settings
 from services.streams.deadletter import DeadLetterWriter
 from services.streams.groups import create_groups
 from services.streams.lag import read_backlog
-from services.streams.pending import max_deliveries_detail, pending_entries, plan_reclaim
+from services.streams.pending import drive_async, max_deliveries_detail, pending_page, reclaim
 
 __all__ = ["EXPORTER", "Stopping", "TraceExporter"]  # what the app, the demo and the tests import from here
 
@@ -348,26 +348,19 @@ class TraceExporter:
         return total
 
     async def reclaim(self, stream: str, handler: Callable[[str, Sequence[Any], Sequence[dict[Any, Any]]], Awaitable[None]]) -> int:
-        """Take over entries another consumer left pending too long; dead-letter poison ones."""
+        """Take over entries another consumer left pending too long; dead-letter poison ones (the
+        one reclaim: services/streams/pending.py)."""
         idle = self.settings.claim_idle_ms
-        rows = await self.client.xpending_range(stream, self.group, min="-", max="+", count=self.settings.batch_size, idle=idle)
-        plan = plan_reclaim(pending_entries(rows), self.settings.max_deliveries, self.in_flight.get(stream, set()))
-        for row in plan.poison:
-            found = await self.client.xrange(stream, min=row.entry_id, max=row.entry_id)
-            fields = found[0][1] if found else {}
-            await self.dead_letter(stream, None, row.entry_id, MAX_DELIVERIES, max_deliveries_detail(row), raw=fields,
-                                   acks=[row.entry_id])
-        ids = [row.entry_id for row in plan.claim]
-        if not ids:
-            return len(plan.poison)
-        claimed = await self.client.xclaim(stream, self.group, self.consumer, idle, ids)
-        entries = [(eid, fmap) for eid, fmap in claimed if fmap is not None]
-        gone = [i for i in ids if i not in {(as_text(e) or "") for e, _ in entries}]
-        if gone:  # trimmed away while pending: nothing left to export
-            await self._ack(stream, gone)
-        if entries:
-            await handler(stream, [e for e, _ in entries], [f for _, f in entries])
-        return len(entries) + len(plan.poison)
+        rows = await drive_async(self.client, pending_page(stream, self.group, self.settings.batch_size, idle_ms=idle))
+        found = await drive_async(self.client, reclaim(stream, self.group, self.consumer, rows, idle_ms=idle,
+                                                       max_deliveries=self.settings.max_deliveries,
+                                                       in_flight=self.in_flight.get(stream, set())))
+        for poison in found.poison:
+            await self.dead_letter(stream, None, poison.entry.entry_id, MAX_DELIVERIES, max_deliveries_detail(poison.row),
+                                   raw=poison.entry.fields, acks=[poison.entry.entry_id])
+        if found.claimed:
+            await handler(stream, [e.entry_id for e in found.claimed], [e.fields for e in found.claimed])
+        return len(found.claimed) + len(found.poison)
 
     def handler_for(self, stream: str) -> Callable[[str, Sequence[Any], Sequence[dict[Any, Any]]], Awaitable[None]]:
         return self.handle_runs if stream in self.layout.runs_partitions() else self.handle_events
