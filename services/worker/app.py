@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from faststream import Context, FastStream
@@ -26,13 +26,12 @@ from services.broker.cluster import BrokerGate, make_broker
 from services.broker.connect import async_client
 from services.broker.errors import describe, is_outage
 from services.metrics import Metrics, serve
-from services.metrics.server import MetricsServer
 from services.settings import Settings
+from services.streams.app_shell import AppRuntime
 from services.streams.faststream_adapter import batch_subscriber, gate_reads
 from services.streams.groups import START_RETRY_MAX_S, START_RETRY_S, ensure_groups
 from services.streams.names import unique_consumer
 from services.streams.readiness import Readiness, not_ready
-from services.streams.watch import ReaderWatch
 from services.worker.commit import LeaseLost
 from services.worker.housekeeping import Housekeeper
 from services.worker.leases import ShardLeases
@@ -68,29 +67,21 @@ def consumer_name() -> str:
     return unique_consumer()
 
 
-@dataclass
-class WorkerRuntime:
-    """The live parts of one worker process (created at startup; tests reach them through this)."""
+@dataclass(kw_only=True)
+class WorkerRuntime(AppRuntime):
+    """The live parts of one worker process (created at startup; tests reach them through this);
+    the client, server, watch and tasks are the shell's (services/streams/app_shell.py)."""
 
     settings: Settings
     consumer: str
-    watch: ReaderWatch = field(default_factory=ReaderWatch)  # the subscribers, by stream: a death exits 1
-    client: Any = None
     processor: BatchProcessor | None = None
     housekeeper: Housekeeper | None = None
     spread: Spread | None = None
     leases: ShardLeases | None = None  # None: shard leases are off (every worker reads every shard)
-    server: MetricsServer | None = None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
     def subscribers(self) -> list[tuple[str, Any]]:
         return self.watch.readers
-
-    @property
-    def exit_code(self) -> int:
-        """0 after a requested shutdown; 1 when a subscriber stopped on its own (a supervisor restarts us)."""
-        return self.watch.exit_code
 
     def may_read(self, shard: int) -> bool:
         """Leases on: only the shards this worker holds (none before startup took them)."""
@@ -110,9 +101,8 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
     # Per-batch log lines only at DEBUG: at INFO they cost ~15% (measured here).
     broker = make_broker(settings, log_level=logging.DEBUG)  # RedisClusterBroker in cluster mode
     app = FastStream(broker, logger=log)
-    runtime = WorkerRuntime(settings, consumer_name())
+    runtime = WorkerRuntime(settings=settings, consumer=consumer_name())
     layout = settings.layout
-    all_started = asyncio.Event()  # no batch before every subscriber has started (faststream_adapter)
     shard_of_stream = {stream: shard for shard, stream in enumerate(layout.raw_streams())}
 
     async def handle(message: RedisBatchStreamMessage = Context("message")) -> None:  # noqa: B008 (FastStream DI)
@@ -134,7 +124,7 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
         # plain fields handed over untouched; commit.lua acknowledges, atomically with the outputs
         sub = batch_subscriber(broker, stream, group=settings.group, consumer=runtime.consumer,
                                batch_size=settings.batch_size, block_ms=settings.block_ms, handle=handle,
-                               client=lambda: runtime.client, started=all_started)
+                               client=lambda: runtime.client, started=runtime.all_started)
         gate_reads(sub, functools.partial(runtime.may_read, shard_of_stream[stream]), settings.block_ms / 1000)
         runtime.watch.add(stream, sub)
 
@@ -170,28 +160,20 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
     @app.after_startup
     async def _after() -> None:
         assert runtime.housekeeper is not None
-        runtime.watch.consuming = True
-        all_started.set()
-        runtime.tasks.append(asyncio.create_task(runtime.housekeeper.run()))
+        background = [runtime.housekeeper.run()]
         if runtime.leases is not None:
-            runtime.tasks.append(asyncio.create_task(runtime.leases.run()))
-        runtime.tasks.append(asyncio.create_task(runtime.watch.run(app.exit)))
+            background.append(runtime.leases.run())
         if runtime.spread is not None:
-            runtime.tasks.append(asyncio.create_task(runtime.spread.run()))
+            background.append(runtime.spread.run())
         if settings.redis_cluster:
-            runtime.tasks.append(asyncio.create_task(gate.watch(runtime.client, settings.sweep_interval_s)))
+            background.append(gate.watch(runtime.client, settings.sweep_interval_s))
+        runtime.started(app, *background)
 
     @app.on_shutdown
     async def _shutdown() -> None:
         # Subscribers still running here: a requested shutdown. Stopped already: they died on their own
         # (unless they never started: a SIGTERM while waiting for the broker is a requested stop too).
-        runtime.watch.shutdown()
-        for task in runtime.tasks:
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await runtime.stopping()
 
     @app.after_shutdown
     async def _closed() -> None:
@@ -204,9 +186,6 @@ def build_app(settings: Settings, metrics: Metrics | None = None) -> tuple[FastS
             except Exception as exc:  # an unreachable broker: the leases expire on their own
                 log.warning("could not give the shard leases back (%s); they expire in %d ms",
                             type(exc).__name__, settings.lease_ttl_ms)
-        if runtime.server is not None:
-            runtime.server.close()
-        if runtime.client is not None:
-            await runtime.client.aclose()
+        await runtime.closed()
 
     return app, runtime

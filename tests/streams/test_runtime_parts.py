@@ -96,3 +96,63 @@ def test_readiness_is_falsy_with_its_reason() -> None:
     r = Readiness(False, "broker away")
     assert not r and r.reason == "broker away"
     assert Readiness(True, "")
+
+
+# The start sequence (early /healthz, signals, the broker wait) is written in the two shells only:
+# services/streams/app_shell.py (worker, `export otlp`) and thread_shell.py (`export postgres`,
+# archive, `export jsonl`). The gateway is not a consumer: it checks the broker its own way.
+START_PARTS = ("serve_early", "StopOnSignal", "wait_for_broker", "stop_on_signals")
+START_SHELLS = {"services/streams/app_shell.py", "services/streams/thread_shell.py", "services/gateway/command.py"}
+
+
+def test_the_start_sequence_is_written_in_the_shells_only() -> None:
+    callers: dict[str, set[str]] = {}
+    for path in sorted((REPO / "services").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in START_PARTS:
+                    callers.setdefault(rel, set()).add(name)
+    assert set(callers) <= START_SHELLS, callers
+    assert callers["services/streams/app_shell.py"] == {"serve_early", "StopOnSignal", "wait_for_broker"}
+
+
+def test_the_app_runtime_runs_and_stops_the_background_with_the_watch() -> None:
+    """`started` releases the reads, starts the watch and the consumer's tasks; `stopping` says it
+    was asked (exit 0) and cancels them; a subscriber that stopped before is exit 1."""
+    import asyncio
+
+    from services.streams.app_shell import AppRuntime
+
+    class Subscriber:
+        running = True
+
+    class App:
+        exited = 0
+
+        def exit(self) -> None:
+            self.exited += 1
+
+    async def scenario(dies: bool) -> tuple[int, bool, bool]:
+        runtime, app, sub = AppRuntime(), App(), Subscriber()
+        runtime.watch.add("s", sub)
+        ran = asyncio.Event()
+
+        async def background() -> None:
+            ran.set()
+            await asyncio.sleep(3600)
+
+        runtime.started(app, background())
+        await asyncio.wait_for(ran.wait(), 5)
+        if dies:
+            sub.running = False
+            for _ in range(100):
+                if app.exited:
+                    break
+                await asyncio.sleep(0.1)
+        await runtime.stopping()
+        return runtime.exit_code, runtime.all_started.is_set(), all(t.done() for t in runtime.tasks)
+
+    assert asyncio.run(scenario(dies=False)) == (0, True, True)
+    assert asyncio.run(scenario(dies=True)) == (1, True, True)

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from faststream import Context, FastStream
 from faststream.redis.message import RedisBatchStreamMessage  # the class (faststream.redis exports an Annotated alias)
@@ -25,8 +24,8 @@ from services.export.otlp.metrics import OtlpMetrics
 from services.export.otlp.processor import Stopping, TraceExporter
 from services.export.otlp.sink import SpanSink
 from services.metrics import serve
-from services.metrics.server import MetricsServer
 from services.settings import Settings
+from services.streams.app_shell import AppRuntime
 from services.streams.faststream_adapter import batch_subscriber
 from services.streams.names import unique_consumer
 from services.streams.readiness import READY, Readiness, fresh, not_ready
@@ -89,26 +88,15 @@ async def housekeeping(exporter: TraceExporter, readiness: ExporterHealth, setti
         await asyncio.sleep(settings.sweep_interval_s)
 
 
-@dataclass
-class ExporterRuntime:
-    """The live parts of one exporter process (created at startup)."""
+@dataclass(kw_only=True)
+class ExporterRuntime(AppRuntime):
+    """The live parts of one exporter process (created at startup); the client, server, watch and
+    tasks are the shell's (services/streams/app_shell.py)."""
 
     consumer: str
     readiness: ExporterHealth
     metrics: OtlpMetrics
-    client: Any = None
     exporter: TraceExporter | None = None
-    server: MetricsServer | None = None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    @property
-    def watch(self) -> ReaderWatch:
-        return self.readiness.watch
-
-    @property
-    def exit_code(self) -> int:
-        """0 after a requested shutdown; 1 when a subscriber stopped on its own (a supervisor restarts us)."""
-        return self.watch.exit_code
 
 
 def build_app(
@@ -116,9 +104,10 @@ def build_app(
 ) -> tuple[FastStream, ExporterRuntime]:
     broker = make_broker(settings, log_level=logging.DEBUG)
     app = FastStream(broker, logger=log)
-    runtime = ExporterRuntime(consumer_name(), ExporterHealth(settings), metrics if metrics is not None else OtlpMetrics())
+    health = ExporterHealth(settings)  # its watch is the shell's: a dead subscriber is not ready
+    runtime = ExporterRuntime(consumer=consumer_name(), readiness=health, watch=health.watch,
+                              metrics=metrics if metrics is not None else OtlpMetrics())
     consumer, readiness, metrics = runtime.consumer, runtime.readiness, runtime.metrics
-    all_started = asyncio.Event()  # no batch before every subscriber has started (faststream_adapter)
 
     async def handle(message: RedisBatchStreamMessage = Context("message")) -> None:  # noqa: B008 (FastStream DI)
         raw = message.raw_message
@@ -135,7 +124,7 @@ def build_app(
         # plain fields handed over untouched; acked by the exporter once the spans are accepted
         sub = batch_subscriber(broker, stream, group=settings.otlp_group, consumer=consumer,
                                batch_size=settings.batch_size, block_ms=settings.block_ms, handle=handle,
-                               client=lambda: runtime.client, started=all_started)
+                               client=lambda: runtime.client, started=runtime.all_started)
         runtime.watch.add(stream, sub)
 
     @app.on_startup
@@ -150,30 +139,18 @@ def build_app(
     @app.after_startup
     async def _after() -> None:
         assert runtime.exporter is not None
-        runtime.watch.consuming = True
-        all_started.set()
-        runtime.tasks.append(asyncio.create_task(housekeeping(runtime.exporter, readiness, settings)))
-        # a subscriber that dies on its own: /readyz says so and the exporter exits 1 (services/streams/watch.py)
-        runtime.tasks.append(asyncio.create_task(runtime.watch.run(app.exit)))
+        # a subscriber that dies on its own: /readyz says so and the exporter exits 1 (the shell's watch)
+        runtime.started(app, housekeeping(runtime.exporter, readiness, settings))
 
     @app.on_shutdown
     async def _shutdown() -> None:
-        runtime.watch.shutdown()  # subscribers already stopped here died on their own: exit 1
         if runtime.exporter is not None:
             runtime.exporter.stopping.set()  # a batch waiting for the collector gives up, unacked
-        for task in runtime.tasks:
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await runtime.stopping()  # subscribers already stopped here died on their own: exit 1
 
     @app.after_shutdown
     async def _closed() -> None:
-        if runtime.server is not None:
-            runtime.server.close()
-        if runtime.client is not None:
-            await runtime.client.aclose()
+        await runtime.closed()
         sink.close()
 
     return app, runtime

@@ -60,38 +60,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve_exporter(settings: Settings, sink, cfg) -> int:
-    from services.broker.connect import wait_for_broker
     from services.export.otlp.app import build_app
-    from services.metrics.server import serve_early
-    from services.metrics.startup import StopOnSignal
+    from services.streams.app_shell import serve_app
 
-    log = logging.getLogger("goose_ingest.export.otlp")
-    # /healthz at once, /readyz saying what we wait for, SIGTERM/SIGINT -> exit 0 while waiting
-    # (services/metrics/startup.py); build_app's serve() adopts this server
-    early = serve_early(settings.metrics_host, settings.metrics_port, "waiting for the broker", settings.metrics_port_file)
-    try:
-        stop = StopOnSignal().install()
-        await stop.wait(wait_for_broker(settings, log, early.not_ready))
-        if stop.requested:
-            return 0
-        app, runtime = build_app(settings, sink, cfg)
-        stop.forward(app.exit)
-        await _run(app, runtime, sink, log)
-    finally:
-        early.close()  # when adopted, the app closed it already (idempotent)
-    return runtime.exit_code  # 1 when a subscriber stopped on its own (services/streams/watch.py)
-
-
-async def _run(app, runtime, sink, log) -> None:
-    @app.after_startup
-    async def _announce() -> None:
-        server = runtime.server
-        log.info(
-            "otlp exporter %s consuming %d partitions into %s; metrics on port %s",
-            runtime.consumer,
-            len(runtime.exporter.streams()) if runtime.exporter is not None else 0,
-            getattr(sink, "endpoint", "?"),
-            server.port if server else "-",
-        )
-
-    await app.run()
+    # the shell's start sequence (services/streams/app_shell.py); exit 1 when a subscriber died
+    return await serve_app(
+        settings, logging.getLogger("goose_ingest.export.otlp"), lambda: build_app(settings, sink, cfg),
+        lambda rt: (f"otlp exporter {rt.consumer} consuming {len(rt.exporter.streams()) if rt.exporter else 0} "
+                    f"partitions into {getattr(sink, 'endpoint', '?')}"))
