@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.stream_ids import StreamId
+
 RUN_KEY_PATTERN = r"^[A-Za-z0-9._:/@-]{1,200}$"
 MAX_LABEL_CHARS = 64  # `format` is a short label (goose | claude-code | codex | ...)
 # Bytes of out-of-order entries a run may hold before more are dead-lettered HOLD_LIMIT (the default of
@@ -56,9 +58,8 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (
 
 def stream_id_ms(sid: str | bytes) -> int:
     """The millisecond part of a Redis stream id (`<ms>-<n>`): the Redis clock when it was added."""
-    text = sid.decode("ascii", "replace") if isinstance(sid, bytes) else sid
-    head = text.split("-", 1)[0]
-    return int(head) if head.isascii() and head.isdigit() and len(head) <= 15 else 0
+    ms = StreamId.ms_of(sid)
+    return ms if ms is not None and ms < 10**15 else 0  # 0: not an id (or beyond any clock)
 
 
 class RawEntry(BaseModel):
