@@ -39,6 +39,15 @@ def _deliveries(r: redis.Redis, stream: str) -> dict[str, tuple[str, int]]:
             for row in r.xpending_range(stream, GROUP, min="-", max="+", count=1000)}
 
 
+def _group_with(settings: Settings, n: int) -> tuple[redis.Redis, str, list[str]]:
+    """A client, a stream of `n` entries and the group at 0 on it, nothing read yet."""
+    r = redis.Redis.from_url(settings.redis_url or "")
+    stream = _stream(settings)
+    ids = [r.xadd(stream, {"n": str(i)}).decode() for i in range(n)]
+    r.xgroup_create(stream, GROUP, id="0")
+    return r, stream, ids
+
+
 def _setup(r: redis.Redis, stream: str) -> list[str]:
     """Five entries read by `dead`; the second delivered MAX + 1 times (poison), the fourth trimmed away."""
     ids = [r.xadd(stream, {"n": str(i)}).decode() for i in range(5)]
@@ -108,10 +117,7 @@ def test_a_poison_entry_trimmed_while_pending_is_acknowledged_as_gone(settings: 
 def test_an_entry_its_consumer_read_again_in_between_stays_its_own(settings: Settings) -> None:
     """Between XPENDING and XCLAIM the live consumer touched the entry (its idle time reset): the
     reclaim neither takes it nor acknowledges it (an earlier `export otlp` acknowledged it as gone)."""
-    r = redis.Redis.from_url(settings.redis_url or "")
-    stream = _stream(settings)
-    ids = [r.xadd(stream, {"n": str(i)}).decode() for i in range(2)]
-    r.xgroup_create(stream, GROUP, id="0")
+    r, stream, ids = _group_with(settings, 2)
     r.xreadgroup(GROUP, "slow", {stream: ">"}, count=10)
     r.xclaim(stream, GROUP, "slow", 0, ids, idle=60_000, justid=True)  # read a minute ago
     rows = drive(r, pending_page(stream, GROUP, 100, idle_ms=30_000))
@@ -123,10 +129,7 @@ def test_an_entry_its_consumer_read_again_in_between_stays_its_own(settings: Set
 
 
 def test_pages_follow_each_other_and_in_flight_entries_are_never_taken(settings: Settings) -> None:
-    r = redis.Redis.from_url(settings.redis_url or "")
-    stream = _stream(settings)
-    ids = [r.xadd(stream, {"n": str(i)}).decode() for i in range(7)]
-    r.xgroup_create(stream, GROUP, id="0")
+    r, stream, ids = _group_with(settings, 7)
     r.xreadgroup(GROUP, "dead", {stream: ">"}, count=10)
     first = drive(r, pending_page(stream, GROUP, 3))
     second = drive(r, pending_page(stream, GROUP, 3, after=first[-1].entry_id))
@@ -137,10 +140,7 @@ def test_pages_follow_each_other_and_in_flight_entries_are_never_taken(settings:
 
 
 def test_a_hand_over_takes_all_of_one_consumer_without_counting_a_delivery(settings: Settings) -> None:
-    r = redis.Redis.from_url(settings.redis_url or "")
-    stream = _stream(settings)
-    ids = [r.xadd(stream, {"n": str(i)}).decode() for i in range(4)]
-    r.xgroup_create(stream, GROUP, id="0")
+    r, stream, ids = _group_with(settings, 4)
     r.xreadgroup(GROUP, "old", {stream: ">"}, count=3)
     r.xreadgroup(GROUP, "other", {stream: ">"}, count=1)
     assert drive(r, dead_consumer_rows(stream, GROUP, "me", 60_000)) == []  # nobody idle that long
