@@ -23,6 +23,7 @@ archive archives it).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Generator, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 from contracts.stream_ids import StreamId
@@ -101,11 +102,6 @@ class Reclaimed(NamedTuple):
     claimed: list[StreamEntry]  # now this consumer's (XCLAIM counted a delivery), in id order
     poison: list[Poison]  # past MAX_DELIVERIES, not claimed: the caller dead-letters and acknowledges them
     gone: list[str]  # pending but trimmed from the stream: acknowledged here, nothing left to handle
-    rows: list[PendingEntry]  # what XPENDING showed (its counts are before this claim)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def pending_page(stream: str, group: str, count: int, *, idle_ms: int | None = None, after: str | None = None,
@@ -127,7 +123,7 @@ def dead_consumer_rows(stream: str, group: str, me: str, idle_ms: int) -> Steps[
     summary = (yield Call("xpending", (stream, group))) or {}
     best: list[PendingEntry] = []
     for row in summary.get("consumers") or []:
-        name, total = _s(row["name"]), int(row["pending"])
+        name, total = _text(row["name"]), int(row["pending"])
         if name == me or total <= 0:
             continue
         rows = yield from pending_page(stream, group, total, idle_ms=idle_ms, consumer=name)
@@ -158,7 +154,7 @@ def reclaim(stream: str, group: str, consumer: str, rows: Sequence[PendingEntry]
     for i in range(0, len(ids), CLAIM_CHUNK):
         chunk = ids[i: i + CLAIM_CHUNK]
         reply = yield Call("xclaim", (stream, group, consumer, idle_ms, chunk))
-        got = {_s(entry_id): fields for entry_id, fields in reply or []}
+        got = {_text(entry_id): fields for entry_id, fields in reply or []}
         for entry_id in chunk:
             if got.get(entry_id):
                 claimed.append(StreamEntry(stream, entry_id, got[entry_id]))
@@ -167,7 +163,7 @@ def reclaim(stream: str, group: str, consumer: str, rows: Sequence[PendingEntry]
             # absent: another consumer read it since, or Redis 7 dropped a trimmed one; not ours
     if gone:
         yield Call("xack", (stream, group, *gone))
-    return Reclaimed(claimed, poison, gone, list(rows))
+    return Reclaimed(claimed, poison, gone)
 
 
 def hand_over(stream: str, group: str, consumer: str, previous: str, count: int) -> Steps[int]:
@@ -199,12 +195,7 @@ async def drive_async(client: Any, steps: Steps[T],
     try:
         call = next(steps)
         while True:
-            method = getattr(client, call.method)
-            args, kwargs = call.args, call.kwargs
-
-            def once(method: Any = method, args: Any = args, kwargs: Any = kwargs) -> Awaitable[Any]:
-                return method(*args, **kwargs)
-
+            once = partial(getattr(client, call.method), *call.args, **call.kwargs)
             call = steps.send(await (around(once) if around else once()))
     except StopIteration as done:
         return done.value

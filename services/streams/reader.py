@@ -250,7 +250,7 @@ class GroupReader:
                 if self.deadletter_stream is not None:
                     poison += self._dead_letter_poison(found.poison)
                 else:
-                    over = {row.entry_id for row in found.rows if row.deliveries > self.max_deliveries}
+                    over = {row.entry_id for row in rows if row.deliveries > self.max_deliveries}
                     poison += [e for e in found.claimed if e.entry_id in over]
             backlog[stream] = read_backlog_sync(self.client, stream, self.group)
         if claimed:
